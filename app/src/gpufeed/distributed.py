@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence, Sized
 from typing import TypeVar
 
 import numpy as np
+from torch.utils.data import Sampler
+
+from gpufeed.samplers import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_BUFFER_BLOCKS,
+    block_shuffle_order,
+)
 
 T = TypeVar("T")
 
 __all__ = [
+    "DistributedBlockSampler",
     "ShardSplitWarning",
     "rank_and_world",
     "shard_rng",
@@ -43,9 +51,7 @@ def _env_int(name: str) -> int | None:
         ) from None
 
 
-def rank_and_world(
-    rank: int | None = None, world_size: int | None = None
-) -> tuple[int, int]:
+def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """``(rank, world_size)``: the explicit values if given, else ``torch.distributed`` when
     initialised, else env ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
     if rank is None or world_size is None:
@@ -55,9 +61,7 @@ def rank_and_world(
 
             if dist.is_available() and dist.is_initialized():
                 d_rank, d_world = dist.get_rank(), dist.get_world_size()
-        except (
-            ImportError
-        ):  # pragma: no cover - torch always ships distributed on Linux
+        except ImportError:  # pragma: no cover - torch always ships distributed on Linux
             pass
         if d_rank is None:
             d_rank, d_world = _env_int("RANK"), _env_int("WORLD_SIZE")
@@ -86,9 +90,7 @@ def worker_and_count(
         if num_workers is None:
             num_workers = info.num_workers if info is not None else 1
     if num_workers < 1 or not 0 <= worker_id < num_workers:
-        raise ValueError(
-            f"worker_id {worker_id} is not in [0, num_workers={num_workers})"
-        )
+        raise ValueError(f"worker_id {worker_id} is not in [0, num_workers={num_workers})")
     return worker_id, num_workers
 
 
@@ -159,3 +161,91 @@ def split_shards(
         shards = [shards[i] for i in order]
     mine = shards[rank::world_size]
     return mine[worker_id::num_workers]
+
+
+class DistributedBlockSampler(Sampler[int]):
+    """``DistributedSampler`` with block-shuffled order, for map-style datasets under torchrun.
+
+    All ranks compute the same global block-shuffled permutation of ``range(dataset_len)``
+    from ``(seed, epoch)`` (see :func:`gpufeed.samplers.block_shuffle_order`) and rank ``r``
+    takes the ``r``-th contiguous slice of it. Contiguous slices, rather than
+    ``DistributedSampler``'s every-``world``-th index, keep each rank's reads in the same long
+    runs that make block shuffle fast.
+
+    When ``dataset_len`` is not divisible by ``num_replicas``: with ``drop_last=False`` the
+    permutation is padded by repeating its first indices until every rank has
+    ``ceil(len / world)`` samples (so a few samples are seen twice per epoch, exactly like
+    ``DistributedSampler``); with ``drop_last=True`` the tail is dropped so every rank has
+    ``len // world`` and a few samples are not seen that epoch (different ones each epoch).
+    Either way every rank yields the same number of samples, so DDP never waits on a rank
+    that ran out.
+
+    Call :meth:`set_epoch` each epoch (``make_loader`` does). :meth:`iter_from` resumes
+    mid-epoch.
+    """
+
+    def __init__(
+        self,
+        dataset_len: int | Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        buffer_blocks: int = DEFAULT_BUFFER_BLOCKS,
+        epoch: int = 0,
+    ) -> None:
+        self.dataset_len = dataset_len if isinstance(dataset_len, int) else len(dataset_len)
+        self.rank, self.num_replicas = rank_and_world(rank, num_replicas)
+        self.block_size = int(block_size)
+        self.buffer_blocks = int(buffer_blocks)
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.epoch = int(epoch)
+        if drop_last:
+            self.num_samples = self.dataset_len // self.num_replicas
+        else:
+            self.num_samples = -(-self.dataset_len // self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+        if self.dataset_len > 0 and self.num_samples == 0:
+            raise ValueError(
+                f"{self.dataset_len} samples with drop_last=True over {self.num_replicas} ranks "
+                f"leaves every rank empty; use drop_last=False or a larger dataset"
+            )
+        self.order()  # validate now
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def global_order(self) -> np.ndarray:
+        """The padded (or truncated) permutation shared by all ranks, ``total_size`` long."""
+        n = self.dataset_len
+        if self.shuffle:
+            order = block_shuffle_order(
+                n,
+                block_size=self.block_size,
+                buffer_blocks=self.buffer_blocks,
+                seed=self.seed,
+                epoch=self.epoch,
+            )
+        else:
+            order = np.arange(n, dtype=np.int64)
+        if self.total_size > n and n > 0:
+            reps = -(-(self.total_size - n) // n)
+            order = np.concatenate([order, np.tile(order, reps)[: self.total_size - n]])
+        return order[: self.total_size]
+
+    def order(self) -> np.ndarray:
+        start = self.rank * self.num_samples
+        return self.global_order()[start : start + self.num_samples]
+
+    def iter_from(self, start: int) -> Iterator[int]:
+        return iter(self.order()[start:].tolist())
+
+    def __iter__(self) -> Iterator[int]:
+        return self.iter_from(0)
+
+    def __len__(self) -> int:
+        return self.num_samples

@@ -1,0 +1,179 @@
+"""Block-shuffle sampling: random-order epochs that still read storage in long runs.
+
+A uniformly random permutation makes every read a seek. FFCV's quasi-random order instead
+shuffles *blocks* of neighbouring indices, then shuffles the indices of a few consecutive
+blocks together (the "buffer"), so each stretch of the epoch touches only ``buffer_blocks``
+regions of the file while batches still mix samples from far-apart parts of the dataset.
+
+Orders are numpy arrays computed from ``(seed, epoch)`` alone, so every rank and every resumed
+run computes the same order without communicating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sized
+
+import numpy as np
+from torch.utils.data import Sampler
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_BUFFER_BLOCKS",
+    "BlockShuffleSampler",
+    "SortedBatchSampler",
+    "block_shuffle_order",
+]
+
+DEFAULT_BLOCK_SIZE = 256
+DEFAULT_BUFFER_BLOCKS = 16
+
+
+def _rng(seed: int, epoch: int) -> np.random.Generator:
+    if seed < 0 or epoch < 0:
+        raise ValueError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
+    return np.random.default_rng([int(seed), int(epoch)])
+
+
+def block_shuffle_order(
+    n: int,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    buffer_blocks: int = DEFAULT_BUFFER_BLOCKS,
+    seed: int = 0,
+    epoch: int = 0,
+) -> np.ndarray:
+    """A permutation of ``range(n)`` (int64) in block-shuffled order.
+
+    Blocks of ``block_size`` neighbouring indices are put in random order; then each window of
+    ``buffer_blocks`` consecutive blocks is shuffled as a whole. ``block_size=1`` is a plain
+    uniform permutation. Deterministic in ``(n, block_size, buffer_blocks, seed, epoch)``.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if block_size < 1 or buffer_blocks < 1:
+        raise ValueError(
+            f"block_size and buffer_blocks must be >= 1, got {block_size}, {buffer_blocks}"
+        )
+    rng = _rng(seed, epoch)
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    n_blocks = -(-n // block_size)
+    blocks = rng.permutation(n_blocks)
+    order = (blocks[:, None] * block_size + np.arange(block_size)[None, :]).ravel()
+    # window = position of the element's block in the shuffled block order // buffer_blocks,
+    # so each window holds exactly `buffer_blocks` whole blocks even around the short last one
+    windows = np.repeat(np.arange(n_blocks) // buffer_blocks, block_size)
+    keep = order < n  # the last block may be short
+    order, windows = order[keep], windows[keep]
+    if buffer_blocks >= n_blocks:
+        return rng.permutation(order)
+    keys = rng.random(order.size)
+    return order[np.lexsort((keys, windows))].astype(np.int64, copy=False)
+
+
+class BlockShuffleSampler(Sampler[int]):
+    """Every index of ``range(n)`` exactly once per epoch, in block-shuffled order.
+
+    ``n`` may be a length or a sized dataset. Call :meth:`set_epoch` before each epoch for a
+    new order (the loader from :func:`gpufeed.make_loader` does it for you).
+    ``shuffle=False`` gives ``0..n-1`` in order. :meth:`iter_from` starts mid-epoch, for
+    resumption, without computing or discarding the skipped part one by one.
+    """
+
+    def __init__(
+        self,
+        n: int | Sized,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        buffer_blocks: int = DEFAULT_BUFFER_BLOCKS,
+        seed: int = 0,
+        epoch: int = 0,
+        shuffle: bool = True,
+    ) -> None:
+        self.n = n if isinstance(n, int) else len(n)
+        self.block_size = int(block_size)
+        self.buffer_blocks = int(buffer_blocks)
+        self.seed = int(seed)
+        self.epoch = int(epoch)
+        self.shuffle = shuffle
+        self.order()  # validate arguments now, not at the first epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def order(self) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.n, dtype=np.int64)
+        return block_shuffle_order(
+            self.n,
+            block_size=self.block_size,
+            buffer_blocks=self.buffer_blocks,
+            seed=self.seed,
+            epoch=self.epoch,
+        )
+
+    def iter_from(self, start: int) -> Iterator[int]:
+        return iter(self.order()[start:].tolist())
+
+    def __iter__(self) -> Iterator[int]:
+        return self.iter_from(0)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class SortedBatchSampler(Sampler[list[int]]):
+    """Batches of ``batch_size`` indices from ``sampler``, each batch sorted ascending.
+
+    The set of indices in each batch is what ``sampler`` gives; only their order inside the
+    batch changes, which a training step does not see. Sorted reads are cheaper for HDF5
+    chunks, memory maps and LMDB pages. ``sort=False`` keeps the sampler's order (a plain
+    ``BatchSampler``). ``start`` skips that many indices of the epoch (resumption).
+    """
+
+    def __init__(
+        self,
+        sampler: Iterable[int],
+        batch_size: int,
+        drop_last: bool = False,
+        sort: bool = True,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.sampler = sampler
+        self.batch_size = int(batch_size)
+        self.drop_last = drop_last
+        self.sort = sort
+        self.start = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def _indices(self) -> Iterator[int]:
+        if self.start and hasattr(self.sampler, "iter_from"):
+            return self.sampler.iter_from(self.start)
+        it = iter(self.sampler)
+        for _ in range(self.start):
+            if next(it, None) is None:
+                break
+        return it
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batch: list[int] = []
+        for i in self._indices():
+            batch.append(int(i))
+            if len(batch) == self.batch_size:
+                yield sorted(batch) if self.sort else batch
+                batch = []
+        if batch and not self.drop_last:
+            yield sorted(batch) if self.sort else batch
+
+    def samples_per_epoch(self) -> int:
+        """Indices this sampler yields in a full epoch (after ``drop_last``)."""
+        n = len(self.sampler)  # type: ignore[arg-type]
+        return n - n % self.batch_size if self.drop_last else n
+
+    def __len__(self) -> int:
+        n = len(self.sampler) - self.start  # type: ignore[arg-type]
+        n = max(0, n)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
