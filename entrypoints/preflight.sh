@@ -115,6 +115,18 @@ pf_script_dir() {
     CDPATH='' cd -P -- "$(dirname -- "$pf_self")" 2>/dev/null && pwd -P
 }
 
+pf_trim() {
+    pf_t=${1#"${1%%[! 	]*}"}
+    printf '%s' "${pf_t%"${pf_t##*[! 	]}"}"
+}
+
+pf_unquote() {
+    case $1 in
+        \"*\" | \'*\') pf_t=${1#?} && printf '%s' "${pf_t%?}" ;;
+        *) printf '%s' "$1" ;;
+    esac
+}
+
 # pf_load_thresholds DIR: sets each GPUFEED_* key of the thresholds file that the
 # environment leaves unset or empty. The file is parsed, not sourced, so it cannot
 # override the image's ENV (the CUDA 13 image raises the driver floor that way).
@@ -131,13 +143,16 @@ pf_load_thresholds() {
         [ -r "$pf_file" ] || pf_file=''
     fi
     if [ -n "$pf_file" ]; then
+        # Same syntax as gpufeed.thresholds: [export ]KEY=VALUE, optionally quoted, # comments.
         while IFS= read -r pf_line || [ -n "$pf_line" ]; do
+            pf_line=$(pf_trim "$pf_line")
+            pf_line=${pf_line#export }
             case $pf_line in
                 GPUFEED_*=*) ;;
                 *) continue ;;
             esac
             pf_key=${pf_line%%=*}
-            pf_value=${pf_line#*=}
+            pf_value=$(pf_unquote "$(pf_trim "${pf_line#*=}")")
             case $pf_key in
                 *[!A-Z0-9_]*) continue ;;
             esac

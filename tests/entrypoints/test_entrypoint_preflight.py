@@ -88,6 +88,30 @@ def test_env_wins_over_file(sandbox: Sandbox, tmp_path: Path) -> None:
     assert "(minimum 525)" in from_env.stderr
 
 
+def test_thresholds_file_syntax_matches_python_reader(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Quotes, export and blanks as gpufeed.thresholds accepts them."""
+    path = tmp_path / "thresholds.env"
+    path.write_text(
+        "  export GPUFEED_MIN_DRIVER=\"590\" \nGPUFEED_CUDA_FULL_DRIVER='600.1'\n\tGPUFEED_MIN_SHM_MB = 1\n".replace(
+            " = ", "="
+        )
+    )
+    result = run_preflight({**sandbox.base_env(), "GPUFEED_THRESHOLDS": str(path)})
+    assert result.returncode == 3, result.stderr
+    assert "580.65.06 is older than 590" in result.stderr
+    ok = run_preflight(
+        {
+            **sandbox.base_env(),
+            "GPUFEED_THRESHOLDS": str(path),
+            "FAKE_NVIDIA_DRIVER": "595.1",
+        }
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "older than 600.1" in ok.stderr
+
+
 def test_thresholds_file_cannot_run_code(sandbox: Sandbox, tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     evil = tmp_path / "thresholds.env"
