@@ -1,0 +1,985 @@
+"""``make_loader()``: a DataLoader with measured defaults, block-shuffled order, distributed
+sharding and mid-epoch resumption.
+
+What it decides, and from what:
+
+- worker count: the CPUs this process may really use (affinity and cgroup quota, divided
+  among the ``LOCAL_WORLD_SIZE`` ranks of this node), and whether workers help at all. With
+  ``num_workers="auto"`` both paths are *measured* on the dataset (a few batches in-process,
+  a short probe with workers) and the faster wins: for cheap samples the worker IPC (one
+  shared-memory segment and a pickle per batch) costs more than loading in-process.
+  ``loader.plan`` records the numbers and a reason.
+- ``pin_memory`` only when CUDA is available; persistent workers when there are workers.
+- order: :class:`~gpufeed.samplers.BlockShuffleSampler` (or
+  :class:`~gpufeed.distributed.DistributedBlockSampler` under torchrun), batches sorted
+  inside when the dataset says sorted reads are cheaper.
+- ``/dev/shm``: warns when workers x prefetch x batch bytes will not fit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import pickle
+import random
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from gpufeed import sysinfo, thresholds
+from gpufeed.distributed import DistributedBlockSampler, rank_and_world
+from gpufeed.samplers import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_BUFFER_BLOCKS,
+    BlockShuffleSampler,
+    SortedBatchSampler,
+)
+
+__all__ = [
+    "SETTINGS_ENV",
+    "SETTINGS_KEYS",
+    "GpufeedLoader",
+    "LoaderPlan",
+    "ShmBudgetWarning",
+    "clear_plan_cache",
+    "default_collate",
+    "default_multiprocessing_context",
+    "make_loader",
+    "plan_workers",
+    "worker_seed",
+]
+
+SETTINGS_ENV = "GPUFEED_LOADER_SETTINGS"
+# The keys a settings file (what `gpufeed tune` writes) may set; each is a make_loader argument.
+SETTINGS_KEYS = (
+    "num_workers",
+    "pin_memory",
+    "persistent_workers",
+    "prefetch_factor",
+    "multiprocessing_context",
+    "block_size",
+    "buffer_blocks",
+    "sorted_batches",
+)
+_STATE_FORMAT = "gpufeed.loader/1"
+# Workers must beat in-process loading by this factor to be chosen: in-process loading needs no
+# shared memory, no startup and no extra copies of the dataset's state.
+_WORKER_MARGIN = 1.10
+
+
+class ShmBudgetWarning(UserWarning):
+    """/dev/shm is too small for the planned workers: they would die with "Bus error"."""
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass
+class LoaderPlan:
+    """What ``make_loader`` decided and why. ``str(plan)`` is a readable summary;
+    :meth:`settings` gives the tunable part in the settings-file format."""
+
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    multiprocessing_context: str | None
+    block_size: int
+    buffer_blocks: int
+    sorted_batches: bool
+    cpus: int
+    cpu_source: str
+    reason: str
+    measured: dict[str, float] = field(default_factory=dict)
+    batch_bytes: int | None = None
+    shm_free_bytes: int | None = None
+    from_settings: tuple[str, ...] = ()
+
+    def settings(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: d[k] for k in SETTINGS_KEYS}
+
+    def __str__(self) -> str:
+        lines = [
+            f"num_workers={self.num_workers} ({self.reason})",
+            f"usable CPUs: {self.cpus} ({self.cpu_source})",
+            f"pin_memory={self.pin_memory} persistent_workers={self.persistent_workers} "
+            f"prefetch_factor={self.prefetch_factor} context={self.multiprocessing_context}",
+            f"block_size={self.block_size} buffer_blocks={self.buffer_blocks} "
+            f"sorted_batches={self.sorted_batches}",
+        ]
+        if self.measured:
+            lines.append("measured: " + ", ".join(f"{k}={v:.4g}" for k, v in self.measured.items()))
+        if self.from_settings:
+            lines.append("from settings: " + ", ".join(self.from_settings))
+        return "\n".join(lines)
+
+
+_PLAN_CACHE: dict[tuple, tuple[int, str, dict[str, float], int | None]] = {}
+
+
+def clear_plan_cache() -> None:
+    """Forget the measured worker decisions (they are cached per dataset and batch size)."""
+    _PLAN_CACHE.clear()
+
+
+def default_multiprocessing_context() -> str | None:
+    """``"fork"`` on Linux unless CUDA is initialised in this process, then ``"spawn"``.
+
+    Fork starts a worker in milliseconds and shares the parent's memory (the dataset's numpy
+    index, say) copy-on-write; spawn starts a fresh interpreter that re-imports torch (seconds
+    per worker) and receives the dataset pickled. But CUDA does not survive a fork: a forked
+    child that touches CUDA fails with "Cannot re-initialize CUDA in forked subprocess", and
+    a fork taken while driver threads hold locks can hang the child. So once the parent has
+    initialised CUDA (``model.cuda()`` before building the loader) spawn is the safe default.
+    Other platforms keep Python's default (spawn on macOS and Windows).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return "spawn"
+    return "fork"
+
+
+def _local_world_size() -> int:
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def _fingerprint(dataset) -> tuple:
+    fp = getattr(dataset, "fingerprint", None)
+    if callable(fp):
+        fp = fp()
+    if fp is not None:
+        return ("fp", type(dataset).__qualname__, str(fp))
+    try:
+        n = len(dataset)
+    except TypeError:
+        n = None
+    return ("id", type(dataset).__module__, type(dataset).__qualname__, n, id(dataset))
+
+
+def _tensors(obj) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+    elif isinstance(obj, np.ndarray):
+        yield torch.from_numpy(obj)
+
+
+def _nbytes(obj) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(obj))
+
+
+def _batch_len(batch) -> int | None:
+    labels = getattr(batch, "labels", None)
+    if isinstance(labels, torch.Tensor) and labels.dim() >= 1:
+        return int(labels.shape[0])
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    if isinstance(batch, Mapping):
+        batch = next(iter(batch.values()), None)
+        return None if batch is None else _batch_len(batch)
+    if isinstance(batch, (list, tuple)) and batch:
+        first = _batch_len(batch[0])
+        return first if isinstance(batch[0], (torch.Tensor, Mapping)) else len(batch)
+    return None
+
+
+# ---------------------------------------------------------------------- collate
+
+
+def _is_batch(data) -> bool:
+    """A ``(samples, labels)`` NamedTuple: gpufeed's ``Batch`` or any dataset's look-alike."""
+    return isinstance(data, tuple) and getattr(data, "_fields", None) == ("samples", "labels")
+
+
+def default_collate(data):
+    """The loader's default ``collate_fn``: a batch that ``__getitems__`` already built (a
+    ``(samples, labels)`` NamedTuple) passes through; anything else goes to
+    :func:`gpufeed.datasets.collate` (or torch's ``default_collate`` without it)."""
+    if _is_batch(data):
+        return data
+    try:
+        from gpufeed.datasets import collate
+    except ImportError:
+        from torch.utils.data import default_collate as collate
+    return collate(data)
+
+
+# ------------------------------------------------------------------- measuring
+
+
+def _fetch(dataset, indices, collate):
+    getitems = getattr(dataset, "__getitems__", None)
+    data = getitems(indices) if getitems else [dataset[i] for i in indices]
+    return collate(data)
+
+
+def _iter_batches(dataset, batch_size, collate) -> Iterator:
+    it = iter(dataset)
+    while True:
+        chunk = list(itertools.islice(it, batch_size))
+        if not chunk:
+            return
+        yield collate(chunk)
+
+
+def _measure_in_process(batches: Iterator, budget_s: float, max_batches: int = 16):
+    """Seconds per batch loading in this process, and the first batch (for its size).
+
+    The first batch is not timed: it pays for opening files and warming caches.
+    """
+    first = next(batches, None)
+    if first is None:
+        return None, None, 0
+    t0 = time.perf_counter()
+    n = 0
+    for _ in batches:
+        n += 1
+        if n >= max_batches or time.perf_counter() - t0 > budget_s:
+            break
+    dt = time.perf_counter() - t0
+    return (dt / n if n else None), first, n
+
+
+def _ipc_seconds(batch, repeats: int = 3) -> float:
+    """What moving one batch from a worker costs: the worker copies every tensor into a new
+    shared-memory segment and pickles the handles, the main process maps them back."""
+    from multiprocessing.reduction import ForkingPickler
+
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        clone = [t.clone() for t in _tensors(batch)] or [batch]
+        pickle.loads(ForkingPickler.dumps(clone))
+    return (time.perf_counter() - t0) / repeats
+
+
+def _measure_workers(make_dl: Callable[[], DataLoader], workers: int, budget_s: float):
+    """Steady-state seconds per batch through ``workers`` workers, and startup seconds.
+
+    Startup (process start, first batch) is timed apart: persistent workers pay it once per
+    run, not per batch. Batches the workers had prefetched while the first one was being
+    made arrive at once, so the rate is taken over the second half of the arrivals only.
+    Returns ``(None, startup)`` when the budget ran out before a steady rate could be seen.
+    """
+    t_start = time.perf_counter()
+    dl = make_dl()
+    it = iter(dl)
+    arrivals: list[float] = []
+    deadline = t_start + budget_s
+    need = max(8, 4 * workers + 4)
+    try:
+        for _ in it:
+            arrivals.append(time.perf_counter())
+            if len(arrivals) >= need and arrivals[-1] - arrivals[0] > 0.05:
+                break
+            if arrivals[-1] > deadline:
+                break
+    except RuntimeError:  # the DataLoader timeout fired: a worker did not deliver in budget
+        pass
+    finally:
+        del it
+    startup = (arrivals[0] - t_start) if arrivals else budget_s
+    if len(arrivals) < 4:
+        return None, startup
+    half = len(arrivals) // 2
+    span = arrivals[-1] - arrivals[half]
+    if span <= 0:
+        return None, startup
+    return span / (len(arrivals) - 1 - half), startup
+
+
+def worker_count_for(cpus: int) -> int:
+    """Workers to try on ``cpus`` usable CPUs: all of them on small machines, one left for the
+    main (training) process from 4 CPUs up."""
+    return max(1, cpus - 1) if cpus >= 4 else max(1, cpus)
+
+
+def plan_workers(
+    dataset,
+    batch_size: int,
+    *,
+    batch_indices: Iterator[list[int]] | None = None,
+    collate_fn: Callable | None = None,
+    cpus: int | None = None,
+    multiprocessing_context: str | None = None,
+    budget_s: float = 1.5,
+    use_cache: bool = True,
+) -> tuple[int, str, dict[str, float], int | None]:
+    """Measure in-process loading against loading through workers and pick the faster.
+
+    Returns ``(num_workers, reason, measured, batch_bytes)``; ``measured`` holds the numbers
+    (batches/s in-process and with workers, worker startup, the IPC cost of one batch).
+    ``batch_indices`` are the index batches to read for a map-style dataset (default: the
+    first batches in order). Decisions are cached per (dataset fingerprint, batch size,
+    CPUs, context) for this process; ``use_cache=False`` measures again.
+    """
+    collate = collate_fn or default_collate
+    iterable = isinstance(dataset, IterableDataset)
+    if cpus is None:
+        cpus = max(1, sysinfo.usable_cpus().count // _local_world_size())
+    workers = worker_count_for(cpus)
+    key = (_fingerprint(dataset), batch_size, workers, multiprocessing_context)
+    if use_cache and key in _PLAN_CACHE:
+        return _PLAN_CACHE[key]
+
+    if iterable:
+        inproc_src: Iterator = _iter_batches(dataset, batch_size, collate)
+        worker_batches = None
+    else:
+        if batch_indices is None:
+            n = len(dataset)
+            batch_indices = (
+                list(range(s, min(s + batch_size, n))) for s in range(0, n, batch_size)
+            )
+        batch_indices = iter(batch_indices)
+        in_batches = list(itertools.islice(batch_indices, 17))
+        worker_batches = list(itertools.islice(batch_indices, max(16, 8 * workers + 8)))
+        if len(worker_batches) < 8:  # small dataset: reuse the in-process batches
+            worker_batches = (worker_batches + in_batches) * 4
+        inproc_src = (_fetch(dataset, b, collate) for b in in_batches)
+
+    t_begin = time.perf_counter()
+    in_budget = budget_s * 0.25
+    t_in, first, n_timed = _measure_in_process(inproc_src, in_budget)
+    measured: dict[str, float] = {}
+    batch_bytes = _nbytes(first) if first is not None else None
+    if first is None:
+        result = (0, "the dataset is empty", measured, batch_bytes)
+        _PLAN_CACHE[key] = result
+        return result
+    if t_in is None:
+        result = (0, "too few batches to measure; loading in-process", measured, batch_bytes)
+        _PLAN_CACHE[key] = result
+        return result
+    measured["in_process_batches_per_s"] = 1.0 / t_in
+    measured["in_process_batches_timed"] = n_timed
+    ipc = _ipc_seconds(first)
+    measured["ipc_ms_per_batch"] = ipc * 1e3
+
+    def make_dl() -> DataLoader:
+        kw: dict[str, Any] = dict(
+            num_workers=workers,
+            collate_fn=collate,
+            multiprocessing_context=multiprocessing_context,
+            prefetch_factor=2,
+            persistent_workers=False,
+            timeout=max(1.0, budget_s),
+        )
+        if iterable:
+            return DataLoader(dataset, batch_size=batch_size, **kw)
+        return DataLoader(dataset, batch_sampler=worker_batches, **kw)
+
+    w_budget = max(0.3, budget_s - (time.perf_counter() - t_begin))
+    t_w, startup = _measure_workers(make_dl, workers, w_budget)
+    measured["worker_startup_s"] = startup
+    if t_w is not None:
+        measured[f"workers{workers}_batches_per_s"] = 1.0 / t_w
+        how = "measured"
+    else:
+        # The probe ran out of budget (slow start, e.g. spawn): estimate from the in-process
+        # cost spread over the workers plus the measured per-batch IPC cost.
+        t_w = t_in / workers + ipc
+        measured[f"workers{workers}_batches_per_s_estimated"] = 1.0 / t_w
+        how = "estimated (probe did not reach a steady rate within the budget)"
+    ratio = t_in / t_w
+    measured["speedup_workers_vs_in_process"] = ratio
+    if ratio > _WORKER_MARGIN:
+        reason = (
+            f"{workers} workers {how} {ratio:.2f}x faster than in-process "
+            f"({1 / t_w:.1f} vs {1 / t_in:.1f} batches/s of {batch_size})"
+        )
+        result = (workers, reason, measured, batch_bytes)
+    else:
+        reason = (
+            f"in-process {1 / ratio:.2f}x as fast as {workers} workers ({how}: "
+            f"{1 / t_in:.1f} vs {1 / t_w:.1f} batches/s of {batch_size}); "
+            f"worker IPC outweighs the parallel loading"
+        )
+        result = (0, reason, measured, batch_bytes)
+    _PLAN_CACHE[key] = result
+    return result
+
+
+# ------------------------------------------------------------ worker seeding
+
+
+def worker_seed(seed: int, epoch: int, rank: int, worker_id: int) -> int:
+    """The 64-bit seed of one worker in one epoch: distinct per (seed, epoch, rank, worker)."""
+    state = np.random.SeedSequence([int(seed), int(epoch), int(rank), int(worker_id)])
+    a, b = state.generate_state(2, dtype=np.uint32)
+    return (int(a) << 32) | int(b)
+
+
+def _seed_everything(s: int) -> None:
+    random.seed(s)
+    np.random.seed(s % (1 << 32))
+    torch.manual_seed(s)
+
+
+class _WorkerInit:
+    """Seeds python/numpy/torch in each worker, then runs the user's ``worker_init_fn``.
+    A class rather than a closure so spawn can pickle it."""
+
+    def __init__(self, seed, epoch_value, rank, user_fn):
+        self.seed, self.epoch_value, self.rank, self.user_fn = seed, epoch_value, rank, user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        _seed_everything(worker_seed(self.seed, self.epoch_value.value, self.rank, worker_id))
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
+class _EpochSync:
+    """Mixin for the dataset proxies: persistent workers outlive epochs, so the epoch travels
+    through a shared value and each worker reseeds (and calls ``set_epoch``) when it changes."""
+
+    def _sync(self) -> int:
+        epoch = self._epoch_value.value
+        if epoch != self._seen_epoch:
+            self._seen_epoch = epoch
+            info = torch.utils.data.get_worker_info()
+            if info is not None:
+                _seed_everything(worker_seed(self._seed, epoch, self._rank, info.id))
+            set_epoch = getattr(self.dataset, "set_epoch", None)
+            if set_epoch is not None:
+                set_epoch(epoch)
+        return epoch
+
+
+class _MapProxy(_EpochSync, Dataset):
+    def __init__(self, dataset, epoch_value, seed, rank):
+        self.dataset, self._epoch_value, self._seed, self._rank = dataset, epoch_value, seed, rank
+        self._seen_epoch = epoch_value.value
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        self._sync()
+        return self.dataset[i]
+
+    def __getitems__(self, indices):
+        self._sync()
+        getitems = getattr(self.dataset, "__getitems__", None)
+        return getitems(indices) if getitems else [self.dataset[i] for i in indices]
+
+
+class _IterProxy(_EpochSync, IterableDataset):
+    def __init__(self, dataset, epoch_value, seed, rank):
+        self.dataset, self._epoch_value, self._seed, self._rank = dataset, epoch_value, seed, rank
+        self._seen_epoch = None  # always sync: set_epoch before every pass
+
+    def __iter__(self):
+        self._sync()
+        self._seen_epoch = None
+        return iter(self.dataset)
+
+
+# --------------------------------------------------------------- the loader
+
+
+class GpufeedLoader:
+    """Iterable over batches, built by :func:`make_loader`.
+
+    Epochs: ``set_epoch(e)`` picks the order of the next pass; a pass that runs to the end
+    advances the epoch by one by itself, so forgetting ``set_epoch`` does not repeat the same
+    order. A pass abandoned midway (``break``) leaves the epoch where it was.
+
+    Resumption: ``state_dict()`` records the epoch, the seed and how many samples this rank
+    has handed to *you* (counted as each batch is yielded; what workers prefetched is not
+    counted). After ``load_state_dict(state)`` the next pass yields exactly the samples of
+    that epoch not yet yielded, then epochs continue as usual. Each rank saves and restores
+    its own state. Map-style datasets skip to the position directly; iterable datasets
+    replay: the skipped batches are read again and dropped (correct when the dataset's order
+    is a function of its epoch, as gpufeed's tar shards are).
+    """
+
+    def __init__(
+        self,
+        dataset,
+        *,
+        batch_size: int,
+        plan: LoaderPlan,
+        batch_sampler: SortedBatchSampler | None,
+        collate_fn: Callable,
+        drop_last: bool,
+        seed: int,
+        rank: int,
+        world_size: int,
+        worker_init_fn: Callable | None,
+        timeout: float,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.plan = plan
+        self.batch_sampler = batch_sampler
+        self.sampler = batch_sampler.sampler if batch_sampler is not None else None
+        self.collate_fn = collate_fn
+        self.drop_last = drop_last
+        self.seed = seed
+        self.rank, self.world_size = rank, world_size
+        self._user_worker_init = worker_init_fn
+        self._timeout = timeout
+        self.epoch = 0
+        self._samples_seen = 0
+        self._batches_seen = 0
+        self._resume: tuple[int, int] | None = None  # (samples, batches) to skip next pass
+        self._dl: DataLoader | None = None
+        self._epoch_value = None
+
+    # -- properties users reach for
+    @property
+    def num_workers(self) -> int:
+        return self.plan.num_workers
+
+    @property
+    def iterable(self) -> bool:
+        return self.batch_sampler is None
+
+    @property
+    def dataloader(self) -> DataLoader:
+        """The underlying ``torch.utils.data.DataLoader`` (built on first use)."""
+        if self._dl is None:
+            self._dl = self._build()
+        return self._dl
+
+    def _build(self) -> DataLoader:
+        p = self.plan
+        dataset = self.dataset
+        kw: dict[str, Any] = dict(
+            num_workers=p.num_workers,
+            collate_fn=self.collate_fn,
+            pin_memory=p.pin_memory,
+            timeout=self._timeout,
+        )
+        if p.num_workers > 0:
+            ctx = multiprocessing.get_context(p.multiprocessing_context)
+            self._epoch_value = ctx.RawValue("q", self.epoch)
+            proxy = _IterProxy if self.iterable else _MapProxy
+            dataset = proxy(self.dataset, self._epoch_value, self.seed, self.rank)
+            kw.update(
+                multiprocessing_context=ctx,
+                persistent_workers=p.persistent_workers,
+                prefetch_factor=p.prefetch_factor,
+                worker_init_fn=_WorkerInit(
+                    self.seed, self._epoch_value, self.rank, self._user_worker_init
+                ),
+            )
+        elif self._user_worker_init is not None:
+            warnings.warn(
+                "worker_init_fn is not called: loading in-process (0 workers)", stacklevel=3
+            )
+        if self.iterable:
+            return DataLoader(dataset, batch_size=self.batch_size, drop_last=self.drop_last, **kw)
+        return DataLoader(dataset, batch_sampler=self.batch_sampler, **kw)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order for the next pass (and drop a pending resume of another
+        epoch)."""
+        epoch = int(epoch)
+        if self._resume is not None and epoch != self.epoch:
+            self._resume = None
+        self.epoch = epoch
+
+    def samples_per_epoch(self) -> int | None:
+        """Samples this rank yields in a full epoch (None for iterable datasets without len)."""
+        if self.batch_sampler is not None:
+            return self.batch_sampler.samples_per_epoch()
+        try:
+            n = len(self.dataset)
+        except TypeError:
+            return None
+        return n - n % self.batch_size if self.drop_last else n
+
+    def __len__(self) -> int:
+        """Batches in a full epoch on this rank."""
+        n = self.samples_per_epoch()
+        if n is None:
+            raise TypeError(f"{type(self.dataset).__name__} has no len(); neither has its loader")
+        return -(-n // self.batch_size)
+
+    def _prepare_pass(self) -> tuple[int, int]:
+        skip_samples, skip_batches = self._resume or (0, 0)
+        self._resume = None
+        if self.batch_sampler is not None:
+            self.batch_sampler.set_epoch(self.epoch)
+            self.batch_sampler.start = skip_samples
+            skip_batches = 0  # the sampler starts at the right index; nothing to replay
+        elif self.plan.num_workers == 0:
+            set_epoch = getattr(self.dataset, "set_epoch", None)
+            if set_epoch is not None:
+                set_epoch(self.epoch)
+        if self._epoch_value is not None:
+            self._epoch_value.value = self.epoch
+        return skip_samples, skip_batches
+
+    def __iter__(self) -> Iterator:
+        dl = self.dataloader
+        skip_samples, replay = self._prepare_pass()
+        self._samples_seen = skip_samples
+        # map-style starts at the right index; iterable counts the replayed batches up again
+        self._batches_seen = -(-skip_samples // self.batch_size) if not self.iterable else 0
+        total = self.samples_per_epoch()
+        for batch in dl:
+            if replay > 0:
+                replay -= 1
+                self._batches_seen += 1
+                continue
+            self._batches_seen += 1
+            if self.batch_sampler is not None and total is not None:
+                self._samples_seen = min(total, self._samples_seen + self.batch_size)
+            else:
+                self._samples_seen += _batch_len(batch) or self.batch_size
+            yield batch
+        self.epoch += 1
+        self._samples_seen = self._batches_seen = 0
+
+    # -- resumption
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "format": _STATE_FORMAT,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "samples_seen": self._samples_seen,
+            "batches_seen": self._batches_seen,
+            "batch_size": self.batch_size,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "samples_per_epoch": self.samples_per_epoch(),
+            "iterable": self.iterable,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("format") != _STATE_FORMAT:
+            raise ValueError(
+                f"not a gpufeed loader state (format {state.get('format')!r}, expected "
+                f"{_STATE_FORMAT!r})"
+            )
+        mine = self.state_dict()
+        for key in ("seed", "world_size", "rank", "samples_per_epoch", "iterable"):
+            if state[key] != mine[key]:
+                raise ValueError(
+                    f"loader state was saved with {key}={state[key]!r} but this loader has "
+                    f"{key}={mine[key]!r}; the order cannot be resumed exactly. Build the "
+                    f"loader with the same dataset, seed and world size (each rank loads "
+                    f"its own state)"
+                )
+        if self.iterable and state["batch_size"] != self.batch_size:
+            raise ValueError(
+                f"an iterable dataset resumes by batches: saved batch_size "
+                f"{state['batch_size']}, this loader {self.batch_size}"
+            )
+        self.epoch = int(state["epoch"])
+        self._samples_seen = int(state["samples_seen"])
+        self._batches_seen = int(state["batches_seen"])
+        self._resume = (self._samples_seen, self._batches_seen)
+
+    def __repr__(self) -> str:
+        return (
+            f"GpufeedLoader(batch_size={self.batch_size}, epoch={self.epoch}, "
+            f"rank={self.rank}/{self.world_size}, plan=<{self.plan.reason}>)"
+        )
+
+
+# --------------------------------------------------------------- settings
+
+
+def _load_settings(settings) -> tuple[dict[str, Any], str]:
+    source = "settings"
+    if settings is None:
+        path = os.environ.get(SETTINGS_ENV)
+        if not path:
+            return {}, ""
+        settings, source = path, f"{SETTINGS_ENV}={path}"
+    if isinstance(settings, (str, os.PathLike)):
+        path = Path(settings)
+        source = source if source != "settings" else str(path)
+        try:
+            settings = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"loader settings file {path} does not exist; run `gpufeed tune` to write it "
+                f"or unset {SETTINGS_ENV}"
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"loader settings file {path} is not valid JSON: {exc}") from None
+    if not isinstance(settings, Mapping):
+        raise TypeError(f"settings must be a path or a dict, got {type(settings).__name__}")
+    values = {k: v for k, v in settings.items() if not k.startswith("_") and k != "measured"}
+    unknown = sorted(set(values) - set(SETTINGS_KEYS))
+    if unknown:
+        raise ValueError(
+            f"unknown loader setting(s) {', '.join(unknown)} in {source}; "
+            f"known: {', '.join(SETTINGS_KEYS)}"
+        )
+    return values, source
+
+
+def _check_shm(workers: int, prefetch: int, batch_bytes: int, shm_path: str) -> int | None:
+    info = sysinfo.shm_info(shm_path)
+    if info is None or workers == 0:
+        return None if info is None else info.free_bytes
+    need = workers * prefetch * batch_bytes
+    try:
+        floor = thresholds.min_shm_bytes()
+    except (OSError, KeyError, ValueError):
+        floor = 0
+    if need > info.free_bytes:
+        suggest_gib = max(1, 2 ** math.ceil(math.log2(max(1, 2 * need) / (1 << 30))))
+        warnings.warn(
+            f"{shm_path} has {info.free_bytes / 2**20:.0f} MiB free but {workers} workers x "
+            f"prefetch_factor {prefetch} x {batch_bytes / 2**20:.1f} MiB batches need "
+            f"~{need / 2**20:.0f} MiB: workers will fail with 'Bus error'. Give the container "
+            f"more shared memory (docker run --shm-size={suggest_gib}g, compose `shm_size: "
+            f"{suggest_gib}gb`), or use fewer workers (num_workers="
+            f"{max(0, int(info.free_bytes // max(1, prefetch * batch_bytes)))}), a smaller "
+            f"batch or prefetch_factor",
+            ShmBudgetWarning,
+            stacklevel=3,
+        )
+    elif info.total_bytes < floor:
+        warnings.warn(
+            f"{shm_path} is {info.total_bytes / 2**20:.0f} MiB, below GPUFEED_MIN_SHM_MB="
+            f"{floor >> 20}; enough for this loader now, but larger batches or more workers "
+            f"will fail with 'Bus error'. Use docker run --shm-size or compose `shm_size`",
+            ShmBudgetWarning,
+            stacklevel=3,
+        )
+    return info.free_bytes
+
+
+def _sample_bytes(dataset, batch_size, collate) -> int | None:
+    try:
+        if isinstance(dataset, IterableDataset):
+            batch = next(_iter_batches(dataset, batch_size, collate), None)
+            return None if batch is None else _nbytes(batch)
+        if len(dataset) == 0:
+            return None
+        return _nbytes(dataset[0]) * batch_size
+    except Exception as exc:  # sizing is advisory; the real error surfaces when iterating
+        warnings.warn(f"could not size a batch for the /dev/shm check: {exc!r}", stacklevel=3)
+        return None
+
+
+# ------------------------------------------------------------- make_loader
+
+
+_DEFAULTS = dict(
+    num_workers="auto",
+    pin_memory="auto",
+    persistent_workers=True,
+    prefetch_factor=None,
+    multiprocessing_context=None,
+    block_size="auto",
+    buffer_blocks=DEFAULT_BUFFER_BLOCKS,
+    sorted_batches="auto",
+)
+
+
+def make_loader(
+    dataset,
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    num_workers: int | str = "auto",
+    pin_memory: bool | str = "auto",
+    persistent_workers: bool = True,
+    prefetch_factor: int | None = None,
+    drop_last: bool = False,
+    seed: int = 0,
+    multiprocessing_context: str | None = None,
+    sampler=None,
+    block_size: int | str = "auto",
+    buffer_blocks: int = DEFAULT_BUFFER_BLOCKS,
+    sorted_batches: bool | str = "auto",
+    distributed: bool | str = "auto",
+    rank: int | None = None,
+    world_size: int | None = None,
+    settings: str | os.PathLike | Mapping | None = None,
+    collate_fn: Callable | None = None,
+    worker_init_fn: Callable | None = None,
+    timeout: float = 0,
+    probe_budget_s: float = 1.5,
+    shm_path: str = "/dev/shm",
+    check_shm: bool = True,
+) -> GpufeedLoader:
+    """A loader for ``dataset`` (map-style or iterable) with measured defaults.
+
+    - ``num_workers``: ``"auto"`` measures in-process loading against workers on this dataset
+      and batch size (about ``probe_budget_s`` seconds, once per dataset and batch size per
+      process; see :func:`plan_workers`); an int is used as given.
+    - ``pin_memory``: ``"auto"`` pins when CUDA is available.
+    - ``persistent_workers``: keep workers across epochs (only meaningful with workers).
+    - ``prefetch_factor``: batches in flight per worker; None gives torch's 2.
+    - ``multiprocessing_context``: ``"fork"``, ``"spawn"`` or ``"forkserver"``; None gives
+      :func:`default_multiprocessing_context` (fork on Linux unless CUDA is initialised).
+    - ``sampler``: your own index sampler for a map-style dataset (replaces the block
+      shuffle; distributed sharding is then yours too).
+    - ``block_size``/``buffer_blocks``: the block shuffle (see
+      :mod:`gpufeed.samplers`); ``"auto"`` takes the dataset's ``preferred_block_size``
+      attribute if it has one, else 256.
+    - ``sorted_batches``: sort indices inside each batch (cheaper HDF5/mmap reads);
+      ``"auto"`` follows the dataset's ``prefers_sorted_reads`` attribute.
+    - ``distributed``: ``"auto"`` shards map-style datasets by rank when the world size
+      (``torch.distributed`` or env ``RANK``/``WORLD_SIZE``) is above 1. Iterable datasets
+      shard themselves (see :func:`gpufeed.distributed.split_shards`).
+    - ``settings``: a dict or a JSON file with any of :data:`SETTINGS_KEYS` (what ``gpufeed
+      tune`` writes), default the file named by env ``GPUFEED_LOADER_SETTINGS``. A setting
+      applies where the argument was left at its default; explicit arguments win.
+    - ``collate_fn``: default :func:`gpufeed.datasets.collate` (passes a ``Batch`` from
+      ``__getitems__`` through, else ``default_collate``).
+    - ``worker_init_fn``: runs in each worker after gpufeed seeds python, numpy and torch
+      from ``(seed, epoch, rank, worker id)``.
+    - ``check_shm``: warn (:class:`ShmBudgetWarning`) when ``/dev/shm`` cannot hold
+      workers x prefetch_factor batches.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    iterable = isinstance(dataset, IterableDataset)
+    args = dict(
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=persistent_workers,
+        prefetch_factor=prefetch_factor,
+        multiprocessing_context=multiprocessing_context,
+        block_size=block_size,
+        buffer_blocks=buffer_blocks,
+        sorted_batches=sorted_batches,
+    )
+    tuned, _ = _load_settings(settings)
+    from_settings = []
+    for key, value in tuned.items():
+        if args[key] == _DEFAULTS[key] and type(args[key]) is type(_DEFAULTS[key]):
+            args[key] = value
+            from_settings.append(key)
+
+    if args["multiprocessing_context"] is None:
+        args["multiprocessing_context"] = default_multiprocessing_context()
+    if args["multiprocessing_context"] not in (None, "fork", "spawn", "forkserver"):
+        raise ValueError(
+            f"multiprocessing_context must be 'fork', 'spawn' or 'forkserver', got "
+            f"{args['multiprocessing_context']!r}"
+        )
+    if args["block_size"] == "auto":
+        args["block_size"] = int(getattr(dataset, "preferred_block_size", DEFAULT_BLOCK_SIZE))
+    if args["sorted_batches"] == "auto":
+        args["sorted_batches"] = bool(getattr(dataset, "prefers_sorted_reads", False))
+    if args["pin_memory"] == "auto":
+        args["pin_memory"] = torch.cuda.is_available()
+    collate = collate_fn or default_collate
+
+    rank_, world = rank_and_world(rank, world_size)
+    batch_sampler = None
+    if not iterable:
+        if sampler is None:
+            use_dist = distributed is True or (distributed == "auto" and world > 1)
+            if use_dist:
+                sampler = DistributedBlockSampler(
+                    len(dataset),
+                    num_replicas=world,
+                    rank=rank_,
+                    block_size=args["block_size"],
+                    buffer_blocks=args["buffer_blocks"],
+                    seed=seed,
+                    shuffle=shuffle,
+                    drop_last=drop_last,
+                )
+            else:
+                sampler = BlockShuffleSampler(
+                    len(dataset),
+                    block_size=args["block_size"],
+                    buffer_blocks=args["buffer_blocks"],
+                    seed=seed,
+                    shuffle=shuffle,
+                )
+        batch_sampler = SortedBatchSampler(
+            sampler, batch_size, drop_last=drop_last, sort=args["sorted_batches"]
+        )
+
+    budget = sysinfo.usable_cpus()
+    cpus = max(1, budget.count // _local_world_size())
+    cpu_source = budget.source + (
+        f", / LOCAL_WORLD_SIZE={_local_world_size()}" if _local_world_size() > 1 else ""
+    )
+    measured: dict[str, float] = {}
+    batch_bytes = None
+    nw = args["num_workers"]
+    if nw == "auto":
+        probe_indices = None
+        if batch_sampler is not None:
+            batch_sampler.set_epoch(0)
+            probe_indices = iter(batch_sampler)
+        nw, reason, measured, batch_bytes = plan_workers(
+            dataset,
+            batch_size,
+            batch_indices=probe_indices,
+            collate_fn=collate,
+            cpus=cpus,
+            multiprocessing_context=args["multiprocessing_context"],
+            budget_s=probe_budget_s,
+        )
+    elif isinstance(nw, int) and nw >= 0:
+        reason = "from settings" if "num_workers" in from_settings else "as requested"
+    else:
+        raise ValueError(f"num_workers must be 'auto' or an int >= 0, got {nw!r}")
+
+    prefetch = args["prefetch_factor"] if nw > 0 else None
+    if nw > 0 and prefetch is None:
+        prefetch = 2
+    shm_free = None
+    if check_shm and nw > 0:
+        if batch_bytes is None:
+            batch_bytes = _sample_bytes(dataset, batch_size, collate)
+        if batch_bytes:
+            shm_free = _check_shm(nw, prefetch, batch_bytes, shm_path)
+
+    plan = LoaderPlan(
+        num_workers=nw,
+        pin_memory=bool(args["pin_memory"]),
+        persistent_workers=bool(args["persistent_workers"]) and nw > 0,
+        prefetch_factor=prefetch,
+        multiprocessing_context=args["multiprocessing_context"] if nw > 0 else None,
+        block_size=args["block_size"],
+        buffer_blocks=args["buffer_blocks"],
+        sorted_batches=args["sorted_batches"],
+        cpus=cpus,
+        cpu_source=cpu_source,
+        reason=reason,
+        measured=measured,
+        batch_bytes=batch_bytes,
+        shm_free_bytes=shm_free,
+        from_settings=tuple(from_settings),
+    )
+    return GpufeedLoader(
+        dataset,
+        batch_size=batch_size,
+        plan=plan,
+        batch_sampler=batch_sampler,
+        collate_fn=collate,
+        drop_last=drop_last,
+        seed=seed,
+        rank=rank_,
+        world_size=world,
+        worker_init_fn=worker_init_fn,
+        timeout=timeout,
+    )
