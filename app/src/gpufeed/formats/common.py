@@ -1,0 +1,353 @@
+"""Pieces every format shares: errors, the sample spec, checksums, staged parts, atomic files.
+
+The formats layer knows numpy and the storage libraries, never torch: readers hand back numpy
+arrays (fixed-shape samples) or byte buffers (encoded samples) and the datasets layer turns them
+into tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MANIFEST_NAME = "manifest.json"
+SOURCES_NAME = "sources.txt"
+PARTIAL_SUFFIX = ".partial"
+FORMAT_VERSION = 1
+
+
+class GpufeedError(Exception):
+    """Base of the errors gpufeed reports as one clear line."""
+
+    exit_code = 1
+
+
+class UsageError(GpufeedError):
+    """The call itself is wrong (bad option, existing destination): exit code 2."""
+
+    exit_code = 2
+
+
+class DataError(GpufeedError):
+    """The data is wrong (unreadable source file, corrupt record, failed verification)."""
+
+
+class SourceError(DataError):
+    """A source file could not be read or decoded while packing."""
+
+
+class CorruptSampleError(DataError):
+    """A stored sample does not match its checksum or does not decode."""
+
+    def __init__(
+        self, path: str | os.PathLike, index: int, problem: str, source: str | None = None
+    ):
+        self.path = str(path)
+        self.index = int(index)
+        self.problem = problem
+        self.source = source
+        where = f"sample {self.index}" + (f" (source {source})" if source else "")
+        super().__init__(f"{self.path}: {where}: {problem}")
+
+
+class NotPackedError(DataError):
+    """The path is not a finished gpufeed dataset (no manifest, or a partial pack)."""
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """What one stored sample is.
+
+    kind "array": every sample is an array of `dtype` and `shape` (decoded images are uint8 CHW).
+    kind "encoded": every sample is an encoded file's bytes (JPEG, PNG, ...), decoded on read.
+    """
+
+    kind: str
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        if self.kind != "array":
+            raise ValueError("encoded samples have no fixed size")
+        return int(np.dtype(self.dtype).itemsize * int(np.prod(self.shape, dtype=np.int64)))
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind == "array":
+            return {"kind": "array", "dtype": self.dtype, "shape": list(self.shape)}
+        return {"kind": "encoded"}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SampleSpec:
+        if d["kind"] == "array":
+            return cls("array", str(d["dtype"]), tuple(int(x) for x in d["shape"]))
+        return cls("encoded")
+
+
+def crc32(buf) -> int:
+    """zlib crc32 of a bytes-like object or a C-contiguous array."""
+    return zlib.crc32(buf) & 0xFFFFFFFF
+
+
+def row_crcs(batch: np.ndarray) -> np.ndarray:
+    """crc32 of each row of a C-contiguous [N, ...] array."""
+    out = np.empty(len(batch), dtype=np.uint32)
+    for j in range(len(batch)):
+        out[j] = zlib.crc32(batch[j])
+    return out
+
+
+def sha256_file(path: str | os.PathLike, bufsize: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    buf = bytearray(bufsize)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def file_entry(root: Path, name: str) -> dict[str, Any]:
+    p = root / name
+    return {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary name, fsync, rename: readers see the old file or the new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def npy_bytes(arr: np.ndarray) -> bytes:
+    """An array as the bytes of a .npy file (what np.save would write)."""
+    import io
+
+    b = io.BytesIO()
+    np.save(b, np.ascontiguousarray(arr), allow_pickle=False)
+    return b.getvalue()
+
+
+def npy_from_bytes(data) -> np.ndarray:
+    import io
+
+    return np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+
+
+@dataclass
+class Part:
+    """A committed slice of the pack: samples read from a fixed range of source items.
+
+    payload is every accepted sample's bytes concatenated; sample j is
+    payload[offsets[j]:offsets[j+1]]. Array samples are stored as raw C-order bytes.
+    """
+
+    payload: np.ndarray  # uint8 [total]
+    offsets: np.ndarray  # int64 [n+1]
+    labels: np.ndarray  # int64 [n]
+    crc32: np.ndarray  # uint32 [n]
+    items: np.ndarray  # int64 [n] source item index of each sample
+    exts: np.ndarray  # str [n] file extension to use for the sample (tar member names)
+    skip_items: np.ndarray  # int64 [k]
+    skip_errors: np.ndarray  # str [k]
+    spec: SampleSpec | None  # None when every item in the part was skipped
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def sample(self, j: int) -> memoryview:
+        return memoryview(self.payload)[self.offsets[j] : self.offsets[j + 1]]
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        spec = self.spec.to_json() if self.spec else None
+        with open(tmp, "wb") as f:
+            np.savez(
+                f,
+                payload=self.payload,
+                offsets=self.offsets,
+                labels=self.labels,
+                crc32=self.crc32,
+                items=self.items,
+                exts=self.exts,
+                skip_items=self.skip_items,
+                skip_errors=self.skip_errors,
+                spec=np.array(json.dumps(spec)),
+            )
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+
+    @classmethod
+    def load(cls, path: Path) -> Part:
+        with np.load(path, allow_pickle=False) as z:
+            spec = json.loads(str(z["spec"]))
+            return cls(
+                payload=z["payload"],
+                offsets=z["offsets"],
+                labels=z["labels"],
+                crc32=z["crc32"],
+                items=z["items"],
+                exts=z["exts"],
+                skip_items=z["skip_items"],
+                skip_errors=z["skip_errors"],
+                spec=SampleSpec.from_json(spec) if spec else None,
+            )
+
+
+def as_index_array(indices: Sequence[int] | np.ndarray, count: int, path: str) -> np.ndarray:
+    """Indices as int64, negatives wrapped, range checked with an error naming the dataset."""
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if idx.size and (idx.min() < -count or idx.max() >= count):
+        bad = int(idx[(idx < -count) | (idx >= count)][0])
+        raise IndexError(f"{path}: sample {bad} out of range for {count} samples")
+    return np.where(idx < 0, idx + count, idx)
+
+
+class Reader:
+    """Base of the format readers.
+
+    A reader is plain configuration plus numpy index arrays (labels, crc32, offsets) until it
+    reads: the storage handle is opened on first use in the process that reads, reopened when
+    the pid changes (a forked DataLoader worker), and dropped when pickled (a spawned worker).
+    """
+
+    format_name = ""
+
+    def __init__(self, root: str | os.PathLike, manifest: dict[str, Any]):
+        self.root = Path(root)
+        self.manifest = manifest
+        self.spec = SampleSpec.from_json(manifest["sample"])
+        self.count = int(manifest["count"])
+        self._h = None
+        self._pid: int | None = None
+
+    # -- handle management -------------------------------------------------------------
+    def _open(self):
+        raise NotImplementedError
+
+    def _close(self, handle) -> None:
+        close = getattr(handle, "close", None)
+        if close is not None:
+            close()
+
+    @property
+    def handle(self):
+        pid = os.getpid()
+        if self._h is None or self._pid != pid:
+            # A handle inherited through fork is abandoned, never closed here: closing it
+            # could disturb the parent's library state (h5py, LMDB).
+            self._h = self._open()
+            self._pid = pid
+        return self._h
+
+    def close(self) -> None:
+        if self._h is not None and self._pid == os.getpid():
+            self._close(self._h)
+        self._h = None
+        self._pid = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to report to
+            pass
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_h"] = None
+        state["_pid"] = None
+        return state
+
+    def __len__(self) -> int:
+        return self.count
+
+    # -- reading -------------------------------------------------------------------------
+    def location(self, index: int) -> str:
+        """The file that holds sample `index` (for error messages)."""
+        return str(self.root)
+
+    def read(self, index: int):
+        """One sample: a numpy array (kind "array") or a bytes-like object (kind "encoded")."""
+        batch = self.read_batch(np.array([index], dtype=np.int64))
+        return batch[0]
+
+    def read_batch(self, indices: np.ndarray):
+        """Samples at `indices` (int64, in range): one [B, ...] array or a list of buffers."""
+        raise NotImplementedError
+
+    def iter_range(self, start: int = 0, stop: int | None = None, step: int = 256):
+        """(index, sample) in storage order; used by verify and sequential readers."""
+        stop = self.count if stop is None else stop
+        for lo in range(start, stop, step):
+            idx = np.arange(lo, min(lo + step, stop), dtype=np.int64)
+            batch = self.read_batch(idx)
+            for j, i in enumerate(idx):
+                yield int(i), batch[j]
+
+    def sources(self) -> list[str] | None:
+        """Source path of every sample, when the pack recorded them."""
+        p = self.root / SOURCES_NAME
+        if not p.exists():
+            return None
+        return p.read_text(encoding="utf-8").splitlines()
+
+    def data_files(self) -> list[str]:
+        """Files (relative to root) that hold sample bytes."""
+        return sorted(self.manifest.get("files", {}))
+
+
+class Writer:
+    """Base of the format writers: assemble committed parts into the final files.
+
+    A writer works inside a fresh output folder and is given the totals up front (the pack
+    knows them once every part is committed), so fixed-size containers are allocated once.
+    """
+
+    format_name = ""
+
+    def __init__(
+        self,
+        out: Path,
+        spec: SampleSpec | None,
+        count: int,
+        total_bytes: int,
+        options: dict[str, Any],
+    ):
+        self.out = Path(out)
+        self.spec = spec
+        self.count = count
+        self.total_bytes = total_bytes
+        self.options = options
+
+    def add(self, part: Part) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> dict[str, Any]:
+        """Close the files; return {"files": [names], "layout": {format details}}."""
+        raise NotImplementedError

@@ -1,0 +1,203 @@
+"""HDF5 (h5py): one file, `data.h5`, readable with plain h5py.
+
+Layout (N samples):
+  /samples   [N, *shape] dtype   fixed-shape samples (decoded images are uint8 CHW)
+  /encoded   [total] uint8       encoded samples (JPEG, PNG, ...) concatenated, and
+  /offsets   [N + 1] int64       sample i is encoded[offsets[i]:offsets[i + 1]]
+  /labels    [N] int64           class index, -1 when the source had none
+  /crc32     [N] uint32          zlib crc32 of each sample's stored bytes
+  attributes on /: gpufeed_format_version, sample (JSON), classes (JSON)
+
+Without compression the sample data is stored contiguously, so the reader can map it straight
+from the page cache (numpy memmap at the dataset's file offset); with compression
+(gzip[:level] or lzf) it is chunked and read through h5py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from gpufeed.formats.common import (
+    FORMAT_VERSION,
+    CorruptSampleError,
+    Part,
+    Reader,
+    SampleSpec,
+    UsageError,
+    Writer,
+)
+
+FILE_NAME = "data.h5"
+CHUNK_BYTES = 1 << 16
+
+
+def compression_args(compression: str | None) -> dict[str, Any]:
+    if not compression or compression == "none":
+        return {}
+    name, _, level = compression.partition(":")
+    if name == "gzip":
+        return {
+            "compression": "gzip",
+            "compression_opts": int(level or 4),
+            "shuffle": False,
+        }
+    if name == "lzf":
+        if level:
+            raise UsageError("lzf takes no level; use --compression lzf")
+        return {"compression": "lzf"}
+    raise UsageError(f"unknown HDF5 compression {compression!r}; use none, lzf or gzip[:1-9]")
+
+
+class HDF5Writer(Writer):
+    format_name = "hdf5"
+
+    def __init__(self, out, spec, count, total_bytes, options):
+        super().__init__(out, spec, count, total_bytes, options)
+        self._comp = compression_args(options.get("compression"))
+        self.path = self.out / FILE_NAME
+        self.f = h5py.File(self.path, "w", track_order=False)
+        kw = dict(track_times=False)
+        spec = spec or SampleSpec("encoded")
+        self.spec = spec
+        if spec.kind == "array":
+            shape = (count, *spec.shape)
+            if self._comp:
+                rows = max(1, min(count, CHUNK_BYTES // max(1, spec.nbytes)))
+                kw.update(self._comp, chunks=(max(rows, 1), *spec.shape) if count else None)
+            self.data = self.f.create_dataset("samples", shape=shape, dtype=spec.dtype, **kw)
+        else:
+            if self._comp and total_bytes:
+                kw.update(self._comp, chunks=(min(total_bytes, CHUNK_BYTES),))
+            self.data = self.f.create_dataset("encoded", shape=(total_bytes,), dtype=np.uint8, **kw)
+            self.offsets = np.zeros(count + 1, dtype=np.int64)
+        self.labels = np.empty(count, dtype=np.int64)
+        self.crcs = np.empty(count, dtype=np.uint32)
+        self.n = 0
+        self.nbytes = 0
+
+    def add(self, part: Part) -> None:
+        n = len(part)
+        if n == 0:
+            return
+        lo, hi = self.n, self.n + n
+        if self.spec.kind == "array":
+            rows = part.payload.view(self.spec.dtype).reshape(n, *self.spec.shape)
+            self.data[lo:hi] = rows
+        else:
+            size = int(part.offsets[-1])
+            self.data[self.nbytes : self.nbytes + size] = part.payload
+            self.offsets[lo + 1 : hi + 1] = part.offsets[1:] + self.nbytes
+            self.nbytes += size
+        self.labels[lo:hi] = part.labels
+        self.crcs[lo:hi] = part.crc32
+        self.n = hi
+
+    def finish(self) -> dict[str, Any]:
+        assert self.n == self.count, (self.n, self.count)
+        kw = dict(track_times=False)
+        if self.spec.kind == "encoded":
+            self.f.create_dataset("offsets", data=self.offsets, **kw)
+        self.f.create_dataset("labels", data=self.labels, **kw)
+        self.f.create_dataset("crc32", data=self.crcs, **kw)
+        self.f.attrs["gpufeed_format_version"] = FORMAT_VERSION
+        self.f.attrs["sample"] = json.dumps(self.spec.to_json())
+        self.f.attrs["classes"] = json.dumps(self.options.get("classes"))
+        self.f.close()
+        layout = {
+            "file": FILE_NAME,
+            "compression": self.options.get("compression") or None,
+        }
+        if self.spec.kind == "array":
+            layout["datasets"] = {
+                "samples": "/samples",
+                "labels": "/labels",
+                "crc32": "/crc32",
+            }
+        else:
+            layout["datasets"] = {
+                "encoded": "/encoded",
+                "offsets": "/offsets",
+                "labels": "/labels",
+                "crc32": "/crc32",
+            }
+        return {"files": [FILE_NAME], "layout": layout}
+
+
+class HDF5Reader(Reader):
+    """Reads data.h5. `use_mmap=None` maps uncompressed sample data directly (fastest);
+    False always reads through h5py."""
+
+    format_name = "hdf5"
+
+    def __init__(self, root, manifest, *, use_mmap: bool | None = None, rdcc_mb: int = 64):
+        super().__init__(root, manifest)
+        self.path = Path(self.root) / FILE_NAME
+        self.rdcc_nbytes = rdcc_mb << 20
+        self.data_name = "samples" if self.spec.kind == "array" else "encoded"
+        with h5py.File(self.path, "r") as f:
+            self.labels = f["labels"][...]
+            self.crc32 = f["crc32"][...]
+            self.offsets = f["offsets"][...] if self.spec.kind == "encoded" else None
+            ds = f[self.data_name]
+            offset = ds.id.get_offset()
+            contiguous = ds.chunks is None and offset is not None
+        if use_mmap and not contiguous:
+            raise UsageError(f"{self.path}: /{self.data_name} is chunked; it cannot be mapped")
+        self.mmap_offset = offset if contiguous and use_mmap is not False else None
+        if len(self.labels) != self.count:
+            raise CorruptSampleError(
+                self.path, len(self.labels), "label count differs from manifest"
+            )
+
+    def _open(self):
+        if self.mmap_offset is not None:
+            if self.spec.kind == "array":
+                shape, dtype = (self.count, *self.spec.shape), self.spec.dtype
+            else:
+                shape, dtype = (int(self.offsets[-1]),), np.uint8
+            if shape[0] == 0:
+                return np.empty(shape, dtype)
+            return np.memmap(self.path, dtype=dtype, mode="r", offset=self.mmap_offset, shape=shape)
+        f = h5py.File(self.path, "r", rdcc_nbytes=self.rdcc_nbytes)
+        return f[self.data_name]
+
+    def _close(self, handle) -> None:
+        if isinstance(handle, h5py.Dataset):
+            handle.file.close()
+
+    def location(self, index: int) -> str:
+        return str(self.path)
+
+    def read_batch(self, indices: np.ndarray):
+        data = self.handle
+        if self.spec.kind == "array":
+            out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
+            if isinstance(data, np.ndarray):
+                np.take(data, indices, axis=0, out=out)
+            else:
+                _h5_take(data, indices, out)
+            return out
+        offs = self.offsets
+        # memmap slices are views of the page cache; h5py slices are fresh arrays.
+        return [data[offs[i] : offs[i + 1]] for i in indices]
+
+
+def _h5_take(ds: h5py.Dataset, indices: np.ndarray, out: np.ndarray) -> None:
+    """out[j] = ds[indices[j]] with one h5py read: a slice when the indices are dense, else
+    one fancy selection of the sorted unique indices (h5py needs increasing indices)."""
+    if len(indices) == 0:
+        return
+    uniq, inverse = np.unique(indices, return_inverse=True)
+    lo, hi = int(uniq[0]), int(uniq[-1]) + 1
+    if hi - lo <= 2 * len(uniq):
+        block = ds[lo:hi]
+        np.take(block, indices - lo, axis=0, out=out)
+    elif len(uniq) == len(indices) and np.array_equal(uniq, indices):
+        ds.read_direct(out, source_sel=np.s_[uniq])
+    else:
+        np.take(ds[uniq], inverse.reshape(-1), axis=0, out=out)

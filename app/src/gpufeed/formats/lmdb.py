@@ -1,0 +1,220 @@
+"""LMDB: one record per sample, readable with plain `lmdb`.
+
+The environment is the dataset folder itself (DEST/data.mdb). Keys are zero-padded sample
+indices, b"%010d"; values are the sample's stored bytes: raw C-order array bytes for
+fixed-shape samples (dtype and shape in the manifest and in the `__gpufeed__` key) or the
+encoded file's bytes. Index keys sort after every sample key:
+  __gpufeed__   JSON: count, sample spec, classes, format_version
+  __labels__    .npy bytes, int64 [N]
+  __crc32__     .npy bytes, uint32 [N]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+
+from gpufeed.formats.common import (
+    FORMAT_VERSION,
+    CorruptSampleError,
+    Part,
+    Reader,
+    SampleSpec,
+    Writer,
+    npy_bytes,
+    npy_from_bytes,
+)
+
+DATA_FILE = "data.mdb"
+LOCK_FILE = "lock.mdb"
+META_KEY = b"__gpufeed__"
+LABELS_KEY = b"__labels__"
+CRC_KEY = b"__crc32__"
+PAGE = 4096
+TXN_RECORDS = 4096
+TXN_BYTES = 64 << 20
+
+
+def key(index: int) -> bytes:
+    return b"%010d" % index
+
+
+def estimate_map_size(sizes: np.ndarray) -> int:
+    """Bytes LMDB needs for values of these sizes: small values share leaf pages, large ones
+    take whole overflow pages; plus room for branch pages and the index keys."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    large = sizes > 2000
+    overflow = ((sizes[large] + 16 + PAGE - 1) // PAGE * PAGE).sum()
+    small = (sizes[~large] + 32).sum() * 2
+    index = len(sizes) * 16 * 2
+    return int((overflow + small + index) * 1.25) + (8 << 20)
+
+
+class LMDBWriter(Writer):
+    format_name = "lmdb"
+
+    def __init__(self, out, spec, count, total_bytes, options):
+        super().__init__(out, spec, count, total_bytes, options)
+        self.spec = spec or SampleSpec("encoded")
+        sizes = options.get("sample_sizes")
+        if sizes is None:
+            sizes = np.full(count, total_bytes // max(count, 1), dtype=np.int64)
+        self.map_size = estimate_map_size(sizes)
+        # meminit stays on: pages are zeroed before use, so the file's bytes depend only on
+        # what was written, and two packs of the same data are byte-identical.
+        self.env = lmdb.open(
+            str(self.out), subdir=True, map_size=self.map_size, meminit=True, sync=True, lock=True
+        )
+        self.labels = np.empty(count, dtype=np.int64)
+        self.crcs = np.empty(count, dtype=np.uint32)
+        self.n = 0
+        self.pending: list[tuple[bytes, memoryview]] = []
+        self.pending_bytes = 0
+
+    def _put_all(self, items: list[tuple[bytes, bytes]]) -> None:
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    txn.cursor().putmulti(items, append=True, dupdata=False, overwrite=False)
+                return
+            except lmdb.MapFullError:
+                self.map_size *= 2
+                self.env.set_mapsize(self.map_size)
+
+    def add(self, part: Part) -> None:
+        # Transactions are cut by record count and bytes, never by part: LMDB's file bytes
+        # depend on the transaction sequence, and the pack's bytes must not depend on parts.
+        for j in range(len(part)):
+            value = part.sample(j)
+            self.pending.append((key(self.n), value))
+            self.pending_bytes += len(value)
+            self.labels[self.n] = part.labels[j]
+            self.crcs[self.n] = part.crc32[j]
+            self.n += 1
+            if len(self.pending) >= TXN_RECORDS or self.pending_bytes >= TXN_BYTES:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self._put_all(self.pending)
+        self.pending = []
+        self.pending_bytes = 0
+
+    def finish(self) -> dict[str, Any]:
+        assert self.n == self.count
+        self._flush()
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "count": self.count,
+            "sample": self.spec.to_json(),
+            "classes": self.options.get("classes"),
+            "key_format": "%010d",
+        }
+        meta_bytes = json.dumps(meta, sort_keys=True).encode()
+        self._put_all(
+            [
+                (CRC_KEY, npy_bytes(self.crcs)),
+                (META_KEY, meta_bytes),
+                (LABELS_KEY, npy_bytes(self.labels)),
+            ]
+        )
+        self.env.sync(True)
+        self.env.close()
+        (self.out / LOCK_FILE).unlink(missing_ok=True)
+        layout = {"key_format": "%010d", "meta_keys": ["__gpufeed__", "__labels__", "__crc32__"]}
+        return {"files": [DATA_FILE], "layout": layout}
+
+
+# LMDB forbids opening one environment twice in a process, so readers of the same path in
+# one process (two datasets, a dataset and verify) share it: path -> [pid, env, users].
+_ENVS: dict[str, list] = {}
+
+
+def _acquire_env(path: str):
+    pid = os.getpid()
+    entry = _ENVS.get(path)
+    if entry is not None and entry[0] != pid:
+        # Inherited through fork: LMDB handles must not be used across fork, and py-lmdb
+        # refuses to open the path again while this one is registered. Closing it here only
+        # unmaps the child's copy: the env is read-only with lock=False, so there is no
+        # shared lock table the parent could notice.
+        entry[1].close()
+        entry = None
+    if entry is None:
+        env = lmdb.open(
+            path,
+            subdir=True,
+            readonly=True,
+            lock=False,
+            readahead=False,
+            meminit=False,
+            max_readers=1024,
+        )
+        entry = _ENVS[path] = [pid, env, 0]
+    entry[2] += 1
+    return entry[1]
+
+
+def _release_env(path: str, env) -> None:
+    entry = _ENVS.get(path)
+    if entry is None or entry[1] is not env or entry[0] != os.getpid():
+        return
+    entry[2] -= 1
+    if entry[2] <= 0:
+        del _ENVS[path]
+        env.close()
+
+
+class LMDBReader(Reader):
+    format_name = "lmdb"
+
+    def __init__(self, root, manifest):
+        super().__init__(root, manifest)
+        self.env_path = str(Path(self.root).absolute())
+        env = _acquire_env(self.env_path)
+        try:
+            with env.begin() as txn:
+                labels, crcs = txn.get(LABELS_KEY), txn.get(CRC_KEY)
+                if labels is None or crcs is None:
+                    raise CorruptSampleError(self.root, 0, "LMDB index keys are missing")
+                self.labels = npy_from_bytes(labels)
+                self.crc32 = npy_from_bytes(crcs)
+        finally:
+            _release_env(self.env_path, env)
+
+    def _open(self):
+        return _acquire_env(self.env_path)
+
+    def _close(self, handle) -> None:
+        _release_env(self.env_path, handle)
+
+    def location(self, index: int) -> str:
+        return str(Path(self.root) / DATA_FILE)
+
+    def read_batch(self, indices: np.ndarray):
+        keys = [key(int(i)) for i in indices]
+        with self.handle.begin(buffers=True) as txn:
+            found = txn.cursor().getmulti(keys)
+            if len(found) != len(keys):
+                have = {bytes(k) for k, _ in found}
+                missing = next(i for i, k in zip(indices, keys, strict=True) if k not in have)
+                raise CorruptSampleError(self.location(missing), int(missing), "record missing")
+            if self.spec.kind == "encoded":
+                return [bytes(v) for _, v in found]
+            out = np.empty((len(keys), *self.spec.shape), dtype=self.spec.dtype)
+            flat = out.reshape(len(keys), -1).view(np.uint8)
+            width = flat.shape[1]
+            for j, (_, v) in enumerate(found):
+                if len(v) != width:
+                    raise CorruptSampleError(
+                        self.location(indices[j]),
+                        int(indices[j]),
+                        f"record is {len(v)} bytes, expected {width}",
+                    )
+                flat[j] = np.frombuffer(v, dtype=np.uint8)
+            return out
