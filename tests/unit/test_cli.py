@@ -1,0 +1,139 @@
+"""The `gpufeed` command: pack/verify/inspect, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gpufeed import __version__
+from gpufeed.cli import main, parse_bytes
+
+
+def run_cli(args, env, **kw):
+    return subprocess.run(
+        [sys.executable, "-m", "gpufeed.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        **kw,
+    )
+
+
+def test_version(python_env):
+    r = run_cli(["--version"], python_env)
+    assert r.returncode == 0 and r.stdout.strip() == f"gpufeed {__version__}"
+
+
+def test_pack_verify_inspect(array_folder, tmp_path, capsys):
+    dest = tmp_path / "d"
+    assert (
+        main(["pack", str(array_folder), str(dest), "-f", "hdf5", "-j", "1", "-q"]) == 0
+    )
+    assert main(["verify", str(dest), "-q"]) == 0
+    assert "OK (hdf5, 17 samples" in capsys.readouterr().out
+    assert main(["inspect", str(dest), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["format"] == "hdf5" and info["count"] == 17
+    assert info["classes"] == ["x", "y"] and info["sample"]["shape"] == [3, 4, 5]
+    assert info["size_bytes"] > 17 * 60
+    assert main(["inspect", str(dest)]) == 0
+    text = capsys.readouterr().out
+    assert "samples:     17" in text and "uint8 3x4x5" in text and "2 (x, y)" in text
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "lmdb", "tar", "mmap"])
+def test_verify_reports_flipped_byte_with_sample_and_source(
+    tmp_path, make_arrays, capsys, fmt
+):
+    make_arrays(tmp_path / "src", {"c0": 5, "c1": 5}, shape=(48,), seed=2)
+    dest = tmp_path / "d"
+    assert (
+        main(["pack", str(tmp_path / "src"), str(dest), "-f", fmt, "-j", "1", "-q"])
+        == 0
+    )
+    target = np.load(tmp_path / "src" / "c1" / "a00002.npy").tobytes()  # sample 7
+    flipped = 0
+    for f in dest.iterdir():
+        data = bytearray(f.read_bytes())
+        pos = data.find(target)
+        while pos >= 0:
+            data[pos + 10] ^= 1
+            flipped += 1
+            pos = data.find(target, pos + 1)
+        f.write_bytes(bytes(data))
+    assert flipped
+    assert main(["verify", str(dest), "-q"]) == 1
+    out = capsys.readouterr().out
+    assert "sha256" in out
+    assert "sample 7 (source c1/a00002.npy): crc32 mismatch" in out
+    assert "FAILED" in out
+    assert main(["verify", str(dest), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False
+    assert [p["index"] for p in report["problems"] if p["index"] is not None] == [7]
+
+
+def test_exit_codes_and_one_line_errors(tmp_path, python_env, make_images):
+    r = run_cli(["pack", str(tmp_path), str(tmp_path / "o")], python_env)
+    assert r.returncode == 2 and "--format" in r.stderr  # argparse usage error
+    r = run_cli(["verify", str(tmp_path / "missing")], python_env)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        f"gpufeed verify: error: {tmp_path / 'missing'}: does not exist"
+    ]
+    files = make_images(tmp_path / "src", {"a": 2}, ext=".jpg")
+    files[0].write_bytes(b"\xff\xd8\xff garbage")
+    r = run_cli(
+        ["pack", str(tmp_path / "src"), str(tmp_path / "o"), "-f", "tar", "-q"],
+        python_env,
+    )
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(files[0]) in lines[0] and "Traceback" not in r.stderr
+    r = run_cli(
+        [
+            "pack",
+            str(tmp_path / "src"),
+            str(tmp_path / "o"),
+            "-f",
+            "tar",
+            "-q",
+            "--on-error",
+            "skip",
+            "--resume",
+        ],
+        python_env,
+    )
+    assert r.returncode == 0, r.stderr
+    r = run_cli(
+        ["pack", str(tmp_path / "src"), str(tmp_path / "o"), "-f", "tar"], python_env
+    )
+    assert r.returncode == 2 and "already exists; pass --overwrite" in r.stderr
+    debug = run_cli(
+        ["verify", str(tmp_path / "missing")], {**python_env, "GPUFEED_DEBUG": "1"}
+    )
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_skip_is_reported(tmp_path, capsys, make_arrays):
+    paths = make_arrays(tmp_path / "src", None, count=3)
+    paths[1].write_bytes(b"nope")
+    args = ["pack", str(tmp_path / "src"), str(tmp_path / "o"), "-f", "mmap", "-j", "1"]
+    assert main([*args, "--on-error", "skip"]) == 0
+    assert "packed 2 samples" in capsys.readouterr().out
+    assert (
+        json.loads((tmp_path / "o" / "manifest.json").read_text())["skipped"][0]["item"]
+        == 1
+    )
+
+
+def test_parse_bytes():
+    assert parse_bytes("4096") == 4096
+    assert parse_bytes("256M") == 256 << 20
+    assert parse_bytes("1.5GiB") == 3 << 29
+    with pytest.raises(Exception, match="not a size"):
+        parse_bytes("lots")
