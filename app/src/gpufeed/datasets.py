@@ -1,0 +1,424 @@
+"""Datasets over packed formats: map-style (HDF5, LMDB, mmap, and tar via its index) and an
+iterable one over tar shards.
+
+Every dataset is safe to build in the parent and use in DataLoader workers under fork or
+spawn: the storage handle is opened lazily in the process that reads (and reopened after a
+fork), and pickling drops it. The per-sample index (labels, crc32, offsets) lives in numpy
+arrays, never per-sample Python objects, so workers do not copy-on-read it page by page.
+
+Items are (sample, label): sample a torch.Tensor (images: uint8 [3, H, W], CHW like
+torchvision.io; arrays: their stored dtype and shape), label an int (-1 when unknown).
+
+Batch reads: the DataLoader calls ``__getitems__(indices)`` with a whole batch; it returns a
+:class:`Batch` (one stacked tensor + int64 labels) from one storage round trip. Pass
+``collate_fn=gpufeed.collate`` to a plain DataLoader (``make_loader`` does it for you): torch's
+default_collate would try to collate the Batch again.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate
+
+from gpufeed.decoders import array_to_tensor, decode_bytes, raw_bytes_tensor
+from gpufeed.formats import open_reader
+from gpufeed.formats.common import (
+    CorruptSampleError,
+    Reader,
+    UsageError,
+    as_index_array,
+    crc32,
+    row_crcs,
+)
+
+ON_ERROR = ("raise", "skip")
+
+
+class Batch(NamedTuple):
+    """A batch as read: samples [B, ...] stacked when shapes agree (else a list of tensors),
+    labels int64 [B]."""
+
+    samples: torch.Tensor | list[torch.Tensor]
+    labels: torch.Tensor
+
+
+def collate(data):
+    """collate_fn for gpufeed datasets: a Batch passes through unchanged; a list of
+    (sample, label) items (skipped ones are None) becomes a Batch; anything else goes to
+    torch's default_collate."""
+    if isinstance(data, Batch):
+        return data
+    if isinstance(data, list):
+        data = [d for d in data if d is not None]
+        if data and all(isinstance(d, tuple) and len(d) == 2 for d in data):
+            samples = [d[0] for d in data]
+            labels = torch.as_tensor([int(d[1]) for d in data], dtype=torch.int64)
+            return Batch(_stack(samples), labels)
+    return default_collate(data)
+
+
+def _stack(samples: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+    if not samples:
+        return torch.empty(0)
+    first = samples[0]
+    if all(
+        isinstance(s, torch.Tensor) and s.shape == first.shape and s.dtype == first.dtype
+        for s in samples
+    ):
+        return torch.stack(samples)
+    return samples
+
+
+class _SampleReading:
+    """What map-style and iterable datasets share: turning stored bytes into checked tensors."""
+
+    reader: Reader
+    transform: Callable | None
+    verify_crc: bool
+    on_error: str
+    decode: bool
+
+    def _init_reading(self, reader, transform, batch_transform, verify_crc, on_error, decode):
+        if on_error not in ON_ERROR:
+            raise UsageError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.reader = reader
+        self.transform = transform
+        self.batch_transform = batch_transform
+        self.verify_crc = bool(verify_crc)
+        self.on_error = on_error
+        self.decode = bool(decode)
+        self.skipped = 0
+        self._sources: list[str] | None = None
+
+    # the source list is read only to word an error message
+    def _source_of(self, index: int) -> str | None:
+        if self._sources is None:
+            try:
+                self._sources = self.reader.sources() or []
+            except OSError:
+                self._sources = []
+        return self._sources[index] if index < len(self._sources) else None
+
+    def _corrupt(self, index: int, problem: str) -> CorruptSampleError:
+        return CorruptSampleError(
+            self.reader.location(index), index, problem, self._source_of(index)
+        )
+
+    def _fail(self, err: CorruptSampleError) -> None:
+        """Raise, or count a skip (on_error="skip")."""
+        if self.on_error == "raise":
+            raise err
+        if self.skipped == 0:
+            warnings.warn(f"skipping corrupt samples; first: {err}", stacklevel=3)
+        self.skipped += 1
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self.reader.labels
+
+    @property
+    def classes(self) -> list[str] | None:
+        return self.reader.manifest.get("classes")
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self.reader.manifest
+
+    def _read(self, idx: np.ndarray):
+        """Stored payloads for idx, with on_error applied: (kept positions, payloads)."""
+        try:
+            payloads = self.reader.read_batch(idx)
+            keep = np.arange(len(idx))
+        except Exception:  # noqa: BLE001 - narrowed below to the sample(s) at fault
+            keep_list, payloads_list = [], []
+            for j, i in enumerate(idx.tolist()):
+                try:
+                    payloads_list.append(self.reader.read_batch(np.array([i], dtype=np.int64))[0])
+                    keep_list.append(j)
+                except CorruptSampleError as e:
+                    self._fail(self._corrupt(i, e.problem))
+                except Exception as e:  # noqa: BLE001
+                    self._fail(self._corrupt(i, f"read failed: {type(e).__name__}: {e}"))
+            keep = np.asarray(keep_list, dtype=np.int64)
+            if self.reader.spec.kind == "array":
+                shape = (len(keep), *self.reader.spec.shape)
+                payloads = (
+                    np.stack(payloads_list)
+                    if payloads_list
+                    else np.empty(shape, dtype=self.reader.spec.dtype)
+                )
+            else:
+                payloads = payloads_list
+        if self.verify_crc and len(keep):
+            want = self.reader.crc32[idx[keep]]
+            if isinstance(payloads, np.ndarray):
+                got = row_crcs(payloads)
+            else:
+                got = np.fromiter((crc32(p) for p in payloads), np.uint32, len(payloads))
+            bad = np.flatnonzero(got != want)
+            if len(bad):
+                for b in bad.tolist():
+                    i = int(idx[keep[b]])
+                    self._fail(
+                        self._corrupt(
+                            i, f"crc32 mismatch (stored {want[b]:08x}, read {got[b]:08x})"
+                        )
+                    )
+                good = np.setdiff1d(np.arange(len(keep)), bad)
+                keep = keep[good]
+                if isinstance(payloads, np.ndarray):
+                    payloads = payloads[good]
+                else:
+                    payloads = [payloads[g] for g in good.tolist()]
+        return keep, payloads
+
+    def _to_tensors(self, idx: np.ndarray, keep: np.ndarray, payloads):
+        """Decode + transform: (samples: stacked tensor or list, kept positions)."""
+        if isinstance(payloads, np.ndarray):
+            samples = array_to_tensor(payloads)
+            if self.transform is None:
+                return samples, keep
+            tensors = list(samples.unbind(0))
+            kept = keep
+        else:
+            tensors, kept_list = [], []
+            for j, payload in zip(keep.tolist(), payloads, strict=True):
+                if not self.decode:
+                    tensors.append(raw_bytes_tensor(payload))
+                    kept_list.append(j)
+                    continue
+                try:
+                    tensors.append(decode_bytes(payload))
+                    kept_list.append(j)
+                except Exception as e:  # noqa: BLE001 - any decoder failure is a corrupt sample
+                    self._fail(self._corrupt(int(idx[j]), f"cannot decode: {e}"))
+            kept = np.asarray(kept_list, dtype=np.int64)
+        if self.transform is not None:
+            tensors = [self.transform(t) for t in tensors]
+        return _stack(tensors), kept
+
+
+class PackedDataset(_SampleReading, Dataset):
+    """Map-style dataset over any packed format (chosen by the manifest).
+
+    transform: applied to each sample tensor. batch_transform: applied to the stacked
+    samples of a batch in __getitems__. verify_crc: check each sample's crc32 on read (off by
+    default for speed; decode errors are always raised). on_error: "raise" a
+    CorruptSampleError naming file and sample, or "skip": drop the sample from its batch
+    (__getitem__ returns None, which gpufeed.collate drops) and count it in ``skipped``
+    (per process: each DataLoader worker counts its own). decode=False returns encoded samples
+    as 1-D uint8 tensors (e.g. for GPU JPEG decoding). Other keyword options go to the reader
+    (hdf5: use_mmap, rdcc_mb).
+    """
+
+    format_name: str | None = None
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        transform: Callable | None = None,
+        batch_transform: Callable | None = None,
+        verify_crc: bool = False,
+        on_error: str = "raise",
+        decode: bool = True,
+        **reader_options: Any,
+    ):
+        reader = open_reader(path, **reader_options)
+        if self.format_name and reader.format_name != self.format_name:
+            raise UsageError(
+                f"{path}: is a {reader.format_name} dataset, not {self.format_name}; "
+                "use gpufeed.open_dataset to pick the right class"
+            )
+        self.path = str(path)
+        self._init_reading(reader, transform, batch_transform, verify_crc, on_error, decode)
+
+    def __len__(self) -> int:
+        return self.reader.count
+
+    def __getitems__(self, indices: Sequence[int]) -> Batch:
+        idx = as_index_array(indices, self.reader.count, self.path)
+        keep, payloads = self._read(idx)
+        samples, kept = self._to_tensors(idx, keep, payloads)
+        labels = torch.from_numpy(self.reader.labels[idx[kept]])
+        if self.batch_transform is not None:
+            samples = self.batch_transform(samples)
+        return Batch(samples, labels)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.__getitems__(range(*index.indices(len(self))))
+        if isinstance(index, (list, tuple, np.ndarray, torch.Tensor)):
+            return self.__getitems__(index)
+        idx = as_index_array([int(index)], self.reader.count, self.path)
+        keep, payloads = self._read(idx)
+        samples, kept = self._to_tensors(idx, keep, payloads)
+        if len(kept) == 0:
+            return None
+        return samples[0], int(self.reader.labels[idx[0]])
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_sources"] = None
+        return state
+
+    def __repr__(self) -> str:
+        spec = self.reader.spec
+        what = f"{spec.dtype}{list(spec.shape)}" if spec.kind == "array" else "encoded"
+        return f"{type(self).__name__}({self.path!r}, {len(self)} samples, {what})"
+
+
+class HDF5Dataset(PackedDataset):
+    format_name = "hdf5"
+
+
+class LMDBDataset(PackedDataset):
+    format_name = "lmdb"
+
+
+class MmapDataset(PackedDataset):
+    format_name = "mmap"
+
+
+class TarIndexedDataset(PackedDataset):
+    """Random access into tar shards through their index (slower than streaming them)."""
+
+    format_name = "tar"
+
+
+class TarShardDataset(_SampleReading, IterableDataset):
+    """Streams tar shards: each rank and DataLoader worker reads its own shards
+    (gpufeed.distributed.split_shards) sequentially, through a seeded shuffle buffer.
+
+    Call set_epoch(epoch) before each epoch for a new shard order and buffer seed.
+    shuffle_buffer=0 yields in storage order (of this worker's shards).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        shuffle_buffer: int = 1000,
+        seed: int = 0,
+        shuffle_shards: bool = True,
+        transform: Callable | None = None,
+        batch_transform: Callable | None = None,
+        verify_crc: bool = False,
+        on_error: str = "raise",
+        decode: bool = True,
+        read_size: int = 64,
+    ):
+        reader = open_reader(path)
+        if reader.format_name != "tar":
+            raise UsageError(f"{path}: is a {reader.format_name} dataset, not tar shards")
+        if batch_transform is not None:
+            raise UsageError("batch_transform applies to map-style datasets; use transform")
+        self.path = str(path)
+        self.shuffle_buffer = int(shuffle_buffer)
+        self.seed = int(seed)
+        self.shuffle_shards = bool(shuffle_shards)
+        self.read_size = int(read_size)
+        self.epoch = 0
+        self._init_reading(reader, transform, None, verify_crc, on_error, decode)
+
+    @property
+    def shards(self) -> list[str]:
+        return list(self.reader.shards)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def my_shards(self) -> list[int]:
+        """Shard numbers this rank and worker read this epoch."""
+        from gpufeed.distributed import split_shards
+
+        return split_shards(
+            list(range(len(self.reader.shards))),
+            seed=self.seed,
+            epoch=self.epoch,
+            shuffle=self.shuffle_shards,
+        )
+
+    def __len__(self) -> int:
+        """Samples this rank reads per epoch (all its workers together)."""
+        from gpufeed.distributed import split_shards
+
+        shards = split_shards(
+            list(range(len(self.reader.shards))),
+            seed=self.seed,
+            epoch=self.epoch,
+            shuffle=self.shuffle_shards,
+            worker_id=0,
+            num_workers=1,
+        )
+        start = self.reader.shard_start
+        return int(sum(start[s + 1] - start[s] for s in shards))
+
+    def _samples(self, shards: list[int]):
+        for s in shards:
+            lo, hi = self.reader.shard_range(s)
+            for a in range(lo, hi, self.read_size):
+                idx = np.arange(a, min(a + self.read_size, hi), dtype=np.int64)
+                keep, payloads = self._read(idx)
+                samples, kept = self._to_tensors(idx, keep, payloads)
+                labels = self.reader.labels[idx[kept]].tolist()
+                for j, label in enumerate(labels):
+                    yield samples[j], label
+
+    def __iter__(self):
+        shards = self.my_shards()
+        stream = self._samples(shards)
+        if self.shuffle_buffer <= 1:
+            yield from stream
+            return
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        rng = np.random.default_rng([self.seed, self.epoch, worker, *shards[:4]])
+        buf: list = []
+        for item in stream:
+            if len(buf) < self.shuffle_buffer:
+                buf.append(item)
+                continue
+            j = int(rng.integers(len(buf)))
+            buf[j], item = item, buf[j]
+            yield item
+        rng.shuffle(buf)
+        yield from buf
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_sources"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"TarShardDataset({self.path!r}, {len(self.reader.shards)} shards)"
+
+
+def open_dataset(path: str | os.PathLike, **options: Any):
+    """The dataset for a finished pack, by its manifest's format: HDF5Dataset, LMDBDataset,
+    MmapDataset, or TarShardDataset (iterable; pass map_style=True for TarIndexedDataset).
+    A folder without manifest.json (an unfinished pack) raises NotPackedError."""
+    from gpufeed.manifest import read_manifest
+
+    map_style = options.pop("map_style", None)
+    fmt = read_manifest(path)["format"]
+    if fmt == "tar" and not map_style:
+        return TarShardDataset(path, **options)
+    cls = {
+        "hdf5": HDF5Dataset,
+        "lmdb": LMDBDataset,
+        "mmap": MmapDataset,
+        "tar": TarIndexedDataset,
+    }[fmt]
+    return cls(Path(path), **options)

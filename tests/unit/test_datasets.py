@@ -1,0 +1,246 @@
+"""Datasets: workers under fork and spawn, pickling, batch reads, corrupt records, tar streams."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import gpufeed
+from gpufeed.datasets import Batch, collate
+from gpufeed.formats.common import CorruptSampleError, NotPackedError
+
+MAP_FORMATS = ["hdf5", "lmdb", "mmap"]
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory, array_folder, jpeg_folder):
+    """Every format packed from the same .npy folder (17 samples) and from the JPEGs."""
+    root = tmp_path_factory.mktemp("packs")
+    out = {}
+    for fmt in ["hdf5", "lmdb", "tar", "mmap"]:
+        out[fmt] = root / f"arr.{fmt}"
+        kw = {"shard_size": 3} if fmt == "tar" else {}
+        gpufeed.pack(array_folder, out[fmt], format=fmt, workers=1, quiet=True, **kw)
+        out[fmt + "-jpg"] = root / f"jpg.{fmt}"
+        gpufeed.pack(
+            jpeg_folder, out[fmt + "-jpg"], format=fmt, workers=1, quiet=True, **kw
+        )
+    return out
+
+
+def reference(array_folder):
+    files = sorted(array_folder.rglob("*.npy"))
+    return np.stack([np.load(f) for f in files])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("fmt", MAP_FORMATS)
+def test_dataloader_workers(packs, array_folder, fmt, context):
+    ds = gpufeed.open_dataset(packs[fmt])
+    ds[0]  # open a handle in the parent first: workers must not reuse it
+    loader = DataLoader(
+        ds,
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context=context,
+        collate_fn=collate,
+    )
+    batches = list(loader)
+    assert all(isinstance(b, Batch) for b in batches)
+    samples = torch.cat([b.samples for b in batches])
+    labels = torch.cat([b.labels for b in batches])
+    assert np.array_equal(samples.numpy(), reference(array_folder))
+    assert labels.tolist() == [0] * 9 + [1] * 8
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_tar_stream_workers_read_each_sample_once(packs, array_folder, context):
+    ds = gpufeed.open_dataset(packs["tar"], shuffle_buffer=5, seed=3)
+    assert len(ds.shards) == 6
+    loader = DataLoader(
+        ds, batch_size=2, num_workers=2, multiprocessing_context=context
+    )
+    seen = [s for batch, _ in loader for s in batch]
+    ref = reference(array_folder)
+    got = sorted(bytes(s.numpy()) for s in seen)
+    assert got == sorted(bytes(r) for r in ref)
+
+
+def test_tar_shuffle_is_seeded_and_changes_with_epoch(packs):
+    def order(seed, epoch):
+        ds = gpufeed.open_dataset(packs["tar"], shuffle_buffer=8, seed=seed)
+        ds.set_epoch(epoch)
+        return [bytes(s.numpy()) for s, _ in ds]
+
+    assert order(1, 0) == order(1, 0)
+    assert order(1, 0) != order(1, 1)
+    assert sorted(order(1, 0)) == sorted(order(2, 5))
+    plain = gpufeed.open_dataset(packs["tar"], shuffle_buffer=0, shuffle_shards=False)
+    ref = gpufeed.open_dataset(packs["mmap"])
+    assert [bytes(s.numpy()) for s, _ in plain] == [
+        bytes(ref[i][0].numpy()) for i in range(17)
+    ]
+    assert len(plain) == 17
+
+
+def test_tar_stream_splits_by_rank(packs, monkeypatch):
+    seen = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        ds = gpufeed.open_dataset(packs["tar"], shuffle_buffer=0)
+        items = [bytes(s.numpy()) for s, _ in ds]
+        assert len(items) == len(ds)
+        seen.append(items)
+    assert not set(seen[0]) & set(seen[1])
+    assert len(seen[0]) + len(seen[1]) == 17
+
+
+@pytest.mark.parametrize("fmt", [*MAP_FORMATS, "tar"])
+def test_datasets_pickle_without_handles(packs, fmt):
+    ds = gpufeed.open_dataset(packs[fmt], map_style=True)
+    first = ds[3]
+    assert ds.reader._h is not None
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.reader._h is None
+    assert torch.equal(clone[3][0], first[0]) and clone[3][1] == first[1]
+    stream = gpufeed.open_dataset(packs["tar"])
+    next(iter(stream))
+    assert pickle.loads(pickle.dumps(stream)).reader._h is None
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "lmdb", "mmap", "tar"])
+def test_encoded_batches_stack_and_transform(packs, fmt):
+    ds = gpufeed.open_dataset(
+        packs[fmt + "-jpg"],
+        map_style=True,
+        transform=lambda t: t[:, :8, :8].float() / 255,
+        batch_transform=lambda x: x * 2,
+    )
+    batch = ds.__getitems__([0, 12, 5])
+    assert batch.samples.shape == (3, 3, 8, 8) and batch.samples.dtype == torch.float32
+    assert float(batch.samples.max()) <= 2.0 and float(batch.samples.max()) > 1.0
+    assert batch.labels.tolist() == [0, 2, 1]
+    raw = gpufeed.open_dataset(packs[fmt + "-jpg"], map_style=True, decode=False)
+    b = raw.__getitems__([1, 2])
+    assert isinstance(b.samples, list) and b.samples[0].dtype == torch.uint8
+    assert bytes(b.samples[0].numpy())[:2] == b"\xff\xd8"  # JPEG bytes, not decoded
+
+
+def test_collate_contract():
+    b = Batch(torch.zeros(2, 3), torch.tensor([1, 2]))
+    assert collate(b) is b
+    pairs = [(torch.ones(2), 1), None, (torch.zeros(2), 4)]
+    out = collate(pairs)
+    assert isinstance(out, Batch) and out.samples.shape == (2, 2)
+    assert out.labels.tolist() == [1, 4]
+    assert torch.equal(collate([torch.ones(2), torch.ones(2)]), torch.ones(2, 2))
+
+
+def test_open_dataset_refuses_partial_and_plain_folders(tmp_path):
+    (tmp_path / "x.partial").mkdir()
+    (tmp_path / "x.partial" / "state.json").write_text("{}")
+    with pytest.raises(NotPackedError, match="unfinished pack"):
+        gpufeed.open_dataset(tmp_path / "x.partial")
+    with pytest.raises(NotPackedError, match="unfinished"):
+        gpufeed.open_dataset(tmp_path / "x")
+    (tmp_path / "y").mkdir()
+    with pytest.raises(NotPackedError, match="not a gpufeed dataset"):
+        gpufeed.open_dataset(tmp_path / "y")
+
+
+def test_wrong_dataset_class_is_refused(packs):
+    with pytest.raises(gpufeed.UsageError, match="is a lmdb dataset, not hdf5"):
+        gpufeed.HDF5Dataset(packs["lmdb"])
+
+
+def flip_sample_byte(dest, payload: bytes) -> str:
+    """Flip one byte in the middle of `payload` where it is stored under dest; returns file."""
+    for f in sorted(dest.iterdir()):
+        if f.name in ("manifest.json", "sources.txt"):
+            continue
+        data = bytearray(f.read_bytes())
+        pos = data.find(payload)
+        if pos >= 0:
+            # every copy: LMDB may keep a stale one in a page freed by a later transaction
+            while pos >= 0:
+                data[pos + len(payload) // 2] ^= 0x40
+                pos = data.find(payload, pos + 1)
+            f.write_bytes(bytes(data))
+            return f.name
+    raise AssertionError("payload not found on disk")
+
+
+@pytest.fixture()
+def unique_pack(tmp_path, make_arrays):
+    def build(fmt):
+        make_arrays(tmp_path / "src", {"a": 6, "b": 6}, shape=(64,), seed=11)
+        dest = tmp_path / fmt
+        gpufeed.pack(tmp_path / "src", dest, format=fmt, workers=1, quiet=True)
+        return dest
+
+    return build
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "lmdb", "tar", "mmap"])
+def test_corrupt_record_raises_naming_file_and_sample(unique_pack, fmt):
+    dest = unique_pack(fmt)
+    ds = gpufeed.open_dataset(dest, map_style=True, verify_crc=True)
+    payload = bytes(ds[7][0].numpy())
+    flip_sample_byte(dest, payload)
+    ds = gpufeed.open_dataset(dest, map_style=True, verify_crc=True)
+    with pytest.raises(
+        CorruptSampleError, match=r"sample 7 \(source b/a00001.npy\): crc32 mismatch"
+    ):
+        ds.__getitems__([6, 7, 8])
+    unchecked = gpufeed.open_dataset(dest, map_style=True)
+    assert (
+        bytes(unchecked[7][0].numpy()) != payload
+    )  # verify_crc=False reads it (fast path)
+    skipping = gpufeed.open_dataset(
+        dest, map_style=True, verify_crc=True, on_error="skip"
+    )
+    with pytest.warns(UserWarning, match="skipping corrupt samples"):
+        batch = skipping.__getitems__([6, 7, 8])
+    assert batch.samples.shape[0] == 2 and batch.labels.tolist() == [1, 1]
+    assert skipping.skipped == 1
+    assert skipping[7] is None and skipping.skipped == 2
+
+
+def test_undecodable_image_raises_with_index(tmp_path, make_images):
+    make_images(tmp_path / "s", {"a": 3}, ext=".jpg")
+    dest = tmp_path / "d"
+    gpufeed.pack(tmp_path / "s", dest, format="mmap", workers=1, quiet=True)
+    arr = np.load(dest / "encoded.npy", mmap_mode="r+")
+    offsets = np.load(dest / "offsets.npy")
+    arr[offsets[1] : offsets[1] + 40] = 0  # wreck the JPEG header of sample 1
+    arr.flush()
+    ds = gpufeed.open_dataset(dest)
+    with pytest.raises(
+        CorruptSampleError, match=r"encoded.npy: sample 1 .*cannot decode"
+    ):
+        ds.__getitems__([0, 1, 2])
+    assert (
+        len(gpufeed.open_dataset(dest, on_error="skip").__getitems__([0, 1, 2]).labels)
+        == 2
+    )
+
+
+def test_index_arrays_are_numpy(packs):
+    for fmt in MAP_FORMATS:
+        ds = gpufeed.open_dataset(packs[fmt])
+        assert isinstance(ds.labels, np.ndarray) and ds.labels.dtype == np.int64
+        assert isinstance(ds.reader.crc32, np.ndarray)
+
+
+def test_out_of_range_index(packs):
+    ds = gpufeed.open_dataset(packs["hdf5"])
+    with pytest.raises(IndexError, match="sample 17 out of range for 17"):
+        ds[17]
+    assert torch.equal(ds[-1][0], ds[16][0])
