@@ -256,7 +256,19 @@ def test_workers_seeded_per_worker_epoch_and_reproducible():
     assert not torch.equal(_rng_rows(c)[:, 1:], e0[:, 1:])
 
 
-def test_auto_picks_in_process_for_cheap_samples_and_caches(monkeypatch):
+@pytest.fixture
+def one_torch_thread():
+    # The unit-test machine is shared: under load, 2 OpenMP threads in this process wait on
+    # each other for whole scheduler slices, which workers (1 thread each) never do.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_auto_picks_in_process_for_cheap_samples_and_caches(
+    monkeypatch, one_torch_thread
+):
     ds = MemDataset(4000, shape=(3, 64, 64))
     dl = make_loader(ds, 64, probe_budget_s=1.0)
     m = dl.plan.measured
