@@ -1,0 +1,118 @@
+# One entry point for building, testing and running the images. `make help` lists the targets.
+# Versions have one home, the Dockerfile's ARG lines; this Makefile reads them from there.
+SHELL := /bin/sh
+.DEFAULT_GOAL := help
+
+dockerfile_arg = $(shell sed -n 's/^ARG $(1)=//p' docker/Dockerfile | head -n 1 | tr -d '"')
+
+TORCH_VERSION ?= $(call dockerfile_arg,TORCH_VERSION)
+TORCH_CUDA    ?= $(call dockerfile_arg,TORCH_CUDA)
+GPUFEED_VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' app/src/gpufeed/_version.py)
+
+## Settings (override on the command line: make build REGISTRY=ghcr.io/me/ CA_BUNDLE=...)
+# Registry prefix for image names, with its trailing slash (empty: local images only).
+REGISTRY ?=
+IMAGE_NAME ?= $(REGISTRY)pytorch-cuda-v2.9
+TAG ?= $(GPUFEED_VERSION)-torch$(TORCH_VERSION)-cuda$(TORCH_CUDA)
+JUPYTER_IMAGE ?= $(IMAGE_NAME)-jupyter:$(TAG)
+SSH_IMAGE ?= $(IMAGE_NAME)-ssh:$(TAG)
+# CUDA 12 (cu128 wheels from PyPI, driver >= 525) or 13 (cu130 wheels, driver >= 580).
+CUDA ?= 12
+# CA bundle for builds behind a TLS-intercepting proxy, handed to pip as a BuildKit secret.
+CA_BUNDLE ?=
+# 1: build on the Debian stand-in for nvidia/cuda (no registry needed; what CI does here).
+STANDIN ?= 0
+STANDIN_IMAGE ?= gpufeed/cuda-standin:12.8.1-base-bookworm
+# The torch the host test environment gets (any torch >= 2.4 runs gpufeed's unit tests).
+HOST_TORCH ?= torch
+PYTHON ?= python3
+PYTEST_ARGS ?=
+
+ifeq ($(CUDA),13)
+BASE_IMAGE ?= nvidia/cuda:13.0.2-base-ubuntu24.04
+CUDA_BUILD_ARGS := --build-arg TORCH_CUDA=13.0 --build-arg REQUIREMENTS=requirements-cu130.txt \
+	--build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130 \
+	--build-arg GPUFEED_MIN_DRIVER=580 --build-arg GPUFEED_CUDA_FULL_DRIVER=580.65.06 \
+	--build-arg "NVIDIA_REQUIRE_CUDA=cuda>=13.0"
+TORCH_CUDA := 13.0
+endif
+ifeq ($(STANDIN),1)
+BASE_IMAGE := $(STANDIN_IMAGE)
+BASE_DEPENDENCY := standin
+endif
+BASE_IMAGE ?= $(call dockerfile_arg,BASE_IMAGE)
+
+comma := ,
+VENV := .venv
+VENV_STAMP := $(VENV)/.installed
+BUILD_DATE := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+VCS_REF := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+SECRET_ARGS := $(if $(CA_BUNDLE),--secret id=ca_bundle$(comma)src=$(CA_BUNDLE))
+BUILD := docker buildx build --progress=$(if $(CI),plain,auto) -f docker/Dockerfile \
+	--build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VCS_REF=$(VCS_REF) \
+	--build-arg BUILD_DATE=$(BUILD_DATE) --build-arg GPUFEED_VERSION=$(GPUFEED_VERSION) \
+	$(CUDA_BUILD_ARGS) $(SECRET_ARGS) --load
+IMAGE_TEST_ENV := JUPYTER_IMAGE=$(JUPYTER_IMAGE) SSH_IMAGE=$(SSH_IMAGE)
+
+.PHONY: help build build-jupyter build-ssh standin lock test test-unit test-entrypoints \
+	test-images lint venv up down ssh push clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@printf '\nImages: %s\n        %s\nBase:   %s\n' "$(JUPYTER_IMAGE)" "$(SSH_IMAGE)" "$(BASE_IMAGE)"
+
+build: build-jupyter build-ssh ## build both images
+
+build-jupyter: $(BASE_DEPENDENCY) ## build the Jupyter image
+	$(BUILD) --target jupyter -t $(JUPYTER_IMAGE) -t $(IMAGE_NAME)-jupyter:latest .
+
+build-ssh: $(BASE_DEPENDENCY) ## build the SSH image
+	$(BUILD) --target ssh -t $(SSH_IMAGE) -t $(IMAGE_NAME)-ssh:latest .
+
+standin: ## build the Debian stand-in for nvidia/cuda (hosts without a registry)
+	sh docker/standin.sh $(STANDIN_IMAGE)
+
+lock: ## re-pin docker/requirements.lock (versions and hashes) from requirements.in
+	uv pip compile --universal --python-version 3.11 --generate-hashes --no-header \
+		--emit-index-annotation -q docker/requirements.in -o docker/requirements.lock
+
+$(VENV_STAMP): requirements-dev.txt app/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check '$(HOST_TORCH)'
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e app
+	touch $@
+
+venv: $(VENV_STAMP) ## the host test and lint environment in .venv
+
+lint: $(VENV_STAMP) ## hadolint, shellcheck, ruff
+	$(VENV)/bin/hadolint docker/Dockerfile
+	$(VENV)/bin/shellcheck -s sh entrypoints/*.sh entrypoints/preflight.d/*.sh docker/standin.sh \
+		.ci/run .ci/*.sh tests/entrypoints/fake-nvidia-smi
+	$(VENV)/bin/ruff check app tests entrypoints docker
+	$(VENV)/bin/ruff format --check app tests entrypoints docker
+
+test-unit: $(VENV_STAMP) ## gpufeed unit tests and entrypoint tests on the host
+	$(VENV)/bin/python -m pytest tests/unit tests/entrypoints $(PYTEST_ARGS)
+
+test-images: $(VENV_STAMP) build ## tests against real containers of the built images
+	$(IMAGE_TEST_ENV) $(VENV)/bin/python -m pytest tests/images $(PYTEST_ARGS)
+
+test: lint test-unit test-images ## everything: lint, unit, entrypoints, images
+
+up: ## docker compose up jupyter and ssh (GPU)
+	docker compose up -d jupyter ssh
+
+down: ## stop the compose services
+	docker compose down
+
+ssh: ## ssh into the running ssh service
+	ssh -p $${SSH_PORT:-2222} -o StrictHostKeyChecking=accept-new trainer@127.0.0.1
+
+push: ## push both images to $(REGISTRY)
+	@test -n "$(REGISTRY)" || { echo "set REGISTRY=host/namespace/ to push" >&2; exit 2; }
+	docker push $(JUPYTER_IMAGE)
+	docker push $(SSH_IMAGE)
+
+clean: ## remove the host venv and caches (images stay; docker image rm them by name)
+	rm -rf $(VENV) .pytest_cache .ruff_cache app/build app/src/*.egg-info
