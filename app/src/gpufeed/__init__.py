@@ -45,8 +45,21 @@ _EXPORTS = {
     "NotPackedError": "gpufeed.formats.common",
     # loading (gpufeed.loader, gpufeed.prefetch, gpufeed.samplers)
     "make_loader": "gpufeed.loader",
+    "GpufeedLoader": "gpufeed.loader",
+    "LoaderPlan": "gpufeed.loader",
+    "plan_workers": "gpufeed.loader",
+    "ShmBudgetWarning": "gpufeed.loader",
     "DevicePrefetcher": "gpufeed.prefetch",
     "BlockShuffleSampler": "gpufeed.samplers",
+    "SortedBatchSampler": "gpufeed.samplers",
+    "block_shuffle_order": "gpufeed.samplers",
+    # distributed (gpufeed.distributed) and the machine (gpufeed.sysinfo)
+    "split_shards": "gpufeed.distributed",
+    "DistributedBlockSampler": "gpufeed.distributed",
+    "rank_and_world": "gpufeed.distributed",
+    "usable_cpus": "gpufeed.sysinfo",
+    "cgroup_memory_limit": "gpufeed.sysinfo",
+    "shm_size_bytes": "gpufeed.sysinfo",
 }
 
 
