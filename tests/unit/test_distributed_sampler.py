@@ -21,9 +21,7 @@ def test_exact_coverage_with_padding(n, world):
     assert set(seen) == set(range(n))
     counts = np.bincount(seen, minlength=n)
     assert counts.sum() == ref.total_size
-    assert (
-        counts.max() - counts.min() <= 1
-    )  # padding repeats each sample at most once more
+    assert counts.max() - counts.min() <= 1  # padding repeats each sample at most once more
 
 
 @pytest.mark.parametrize("n,world", [(101, 2), (1000, 3)])
@@ -43,9 +41,7 @@ def test_epochs_differ_and_are_deterministic():
     e1 = list(a)
     assert e0 != e1
     assert sorted(e1 + list(b)) == list(range(500))
-    again = DistributedBlockSampler(
-        500, num_replicas=2, rank=0, block_size=8, seed=3, epoch=1
-    )
+    again = DistributedBlockSampler(500, num_replicas=2, rank=0, block_size=8, seed=3, epoch=1)
     assert list(again) == e1
     assert list(again.iter_from(100)) == e1[100:]
 

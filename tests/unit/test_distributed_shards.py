@@ -36,12 +36,8 @@ def test_every_shard_exactly_once_per_epoch(world, workers):
 def test_deterministic_and_changes_with_epoch_and_seed():
     assert _split(1, 2, 2) == _split(1, 2, 2)
     assert _split(1, 2, 2) != _split(2, 2, 2)
-    a = split_shards(
-        SHARDS, seed=1, epoch=0, rank=0, world_size=1, worker_id=0, num_workers=1
-    )
-    b = split_shards(
-        SHARDS, seed=0, epoch=1, rank=0, world_size=1, worker_id=0, num_workers=1
-    )
+    a = split_shards(SHARDS, seed=1, epoch=0, rank=0, world_size=1, worker_id=0, num_workers=1)
+    b = split_shards(SHARDS, seed=0, epoch=1, rank=0, world_size=1, worker_id=0, num_workers=1)
     assert a != b
 
 

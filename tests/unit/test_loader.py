@@ -174,9 +174,7 @@ def test_resume_rejects_a_different_setup():
     with pytest.raises(ValueError, match="seed=1 but this loader has seed=2"):
         make_loader(ds, 10, num_workers=0, seed=2).load_state_dict(state)
     with pytest.raises(ValueError, match="world_size"):
-        make_loader(
-            ds, 10, num_workers=0, seed=1, rank=0, world_size=2
-        ).load_state_dict(state)
+        make_loader(ds, 10, num_workers=0, seed=1, rank=0, world_size=2).load_state_dict(state)
     with pytest.raises(ValueError, match="not a gpufeed loader state"):
         make_loader(ds, 10, num_workers=0).load_state_dict({"epoch": 1})
 
@@ -197,9 +195,7 @@ def test_distributed_ranks_cover_once_and_resume_across_ranks(monkeypatch):
             seen += labels_of(next(it))
         states.append(dl.state_dict())
     for r, state in enumerate(states):
-        fresh = make_loader(
-            ds, 8, num_workers=0, block_size=4, seed=9, rank=r, world_size=2
-        )
+        fresh = make_loader(ds, 8, num_workers=0, block_size=4, seed=9, rank=r, world_size=2)
         fresh.load_state_dict(state)
         seen += epoch_indices(fresh)
     counts = np.bincount(seen, minlength=101)
@@ -233,9 +229,7 @@ def test_iterable_in_process_calls_set_epoch():
     dl = make_loader(ds, 4, num_workers=0)
     dl.set_epoch(5)
     got = epoch_indices(dl)
-    assert (
-        ds.epoch == 5 and got == np.random.default_rng([7, 5]).permutation(20).tolist()
-    )
+    assert ds.epoch == 5 and got == np.random.default_rng([7, 5]).permutation(20).tolist()
 
 
 def _rng_rows(dl):
@@ -266,9 +260,7 @@ def one_torch_thread():
     torch.set_num_threads(n)
 
 
-def test_auto_picks_in_process_for_cheap_samples_and_caches(
-    monkeypatch, one_torch_thread
-):
+def test_auto_picks_in_process_for_cheap_samples_and_caches(monkeypatch, one_torch_thread):
     ds = MemDataset(4000, shape=(3, 64, 64))
     dl = make_loader(ds, 64, probe_budget_s=1.0)
     m = dl.plan.measured
@@ -292,9 +284,7 @@ def test_auto_picks_workers_when_loading_is_slow():
 
 
 def test_explicit_num_workers_skips_the_probe(monkeypatch):
-    monkeypatch.setattr(
-        loader_mod, "plan_workers", lambda *a, **k: pytest.fail("probed")
-    )
+    monkeypatch.setattr(loader_mod, "plan_workers", lambda *a, **k: pytest.fail("probed"))
     dl = make_loader(MemDataset(10), 4, num_workers=1)
     assert dl.num_workers == 1 and dl.plan.reason == "as requested"
 
@@ -305,9 +295,7 @@ def test_settings_dict_file_env_and_explicit_wins(tmp_path, monkeypatch):
     assert dl.num_workers == 1 and dl.sampler.block_size == 5
     assert set(dl.plan.from_settings) == {"num_workers", "block_size"}
     f = tmp_path / "loader.json"
-    f.write_text(
-        json.dumps({"num_workers": 0, "prefetch_factor": 4, "buffer_blocks": 3})
-    )
+    f.write_text(json.dumps({"num_workers": 0, "prefetch_factor": 4, "buffer_blocks": 3}))
     monkeypatch.setenv("GPUFEED_LOADER_SETTINGS", str(f))
     dl = make_loader(ds, 4, block_size=7)
     assert (dl.num_workers, dl.sampler.buffer_blocks, dl.sampler.block_size) == (
@@ -333,15 +321,11 @@ def test_shm_budget_warning(monkeypatch):
         sysinfo, "shm_info", lambda path: sysinfo.ShmInfo(str(path), 64 << 20, 60 << 20)
     )
     ds = MemDataset(64, shape=(3, 256, 256))  # 192 KiB a sample, 12 MiB a batch of 64
-    with pytest.warns(
-        ShmBudgetWarning, match=r"--shm-size=1g.*shm_size.*num_workers=2"
-    ):
+    with pytest.warns(ShmBudgetWarning, match=r"--shm-size=1g.*shm_size.*num_workers=2"):
         dl = make_loader(ds, 64, num_workers=3, prefetch_factor=2)
     assert dl.plan.batch_bytes == 64 * 3 * 256 * 256
     with pytest.warns(ShmBudgetWarning, match="below GPUFEED_MIN_SHM_MB=1024"):
-        make_loader(
-            ds, 64, num_workers=1, prefetch_factor=2
-        )  # fits, but under the floor
+        make_loader(ds, 64, num_workers=1, prefetch_factor=2)  # fits, but under the floor
     monkeypatch.setenv("GPUFEED_MIN_SHM_MB", "32")
     with warnings.catch_warnings():
         warnings.simplefilter("error", ShmBudgetWarning)
@@ -367,10 +351,35 @@ def test_pin_memory_only_with_cuda(monkeypatch):
 def test_worker_budget_divides_cpus_among_local_ranks(monkeypatch):
     from gpufeed import sysinfo
 
-    monkeypatch.setattr(
-        sysinfo, "usable_cpus", lambda: sysinfo.CpuBudget(16, None, 16, "x")
-    )
+    monkeypatch.setattr(sysinfo, "usable_cpus", lambda: sysinfo.CpuBudget(16, None, 16, "x"))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     dl = make_loader(MemDataset(8), 2, num_workers=0)
     assert dl.plan.cpus == 4 and "LOCAL_WORLD_SIZE=4" in dl.plan.cpu_source
     assert loader_mod.worker_count_for(4) == 3 and loader_mod.worker_count_for(2) == 2
+
+
+def test_spawn_context_is_estimated_not_probed(monkeypatch):
+    monkeypatch.setattr(loader_mod, "_measure_workers", lambda *a, **k: pytest.fail("probed"))
+    slow = make_loader(MemDataset(2000, delay=0.01), 16, multiprocessing_context="spawn")
+    assert "estimated (spawn workers start too slowly to probe)" in slow.plan.reason
+    assert slow.plan.num_workers >= 1 and slow.plan.multiprocessing_context == "spawn"
+    est = slow.plan.measured["workers2_batches_per_s_estimated"]
+    # 10 ms per batch in-process over 2 workers plus the measured IPC cost
+    assert 0.5 / (0.01 / 2 + slow.plan.measured["ipc_ms_per_batch"] / 1e3) < est < 200
+
+
+class FailingInWorkers(MemDataset):
+    def __getitems__(self, indices):
+        if torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError("corrupt sample 17 in shard 3")
+        return super().__getitems__(indices)
+
+
+def test_a_worker_error_during_the_probe_reaches_the_user():
+    with pytest.raises(RuntimeError, match="corrupt sample 17"):
+        make_loader(FailingInWorkers(500), 8, probe_budget_s=0.5)
+
+
+def test_non_distributed_sampler_under_a_world_warns():
+    with pytest.warns(UserWarning, match="every rank reads the same samples"):
+        make_loader(MemDataset(10), 2, num_workers=0, sampler=range(10), rank=0, world_size=2)

@@ -9,13 +9,9 @@ from gpufeed.samplers import (
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 1000, 1001, 4099])
-@pytest.mark.parametrize(
-    "block_size,buffer_blocks", [(1, 1), (16, 4), (64, 2), (5000, 3)]
-)
+@pytest.mark.parametrize("block_size,buffer_blocks", [(1, 1), (16, 4), (64, 2), (5000, 3)])
 def test_permutation_every_index_once(n, block_size, buffer_blocks):
-    order = block_shuffle_order(
-        n, block_size=block_size, buffer_blocks=buffer_blocks, seed=3
-    )
+    order = block_shuffle_order(n, block_size=block_size, buffer_blocks=buffer_blocks, seed=3)
     assert order.dtype == np.int64
     assert np.array_equal(np.sort(order), np.arange(n))
 
@@ -35,9 +31,7 @@ def test_windows_touch_only_buffer_blocks_and_mix_them():
     window = bs * buf
     for w in range(n // window):
         chunk = order[w * window : (w + 1) * window]
-        assert (
-            len(np.unique(chunk // bs)) == buf
-        )  # each window reads exactly `buf` blocks
+        assert len(np.unique(chunk // bs)) == buf  # each window reads exactly `buf` blocks
     # inside a window the blocks are interleaved, not read one after another
     first = order[:window] // bs
     assert np.count_nonzero(np.diff(first)) > window // 2

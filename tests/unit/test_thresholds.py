@@ -11,9 +11,7 @@ def test_packaged_file_parses_and_matches_what_sh_sources():
     script = f". '{thresholds.THRESHOLDS_FILE}' && " + " && ".join(
         f'printf "%s=%s\\n" {k} "${k}"' for k in values
     )
-    out = subprocess.run(
-        ["sh", "-c", script], capture_output=True, text=True, env={}, check=True
-    )
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env={}, check=True)
     assert dict(line.split("=", 1) for line in out.stdout.splitlines()) == values
 
 

@@ -297,8 +297,10 @@ def _measure_workers(make_dl: Callable[[], DataLoader], workers: int, budget_s: 
                 break
             if arrivals[-1] > deadline:
                 break
-    except RuntimeError:  # the DataLoader timeout fired: a worker did not deliver in budget
-        pass
+    except RuntimeError as exc:
+        if "timed out" not in str(exc):  # a worker's own error: the user must see it
+            raise
+        # else the DataLoader timeout fired: no batch within the budget
     finally:
         del it
     startup = (arrivals[0] - t_start) if arrivals else budget_s
@@ -396,8 +398,14 @@ def plan_workers(
         return DataLoader(dataset, batch_sampler=worker_batches, **kw)
 
     w_budget = max(0.3, budget_s - 2 * (time.perf_counter() - t_begin))
-    t_w, startup = _measure_workers(make_dl, workers, w_budget)
-    measured["worker_startup_s"] = startup
+    if multiprocessing_context in (None, "fork") and sys.platform.startswith("linux"):
+        t_w, startup = _measure_workers(make_dl, workers, w_budget)
+        measured["worker_startup_s"] = startup
+        unmeasured = "probe did not reach a steady rate within the budget"
+    else:
+        # Spawned workers re-import torch (seconds each) and a worker still starting cannot
+        # be stopped quickly, so a bounded probe would measure only start-up: estimate.
+        t_w, unmeasured = None, f"{multiprocessing_context} workers start too slowly to probe"
     # A second in-process round after the probe; the faster of the two counts. On a shared
     # machine a burst of someone else's work only ever slows a round down.
     t_in2, _, n2 = _measure_in_process(inproc_again, in_budget)
@@ -413,7 +421,11 @@ def plan_workers(
         # cost spread over the workers plus the measured per-batch IPC cost.
         t_w = t_in / workers + ipc
         measured[f"workers{workers}_batches_per_s_estimated"] = 1.0 / t_w
-        how = "estimated (probe did not reach a steady rate within the budget)"
+        how = f"estimated ({unmeasured})"
+    for src in (inproc_src, inproc_again):
+        close = getattr(src, "close", None)
+        if close is not None:
+            close()  # an iterable dataset's open files, held by a suspended generator
     ratio = t_in / t_w
     measured["speedup_workers_vs_in_process"] = ratio
     if ratio > _WORKER_MARGIN:
@@ -903,6 +915,14 @@ def make_loader(
 
     rank_, world = rank_and_world(rank, world_size)
     batch_sampler = None
+    if not iterable and sampler is not None and world > 1 and distributed is not False:
+        if not hasattr(sampler, "num_replicas"):
+            warnings.warn(
+                f"world size {world} but the sampler {type(sampler).__name__} is not "
+                f"distributed: every rank reads the same samples. Leave sampler=None (gpufeed "
+                f"shards by rank) or pass a DistributedSampler / DistributedBlockSampler",
+                stacklevel=2,
+            )
     if not iterable:
         if sampler is None:
             use_dist = distributed is True or (distributed == "auto" and world > 1)
