@@ -156,3 +156,24 @@ def test_cuda_state_excludes_the_batch_in_lookahead():
     next(it)
     assert p.loader.state_dict()["samples_seen"] == 16  # one batch copied ahead
     assert p.state_dict()["samples_seen"] == 8
+
+
+@needs_cuda
+def test_cuda_warns_once_about_unpinned_batches():
+    batches = [Batch(images(), torch.arange(4)) for _ in range(3)]
+    with pytest.warns(UserWarning, match="not in pinned memory") as rec:
+        out = list(DevicePrefetcher(batches, "cuda"))
+    assert len([w for w in rec if "pinned" in str(w.message)]) == 1
+    assert all(b.samples.is_cuda for b in out)
+
+
+@needs_cuda
+def test_cuda_through_make_loader_with_workers_pins_and_converts():
+    dl = make_loader(_loader_batches().dataset, 8, num_workers=2, seed=3)
+    assert dl.plan.pin_memory
+    p = DevicePrefetcher(dl, normalize=((0.5,) * 3, (0.5,) * 3))
+    seen = []
+    for b in p:
+        assert b[0].is_cuda and b[0].dtype == torch.float32
+        seen += b[1].tolist()
+    assert sorted(seen) == list(range(40))

@@ -11,6 +11,7 @@ next copy while the model still reads it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -83,6 +84,7 @@ class DevicePrefetcher:
         self._norm_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._pending_len = 0
         self._pending = False
+        self._check_pinned = True
 
     @property
     def uses_cuda(self) -> bool:
@@ -189,6 +191,19 @@ class DevicePrefetcher:
             except StopIteration:
                 return None
             self._pending_len = _batch_len(host) or 0
+            tensors = list(_tensors(host))
+            if any(t.is_cuda for t in tensors):
+                # already on a GPU, written by the caller's stream: convert after that work
+                side.wait_stream(torch.cuda.current_stream(self.device))
+            if self._check_pinned:
+                self._check_pinned = False
+                if self.non_blocking and any(not t.is_cuda and not t.is_pinned() for t in tensors):
+                    warnings.warn(
+                        "batches are not in pinned memory, so the host-to-GPU copy cannot "
+                        "overlap compute; build the loader with gpufeed.make_loader "
+                        "(pin_memory='auto') or DataLoader(pin_memory=True)",
+                        stacklevel=3,
+                    )
             with torch.cuda.stream(side):
                 return self._apply(host)
 
@@ -211,13 +226,20 @@ class DevicePrefetcher:
             self._pending = False
 
 
-def _record_stream(obj: Any, stream: torch.cuda.Stream) -> None:
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
-        if obj.is_cuda:
-            obj.record_stream(stream)
+        yield obj
     elif isinstance(obj, (list, tuple)):
         for v in obj:
-            _record_stream(v, stream)
+            yield from _tensors(v)
     elif isinstance(obj, Mapping):
         for v in obj.values():
-            _record_stream(v, stream)
+            yield from _tensors(v)
+
+
+def _record_stream(obj: Any, stream: torch.cuda.Stream) -> None:
+    """Tell the caching allocator these tensors are in use on ``stream`` (the compute
+    stream), not only on the side stream that allocated them."""
+    for t in _tensors(obj):
+        if t.is_cuda:
+            t.record_stream(stream)
