@@ -31,13 +31,9 @@ def test_scan_image_folder_sorted_classes(tmp_path, make_images):
 
 
 def test_pt_folder_flat_with_sidecar_labels(tmp_path, make_arrays):
-    paths = make_arrays(
-        tmp_path, None, count=4, shape=(2, 3), dtype=np.float32, ext=".pt"
-    )
+    paths = make_arrays(tmp_path, None, count=4, shape=(2, 3), dtype=np.float32, ext=".pt")
     (paths[1].with_suffix(".cls")).write_text("7\n")
-    m = gpufeed.pack(
-        tmp_path, tmp_path.parent / "pt.mmap", format="mmap", workers=1, quiet=True
-    )
+    m = gpufeed.pack(tmp_path, tmp_path.parent / "pt.mmap", format="mmap", workers=1, quiet=True)
     assert m["classes"] is None
     assert m["sample"] == {"kind": "array", "dtype": "<f4", "shape": [2, 3]}
     ds = gpufeed.open_dataset(tmp_path.parent / "pt.mmap")
@@ -99,21 +95,15 @@ def test_corrupt_source_stops_naming_file_and_stays_resumable(
         gpufeed.pack(arr_root, tmp_path / "o2", format=fmt, workers=1, quiet=True)
     # the user fixes the file, then resumes
     bad.write_bytes((root / "a" / "img0000.jpg").read_bytes())
-    m = gpufeed.pack(
-        root, dest, format=fmt, workers=1, quiet=True, part_size=1, resume=True
-    )
+    m = gpufeed.pack(root, dest, format=fmt, workers=1, quiet=True, part_size=1, resume=True)
     assert m["count"] == 6 and m["skipped"] == []
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_corrupt_source_skipped_counted_and_listed(
-    tmp_path, fmt, make_images, make_arrays
-):
+def test_corrupt_source_skipped_counted_and_listed(tmp_path, fmt, make_images, make_arrays):
     root, bad, _, _ = _corrupt_tree(tmp_path, make_images, make_arrays)
     dest = tmp_path / "out"
-    m = gpufeed.pack(
-        root, dest, format=fmt, workers=1, quiet=True, on_error="skip", part_size=2
-    )
+    m = gpufeed.pack(root, dest, format=fmt, workers=1, quiet=True, on_error="skip", part_size=2)
     assert m["count"] == 5
     assert len(m["skipped"]) == 1
     skip = m["skipped"][0]
@@ -121,9 +111,7 @@ def test_corrupt_source_skipped_counted_and_listed(
     assert "truncated" in skip["error"] or "OSError" in skip["error"]
     ds = gpufeed.open_dataset(dest, map_style=True)
     assert len(ds) == 5 and ds.labels.tolist() == [0, 0, 1, 1, 1]
-    assert (dest / "sources.txt").read_text().splitlines()[1] == os.path.join(
-        "a", "img0002.jpg"
-    )
+    assert (dest / "sources.txt").read_text().splitlines()[1] == os.path.join("a", "img0002.jpg")
     assert gpufeed.verify(dest).ok
 
 
@@ -132,9 +120,7 @@ def test_shape_mismatch_is_an_error_naming_the_file(tmp_path, make_arrays):
     odd = tmp_path / "s" / "zzz.npy"
     np.save(odd, np.zeros((4, 4), np.uint8))
     with pytest.raises(SourceError, match=r"zzz.npy: sample is 4x4 uint8, but earlier"):
-        gpufeed.pack(
-            tmp_path / "s", tmp_path / "o", format="mmap", workers=1, quiet=True
-        )
+        gpufeed.pack(tmp_path / "s", tmp_path / "o", format="mmap", workers=1, quiet=True)
     m = gpufeed.pack(
         tmp_path / "s",
         tmp_path / "o",
@@ -176,9 +162,7 @@ def test_refuses_existing_dest_and_partial(array_folder, tmp_path):
     gpufeed.pack(array_folder, dest, format="mmap", workers=1, quiet=True)
     with pytest.raises(UsageError, match="already exists; pass --overwrite"):
         gpufeed.pack(array_folder, dest, format="mmap", workers=1, quiet=True)
-    m = gpufeed.pack(
-        array_folder, dest, format="lmdb", workers=1, quiet=True, overwrite=True
-    )
+    m = gpufeed.pack(array_folder, dest, format="lmdb", workers=1, quiet=True, overwrite=True)
     assert gpufeed.inspect(dest)["format"] == "lmdb" == m["format"]
     assert not (tmp_path / "d.old").exists()
     (tmp_path / "e.partial").mkdir()
@@ -191,12 +175,8 @@ def test_resume_with_other_options_is_refused(array_folder, tmp_path, make_array
     make_arrays(src, {"x": 3})
     (src / "x" / "a00001.npy").write_bytes(b"bad")
     with pytest.raises(SourceError):
-        gpufeed.pack(
-            src, tmp_path / "o", format="tar", workers=1, quiet=True, part_size=1
-        )
-    with pytest.raises(
-        UsageError, match=r"different settings \(format: 'tar' -> 'hdf5'\)"
-    ):
+        gpufeed.pack(src, tmp_path / "o", format="tar", workers=1, quiet=True, part_size=1)
+    with pytest.raises(UsageError, match=r"different settings \(format: 'tar' -> 'hdf5'\)"):
         gpufeed.pack(
             src,
             tmp_path / "o",
@@ -222,12 +202,8 @@ def test_bad_options_are_usage_errors(array_folder, tmp_path):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_pack_is_deterministic_across_worker_counts(jpeg_folder, tmp_path, fmt):
-    a = gpufeed.pack(
-        jpeg_folder, tmp_path / "a", format=fmt, workers=1, quiet=True, part_size=3
-    )
-    b = gpufeed.pack(
-        jpeg_folder, tmp_path / "b", format=fmt, workers=1, quiet=True, part_size=5
-    )
+    a = gpufeed.pack(jpeg_folder, tmp_path / "a", format=fmt, workers=1, quiet=True, part_size=3)
+    b = gpufeed.pack(jpeg_folder, tmp_path / "b", format=fmt, workers=1, quiet=True, part_size=5)
     assert a == b  # same manifest: same file checksums whatever the staging granularity
     if fmt == "hdf5":
         c = gpufeed.pack(
@@ -296,3 +272,39 @@ def test_kill_9_then_resume_equals_uninterrupted(many_tiny, tmp_path, python_env
     assert a == b
     assert not (tmp_path / "dest.partial").exists()
     assert gpufeed.verify(dest).ok
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_crash_while_assembling_then_resume_is_identical(jpeg_folder, tmp_path, monkeypatch, fmt):
+    from gpufeed.formats import writer_class
+
+    clean = gpufeed.pack(jpeg_folder, tmp_path / "clean", format=fmt, workers=1, quiet=True)
+    cls = writer_class(fmt)
+    real_add = cls.add
+    calls = []
+
+    def dying_add(self, part):
+        calls.append(1)
+        if len(calls) == 2:  # half-written output in DEST.partial/out
+            raise KeyboardInterrupt
+        return real_add(self, part)
+
+    monkeypatch.setattr(cls, "add", dying_add)
+    dest = tmp_path / "dest"
+    with pytest.raises(KeyboardInterrupt):
+        gpufeed.pack(jpeg_folder, dest, format=fmt, workers=1, quiet=True, part_size=4)
+    assert (tmp_path / "dest.partial" / "out").exists() and not dest.exists()
+    monkeypatch.setattr(cls, "add", real_add)
+    # the staging granularity differs from the clean run's too: the output must not care
+    resumed = gpufeed.pack(
+        jpeg_folder, dest, format=fmt, workers=1, quiet=True, part_size=4, resume=True
+    )
+    assert resumed == clean
+
+
+def test_resume_after_finished_pack_only_cleans_up(array_folder, tmp_path):
+    dest = tmp_path / "d"
+    m = gpufeed.pack(array_folder, dest, format="tar", workers=1, quiet=True)
+    (tmp_path / "d.partial").mkdir()  # as if killed between the rename and the cleanup
+    again = gpufeed.pack(array_folder, dest, format="tar", workers=1, quiet=True, resume=True)
+    assert again == m and not (tmp_path / "d.partial").exists()

@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return EXIT_USAGE
+        return EXIT_OK
     from gpufeed.formats.common import GpufeedError
 
     handlers = {"pack": _cmd_pack, "verify": _cmd_verify, "inspect": _cmd_inspect}

@@ -38,6 +38,7 @@ from gpufeed.formats.common import (
     MANIFEST_NAME,
     PARTIAL_SUFFIX,
     SOURCES_NAME,
+    DataError,
     Part,
     SampleSpec,
     SourceError,
@@ -262,15 +263,29 @@ def ordered_map(
 
     it = iter(paths)
     chunks = iter(lambda: list(islice(it, chunk)), [])
+    from concurrent.futures.process import BrokenProcessPool
+
     # spawn: the parent may hold torch threads or h5py state that must not be forked
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
         pending = deque(ex.submit(_run_chunk, c, opts) for c in islice(chunks, workers * 4))
         while pending:
-            results = pending.popleft().result()
+            try:
+                results = pending.popleft().result()
+            except BrokenProcessPool:
+                raise PackWorkerError(
+                    "a pack worker process died (killed, out of memory, or it failed to "
+                    "start: workers are spawned, so a script calling gpufeed.pack() needs "
+                    "`if __name__ == '__main__':`); committed parts are kept, rerun with "
+                    "--resume (or workers=1 to read in-process)"
+                ) from None
             nxt = next(chunks, None)
             if nxt is not None:
                 pending.append(ex.submit(_run_chunk, nxt, opts))
             yield from results
+
+
+class PackWorkerError(DataError):
+    """The worker pool broke: the pack stops, its committed parts stay resumable."""
 
 
 # --------------------------------------------------------------------------- pack
