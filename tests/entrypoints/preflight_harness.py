@@ -69,9 +69,7 @@ class Result:
 Runner = Callable[[Sequence[str], Mapping[str, str]], Result]
 
 
-def host_runner(
-    argv: Sequence[str], env: Mapping[str, str], timeout: float = 60
-) -> Result:
+def host_runner(argv: Sequence[str], env: Mapping[str, str], timeout: float = 60) -> Result:
     start = time.monotonic()
     proc = subprocess.run(
         list(argv),
@@ -113,9 +111,7 @@ class Sandbox:
     small_shm_path: Path | None = None
 
     @classmethod
-    def create(
-        cls, root: Path, shm_path: Path, small_shm_path: Path | None = None
-    ) -> Sandbox:
+    def create(cls, root: Path, shm_path: Path, small_shm_path: Path | None = None) -> Sandbox:
         for name in ("bin", "bin-no-smi", "bin-no-timeout"):
             (root / name).mkdir(parents=True, exist_ok=True)
         for tool in TOOLS:
@@ -279,10 +275,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "gpus-four-same",
         {"FAKE_NVIDIA_GPUS": ";".join(["NVIDIA H100 80GB HBM3"] * 4)},
         0,
-        (
-            OK
-            + "NVIDIA driver 580.65.06 (minimum 525), 4 GPUs: 4x NVIDIA H100 80GB HBM3",
-        ),
+        (OK + "NVIDIA driver 580.65.06 (minimum 525), 4 GPUs: 4x NVIDIA H100 80GB HBM3",),
         ("warning",),
     ),
     Scenario(
@@ -354,7 +347,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         {**NO_SMI, "GPUFEED_ALLOW_CPU": "1"},
         0,
         (
-            "warning: no NVIDIA driver answered; continuing without a GPU because GPUFEED_ALLOW_CPU=1",
+            "warning: no NVIDIA driver answered; "
+            "continuing without a GPU because GPUFEED_ALLOW_CPU=1",
             OK + "no GPU (GPUFEED_ALLOW_CPU=1)",
         ),
         ("error",),
@@ -364,8 +358,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         {"FAKE_NVIDIA_MODE": "fail-communication"},
         4,
         (
-            "nvidia-smi failed (exit 9): NVIDIA-SMI has failed because it couldn't communicate with "
-            "the NVIDIA driver",
+            "nvidia-smi failed (exit 9): NVIDIA-SMI has failed because it couldn't "
+            "communicate with the NVIDIA driver",
             *EXPOSE_GPU,
         ),
         (OK,),
@@ -413,9 +407,7 @@ SCENARIOS: tuple[Scenario, ...] = (
             CUDA_VERSION="13.0.1",
         ),
         3,
-        (
-            "NVIDIA driver 575.51.03 is older than 580, the minimum for this CUDA 13.0 image",
-        ),
+        ("NVIDIA driver 575.51.03 is older than 580, the minimum for this CUDA 13.0 image",),
     ),
     Scenario(
         "cuda13-floor-580.65.06-passes",

