@@ -57,6 +57,7 @@ ENCODE_MODES = ("keep", "raw")
 ON_ERROR = ("stop", "skip")
 DEFAULT_PART_SIZE = 1024
 MAX_DEFAULT_WORKERS = 8
+SMALL_PACK_ITEMS = 64
 STATE_NAME = "state.json"
 PARTS_DIR = "parts"
 OUT_DIR = "out"
@@ -532,6 +533,9 @@ def _commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_erro
         return
     spec = _first_spec(parts_dir, nparts)
     workers = default_workers() if workers is None else max(0, int(workers))
+    todo_count = sum(len(range(p * part_size, min((p + 1) * part_size, len(src)))) for p in todo)
+    if todo_count < SMALL_PACK_ITEMS:
+        workers = 1  # starting worker processes would cost more than reading in-process
     slow = float(os.environ.get("GPUFEED_TEST_SLOW_MS", "0") or 0) / 1000.0
 
     def items_of(p):
