@@ -17,7 +17,30 @@ N, BATCH, SHARDS = 103, 8, [f"shard-{i:03d}.tar" for i in range(10)]
 STOP_AFTER = {0: 3, 1: 5}  # batches each rank consumes before "crashing" in epoch 2
 
 
-def _rank_main(out_path):
+def _tar_epochs(tar_path, rank):
+    """Full epoch 1 of gpufeed tar shards on this rank, and a resumed copy of it."""
+    import gpufeed
+    from gpufeed.loader import make_loader
+
+    def keys(batch):
+        return [s.numpy().tobytes().hex() for s in batch.samples]
+
+    dl = make_loader(gpufeed.open_dataset(tar_path), 4, num_workers=0, seed=2)
+    dl.set_epoch(1)
+    full = [k for b in dl for k in keys(b)]
+    dl.set_epoch(1)
+    before = []
+    for k, b in enumerate(dl):
+        before += keys(b)
+        if k + 1 == STOP_AFTER[rank]:
+            state = dl.state_dict()
+            break
+    resumed = make_loader(gpufeed.open_dataset(tar_path), 4, num_workers=0, seed=2)
+    resumed.load_state_dict(state)
+    return {"full": full, "before": before, "after": [k for b in resumed for k in keys(b)]}
+
+
+def _rank_main(out_path, tar_path):
     import torch
     import torch.distributed as dist
 
@@ -66,6 +89,7 @@ def _rank_main(out_path):
         "after": after,
         "state": state,
         "shards": split_shards(SHARDS, seed=1, epoch=0),
+        "tar": _tar_epochs(tar_path, rank),
     }
     gathered = [None, None]
     dist.all_gather_object(gathered, mine)
@@ -82,14 +106,27 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _tar_pack(tmp_path_factory):
+    from conftest import write_arrays
+
+    import gpufeed
+
+    root = tmp_path_factory.mktemp("torchrun_tar")
+    write_arrays(root / "src", {"x": 30, "y": 25}, shape=(3, 4, 4))
+    gpufeed.pack(root / "src", root / "tar", "tar", quiet=True, workers=1, shard_size=5)
+    return root / "tar"
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("torchrun") / "gathered.json"
+    tar = _tar_pack(tmp_path_factory)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env["OMP_NUM_THREADS"] = "1"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), __file__, str(out),
+        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+        __file__, str(out), str(tar),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -133,5 +170,14 @@ def test_split_shards_reads_rank_from_torch_distributed(ranks):
     assert sorted(parts[0] + parts[1]) == SHARDS and not set(parts[0]) & set(parts[1])
 
 
+def test_tar_shards_under_ddp_cover_once_and_resume_per_rank(ranks):
+    full = [k for r in ranks for k in r["tar"]["full"]]
+    assert len(full) == len(set(full)) == 55  # whole shards per rank: no padding needed
+    for r in ranks:
+        t = r["tar"]
+        assert len(t["before"]) == 4 * STOP_AFTER[r["rank"]]
+        assert t["before"] + t["after"] == t["full"]
+
+
 if __name__ == "__main__":
-    _rank_main(sys.argv[1])
+    _rank_main(sys.argv[1], sys.argv[2])
