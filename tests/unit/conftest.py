@@ -12,9 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PYTHON_ENV = {**os.environ, "PYTHONPATH": str(ROOT / "app" / "src")}
 
 
-def write_images(
-    root: Path, classes: dict[str, int], size=(12, 16), ext=".png", seed=0
-):
+def write_images(root: Path, classes: dict[str, int], size=(12, 16), ext=".png", seed=0):
     """class name -> count images of random pixels (H x W = size); returns sorted paths."""
     from PIL import Image
 
@@ -72,9 +70,7 @@ def image_folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def jpeg_folder(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("jpegs")
-    write_images(
-        root, {"cat": 4, "dog": 6, "eel": 3}, size=(20, 24), ext=".jpg", seed=1
-    )
+    write_images(root, {"cat": 4, "dog": 6, "eel": 3}, size=(20, 24), ext=".jpg", seed=1)
     return root
 
 

@@ -30,9 +30,7 @@ def test_version(python_env):
 
 def test_pack_verify_inspect(array_folder, tmp_path, capsys):
     dest = tmp_path / "d"
-    assert (
-        main(["pack", str(array_folder), str(dest), "-f", "hdf5", "-j", "1", "-q"]) == 0
-    )
+    assert main(["pack", str(array_folder), str(dest), "-f", "hdf5", "-j", "1", "-q"]) == 0
     assert main(["verify", str(dest), "-q"]) == 0
     assert "OK (hdf5, 17 samples" in capsys.readouterr().out
     assert main(["inspect", str(dest), "--json"]) == 0
@@ -46,15 +44,10 @@ def test_pack_verify_inspect(array_folder, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", "lmdb", "tar", "mmap"])
-def test_verify_reports_flipped_byte_with_sample_and_source(
-    tmp_path, make_arrays, capsys, fmt
-):
+def test_verify_reports_flipped_byte_with_sample_and_source(tmp_path, make_arrays, capsys, fmt):
     make_arrays(tmp_path / "src", {"c0": 5, "c1": 5}, shape=(48,), seed=2)
     dest = tmp_path / "d"
-    assert (
-        main(["pack", str(tmp_path / "src"), str(dest), "-f", fmt, "-j", "1", "-q"])
-        == 0
-    )
+    assert main(["pack", str(tmp_path / "src"), str(dest), "-f", fmt, "-j", "1", "-q"]) == 0
     target = np.load(tmp_path / "src" / "c1" / "a00002.npy").tobytes()  # sample 7
     flipped = 0
     for f in dest.iterdir():
@@ -109,13 +102,9 @@ def test_exit_codes_and_one_line_errors(tmp_path, python_env, make_images):
         python_env,
     )
     assert r.returncode == 0, r.stderr
-    r = run_cli(
-        ["pack", str(tmp_path / "src"), str(tmp_path / "o"), "-f", "tar"], python_env
-    )
+    r = run_cli(["pack", str(tmp_path / "src"), str(tmp_path / "o"), "-f", "tar"], python_env)
     assert r.returncode == 2 and "already exists; pass --overwrite" in r.stderr
-    debug = run_cli(
-        ["verify", str(tmp_path / "missing")], {**python_env, "GPUFEED_DEBUG": "1"}
-    )
+    debug = run_cli(["verify", str(tmp_path / "missing")], {**python_env, "GPUFEED_DEBUG": "1"})
     assert debug.returncode == 1 and "Traceback" in debug.stderr
 
 
@@ -125,10 +114,7 @@ def test_skip_is_reported(tmp_path, capsys, make_arrays):
     args = ["pack", str(tmp_path / "src"), str(tmp_path / "o"), "-f", "mmap", "-j", "1"]
     assert main([*args, "--on-error", "skip"]) == 0
     assert "packed 2 samples" in capsys.readouterr().out
-    assert (
-        json.loads((tmp_path / "o" / "manifest.json").read_text())["skipped"][0]["item"]
-        == 1
-    )
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["skipped"][0]["item"] == 1
 
 
 def test_parse_bytes():

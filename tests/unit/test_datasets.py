@@ -26,9 +26,7 @@ def packs(tmp_path_factory, array_folder, jpeg_folder):
         kw = {"shard_size": 3} if fmt == "tar" else {}
         gpufeed.pack(array_folder, out[fmt], format=fmt, workers=1, quiet=True, **kw)
         out[fmt + "-jpg"] = root / f"jpg.{fmt}"
-        gpufeed.pack(
-            jpeg_folder, out[fmt + "-jpg"], format=fmt, workers=1, quiet=True, **kw
-        )
+        gpufeed.pack(jpeg_folder, out[fmt + "-jpg"], format=fmt, workers=1, quiet=True, **kw)
     return out
 
 
@@ -37,25 +35,48 @@ def reference(array_folder):
     return np.stack([np.load(f) for f in files])
 
 
+class EveryFormat(torch.utils.data.Dataset):
+    """The map-style datasets of every format behind one DataLoader (one set of spawned
+    workers for all of them); index k * 1000 + i is sample i of format k."""
+
+    def __init__(self, datasets):
+        self.datasets = datasets
+
+    def __len__(self):
+        return 1000 * len(self.datasets)
+
+    def __getitems__(self, indices):
+        ks = {i // 1000 for i in indices}
+        assert len(ks) == 1, "a batch stays within one dataset"
+        return self.datasets[ks.pop()].__getitems__([i % 1000 for i in indices])
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-@pytest.mark.parametrize("fmt", MAP_FORMATS)
-def test_dataloader_workers(packs, array_folder, fmt, context):
-    ds = gpufeed.open_dataset(packs[fmt])
-    ds[0]  # open a handle in the parent first: workers must not reuse it
+def test_dataloader_workers_every_format(packs, array_folder, context):
+    datasets = [gpufeed.open_dataset(packs[fmt]) for fmt in MAP_FORMATS]
+    for ds in datasets:
+        ds[0]  # open a handle in the parent first: workers must not reuse it
+    batches = [
+        [k * 1000 + i for i in range(lo, min(lo + 4, 17))]
+        for k in range(3)
+        for lo in range(0, 17, 4)
+    ]
     loader = DataLoader(
-        ds,
-        batch_size=4,
+        EveryFormat(datasets),
+        batch_sampler=batches,
         num_workers=2,
         multiprocessing_context=context,
         collate_fn=collate,
     )
-    batches = list(loader)
-    assert all(isinstance(b, Batch) for b in batches)
-    samples = torch.cat([b.samples for b in batches])
-    labels = torch.cat([b.labels for b in batches])
-    assert np.array_equal(samples.numpy(), reference(array_folder))
-    assert labels.tolist() == [0] * 9 + [1] * 8
+    got = list(loader)
+    assert all(isinstance(b, Batch) for b in got)
+    for k in range(3):
+        mine = got[k * 5 : (k + 1) * 5]
+        samples = torch.cat([b.samples for b in mine])
+        labels = torch.cat([b.labels for b in mine])
+        assert np.array_equal(samples.numpy(), reference(array_folder)), MAP_FORMATS[k]
+        assert labels.tolist() == [0] * 9 + [1] * 8
 
 
 @pytest.mark.timeout(120)
@@ -63,9 +84,7 @@ def test_dataloader_workers(packs, array_folder, fmt, context):
 def test_tar_stream_workers_read_each_sample_once(packs, array_folder, context):
     ds = gpufeed.open_dataset(packs["tar"], shuffle_buffer=5, seed=3)
     assert len(ds.shards) == 6
-    loader = DataLoader(
-        ds, batch_size=2, num_workers=2, multiprocessing_context=context
-    )
+    loader = DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context=context)
     seen = [s for batch, _ in loader for s in batch]
     ref = reference(array_folder)
     got = sorted(bytes(s.numpy()) for s in seen)
@@ -83,9 +102,7 @@ def test_tar_shuffle_is_seeded_and_changes_with_epoch(packs):
     assert sorted(order(1, 0)) == sorted(order(2, 5))
     plain = gpufeed.open_dataset(packs["tar"], shuffle_buffer=0, shuffle_shards=False)
     ref = gpufeed.open_dataset(packs["mmap"])
-    assert [bytes(s.numpy()) for s, _ in plain] == [
-        bytes(ref[i][0].numpy()) for i in range(17)
-    ]
+    assert [bytes(s.numpy()) for s, _ in plain] == [bytes(ref[i][0].numpy()) for i in range(17)]
     assert len(plain) == 17
 
 
@@ -200,12 +217,8 @@ def test_corrupt_record_raises_naming_file_and_sample(unique_pack, fmt):
     ):
         ds.__getitems__([6, 7, 8])
     unchecked = gpufeed.open_dataset(dest, map_style=True)
-    assert (
-        bytes(unchecked[7][0].numpy()) != payload
-    )  # verify_crc=False reads it (fast path)
-    skipping = gpufeed.open_dataset(
-        dest, map_style=True, verify_crc=True, on_error="skip"
-    )
+    assert bytes(unchecked[7][0].numpy()) != payload  # verify_crc=False reads it (fast path)
+    skipping = gpufeed.open_dataset(dest, map_style=True, verify_crc=True, on_error="skip")
     with pytest.warns(UserWarning, match="skipping corrupt samples"):
         batch = skipping.__getitems__([6, 7, 8])
     assert batch.samples.shape[0] == 2 and batch.labels.tolist() == [1, 1]
@@ -222,14 +235,9 @@ def test_undecodable_image_raises_with_index(tmp_path, make_images):
     arr[offsets[1] : offsets[1] + 40] = 0  # wreck the JPEG header of sample 1
     arr.flush()
     ds = gpufeed.open_dataset(dest)
-    with pytest.raises(
-        CorruptSampleError, match=r"encoded.npy: sample 1 .*cannot decode"
-    ):
+    with pytest.raises(CorruptSampleError, match=r"encoded.npy: sample 1 .*cannot decode"):
         ds.__getitems__([0, 1, 2])
-    assert (
-        len(gpufeed.open_dataset(dest, on_error="skip").__getitems__([0, 1, 2]).labels)
-        == 2
-    )
+    assert len(gpufeed.open_dataset(dest, on_error="skip").__getitems__([0, 1, 2]).labels) == 2
 
 
 def test_index_arrays_are_numpy(packs):

@@ -25,8 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
 
 from gpufeed.decoders import array_to_tensor, decode_bytes, raw_bytes_tensor
 from gpufeed.formats import open_reader
