@@ -47,9 +47,10 @@ def read_manifest(dest: str | Path) -> dict[str, Any]:
     path = manifest_path(dest)
     if not path.exists():
         if dest.name.endswith(PARTIAL_SUFFIX) or (dest / "state.json").exists():
+            final = str(dest).removesuffix(PARTIAL_SUFFIX)
             raise NotPackedError(
                 f"{dest}: unfinished pack (no {MANIFEST_NAME}); finish it with "
-                f"`gpufeed pack SOURCE {str(dest)[: -len(PARTIAL_SUFFIX)]} --resume`"
+                f"`gpufeed pack SOURCE {final} --resume`"
             )
         partial = dest.with_name(dest.name + PARTIAL_SUFFIX)
         if partial.exists():
