@@ -77,3 +77,12 @@ def test_shm(tmp_path):
     assert sysinfo.shm_size_bytes(tmp_path) == info.total_bytes
     assert sysinfo.shm_info(tmp_path / "nope") is None
     assert sysinfo.shm_size_bytes(tmp_path / "nope") is None
+
+
+def test_describe_collects_the_limits(tmp_path):
+    d = sysinfo.describe(**case("v2_nested"), shm_path=tmp_path)
+    assert d["cgroup_version"] == 2 and d["cpu_quota"] == 1.5
+    assert d["usable_cpus"] == 1  # floor(1.5), whatever the affinity
+    assert d["memory_limit_bytes"] == 2 << 30
+    assert d["shm_total_bytes"] == sysinfo.shm_size_bytes(tmp_path)
+    assert sysinfo.describe(**case("none"), shm_path=tmp_path / "x")["shm_free_bytes"] is None

@@ -26,6 +26,7 @@ __all__ = [
     "cgroup_memory_limit",
     "cgroup_version",
     "cpu_affinity",
+    "describe",
     "shm_info",
     "shm_size_bytes",
     "usable_cpus",
@@ -280,3 +281,23 @@ def shm_size_bytes(path: str | os.PathLike = "/dev/shm") -> int | None:
     """Total size of ``/dev/shm`` in bytes, None when it does not exist."""
     info = shm_info(path)
     return None if info is None else info.total_bytes
+
+
+def describe(
+    root: str | os.PathLike = CGROUP_ROOT,
+    self_cgroup: str | os.PathLike = SELF_CGROUP,
+    shm_path: str | os.PathLike = "/dev/shm",
+) -> dict:
+    """Everything above as plain data (for ``gpufeed doctor`` and benchmark reports)."""
+    cpus = usable_cpus(root, self_cgroup)
+    shm = shm_info(shm_path)
+    return {
+        "cgroup_version": cgroup_version(root),
+        "cpu_affinity": cpus.affinity,
+        "cpu_quota": cpus.quota,
+        "usable_cpus": cpus.count,
+        "usable_cpus_source": cpus.source,
+        "memory_limit_bytes": cgroup_memory_limit(root, self_cgroup),
+        "shm_total_bytes": None if shm is None else shm.total_bytes,
+        "shm_free_bytes": None if shm is None else shm.free_bytes,
+    }
