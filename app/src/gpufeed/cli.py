@@ -3,6 +3,8 @@
   gpufeed pack SOURCE DEST --format {hdf5,lmdb,tar,mmap} [options]
   gpufeed verify DEST [--decode] [--json]
   gpufeed inspect DEST [--json]
+  gpufeed doctor [DATA_DIR] [--json]     (gpufeed.doctor)
+  gpufeed synth PATH [--count N]         (gpufeed.synth)
 
 Exit codes: 0 ok, 1 data problem (unreadable source, corrupt pack, failed verification),
 2 usage error. Errors are one line naming the file and sample; GPUFEED_DEBUG=1 shows the
@@ -113,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="format, count, classes, shapes, size on disk")
     i.add_argument("dest", metavar="DEST")
     i.add_argument("--json", action="store_true", help="print JSON")
+
+    from gpufeed import doctor, synth  # each module owns its arguments
+
+    doctor.add_arguments(
+        sub.add_parser("doctor", help="check driver, GPUs, torch, CPUs, shm, limits and data")
+    )
+    synth.add_arguments(sub.add_parser("synth", help="write a small demo image-folder dataset"))
     return parser
 
 
@@ -211,9 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_OK
+    from gpufeed import doctor, synth
     from gpufeed.formats.common import GpufeedError
 
     handlers = {"pack": _cmd_pack, "verify": _cmd_verify, "inspect": _cmd_inspect}
+    handlers.update(doctor=doctor.main, synth=synth.main)
     debug = os.environ.get("GPUFEED_DEBUG", "") not in ("", "0")
     try:
         return handlers[args.command](args)
