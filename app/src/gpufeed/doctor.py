@@ -200,6 +200,8 @@ def _thresholds(env: Mapping[str, str]) -> tuple[dict[str, str] | None, Check | 
     try:
         values = thresholds.read(path, env)
         for key in ("GPUFEED_MIN_DRIVER", "GPUFEED_CUDA_FULL_DRIVER", "GPUFEED_MIN_SHM_MB"):
+            if (env.get(key) or "").strip():  # the environment wins, even over an empty file
+                values[key] = env[key].strip()
             if key not in values or _version_fields(values[key]) is None:
                 raise ValueError(f"{key}={values.get(key)!r} is not a number or dotted version")
         int(values["GPUFEED_MIN_SHM_MB"])
@@ -228,12 +230,14 @@ class _DriverInfo:
     problems: list[str] = field(default_factory=list)
 
 
-def _nvidia_smi(args: list[str], wait: float) -> tuple[int, str]:
-    exe = shutil.which("nvidia-smi")
+def _nvidia_smi(args: list[str], wait: float, env: Mapping[str, str]) -> tuple[int, str]:
+    exe = shutil.which("nvidia-smi", path=env.get("PATH", os.defpath))
     if exe is None:
         return 127, "nvidia-smi is not on PATH"
     try:
-        p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=wait, check=False)
+        p = subprocess.run(
+            [exe, *args], capture_output=True, text=True, timeout=wait, check=False, env=dict(env)
+        )
     except subprocess.TimeoutExpired:
         return 124, f"nvidia-smi did not answer within {wait:g}s"
     except OSError as exc:
@@ -248,7 +252,9 @@ def _first_line(text: str) -> str:
 def _driver_info(env: Mapping[str, str], smi_wait: float) -> _DriverInfo:
     """The preflight's sources in its order: nvidia-smi, then the kernel module's file."""
     info = _DriverInfo()
-    rc, out = _nvidia_smi(["--query-gpu=driver_version,name", "--format=csv,noheader"], smi_wait)
+    rc, out = _nvidia_smi(
+        ["--query-gpu=driver_version,name", "--format=csv,noheader"], smi_wait, env
+    )
     if rc == 0:
         for line in out.splitlines():
             version, _, name = line.partition(",")
@@ -282,7 +288,7 @@ def _driver_info(env: Mapping[str, str], smi_wait: float) -> _DriverInfo:
     if info.names:
         info.memory_bytes = [None] * len(info.names)
         rc, out = _nvidia_smi(
-            ["--query-gpu=memory.total", "--format=csv,noheader,nounits"], smi_wait
+            ["--query-gpu=memory.total", "--format=csv,noheader,nounits"], smi_wait, env
         )
         if rc == 0:
             mib = [line.strip() for line in out.splitlines() if line.strip().isdigit()]
