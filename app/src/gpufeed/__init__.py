@@ -16,9 +16,10 @@ import importlib.util
 from gpufeed._version import __version__
 
 # Eager: these functions share their module's name, and a submodule import would otherwise
-# leave `gpufeed.pack` bound to the module instead of the function. Neither imports torch.
+# leave `gpufeed.pack` bound to the module instead of the function. None imports torch.
 from gpufeed.pack import pack
 from gpufeed.verify import inspect, verify
+from gpufeed.watch import watch
 
 _EXPORTS = {
     # packing, checking
@@ -60,6 +61,12 @@ _EXPORTS = {
     "usable_cpus": "gpufeed.sysinfo",
     "cgroup_memory_limit": "gpufeed.sysinfo",
     "shm_size_bytes": "gpufeed.sysinfo",
+    # seeing the pipeline (gpufeed.doctor, gpufeed.watch, gpufeed.synth)
+    "diagnose": "gpufeed.doctor",
+    "DoctorReport": "gpufeed.doctor",
+    "Watch": "gpufeed.watch",
+    "WatchSummary": "gpufeed.watch",
+    "synth_image_folder": "gpufeed.synth",
 }
 
 
@@ -89,5 +96,6 @@ __all__ = [
     "inspect",
     "pack",
     "verify",
+    "watch",
     *(n for n, m in _EXPORTS.items() if _available(m)),
 ]
