@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -203,6 +204,7 @@ def main(argv=None) -> None:
         )
 
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    host = socket.gethostname()
     log = None
     if args.sample_log:
         Path(args.sample_log).mkdir(parents=True, exist_ok=True)
@@ -221,6 +223,7 @@ def main(argv=None) -> None:
             total += torch.stack([loss.detach() * len(labels), torch.tensor(float(len(labels)))])
             if log is not None:
                 row = {"attempt": attempt, "epoch": epoch, "step": step, "loss": loss.item()}
+                row["host"] = host
                 log.write(json.dumps({**row, "samples": digests(samples)}) + "\n")
             if args.crash_at_step == step and rank == world - 1 and attempt == 0:
                 os.kill(os.getpid(), signal.SIGKILL)  # as an OOM kill or a lost node would
