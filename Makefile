@@ -26,6 +26,8 @@ STANDIN_IMAGE ?= gpufeed/cuda-standin:12.8.1-base-bookworm
 # The torch the host test environment gets (any torch >= 2.4 runs gpufeed's unit tests).
 HOST_TORCH ?= torch
 PYTHON ?= python3
+# The installer inside the builder stage (pinned with hashes in docker/requirements-tools.lock).
+UV_VERSION ?= 0.13.9
 PYTEST_ARGS ?=
 
 ifeq ($(CUDA),13)
@@ -72,9 +74,11 @@ build-ssh: $(BASE_DEPENDENCY) ## build the SSH image
 standin: ## build the Debian stand-in for nvidia/cuda (hosts without a registry)
 	sh docker/standin.sh $(STANDIN_IMAGE)
 
+LOCK := uv pip compile --universal --python-version 3.11 --generate-hashes --no-header -q
+
 lock: ## re-pin docker/requirements.lock (versions and hashes) from requirements.in
-	uv pip compile --universal --python-version 3.11 --generate-hashes --no-header \
-		--emit-index-annotation -q docker/requirements.in -o docker/requirements.lock
+	$(LOCK) --emit-index-annotation docker/requirements.in -o docker/requirements.lock
+	echo 'uv==$(UV_VERSION)' | $(LOCK) - -o docker/requirements-tools.lock
 
 $(VENV_STAMP): requirements-dev.txt app/pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -30,7 +30,8 @@ fi
 
 if ! docker info >/dev/null 2>&1; then
     log "starting dockerd (log: /tmp/dockerd.log)"
-    nohup dockerd --storage-driver overlay2 >/tmp/dockerd.log 2>&1 &
+    # setsid: the engine must outlive the shell that started it.
+    setsid nohup dockerd --storage-driver overlay2 >/tmp/dockerd.log 2>&1 &
     i=0
     until docker info >/dev/null 2>&1; do
         i=$((i + 1))
