@@ -4,6 +4,8 @@
   gpufeed verify DEST [--decode] [--json]
   gpufeed inspect DEST [--json]
   gpufeed doctor [DATA_DIR] [--json]     (gpufeed.doctor)
+  gpufeed bench PATH [--step-ms MS] [--device cuda] [--json]   (gpufeed.bench)
+  gpufeed tune PATH [--budget S] [--write FILE] [--json]      (gpufeed.tune)
   gpufeed synth PATH [--count N]         (gpufeed.synth)
 
 Exit codes: 0 ok, 1 data problem (unreadable source, corrupt pack, failed verification),
@@ -122,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("doctor", help="check driver, GPUs, torch, CPUs, shm, limits and data")
     )
     synth.add_arguments(sub.add_parser("synth", help="write a small demo image-folder dataset"))
+    from gpufeed import bench, tune
+
+    bench.add_arguments(sub.add_parser("bench", help="measure how fast a pack delivers batches"))
+    tune.add_arguments(sub.add_parser("tune", help="find the fastest loader settings here"))
     return parser
 
 
@@ -225,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
 
     handlers = {"pack": _cmd_pack, "verify": _cmd_verify, "inspect": _cmd_inspect}
     handlers.update(doctor=doctor.main, synth=synth.main)
+    from gpufeed import bench, tune
+
+    handlers.update(bench=bench.main, tune=tune.main)
     debug = os.environ.get("GPUFEED_DEBUG", "") not in ("", "0")
     try:
         return handlers[args.command](args)

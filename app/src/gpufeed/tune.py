@@ -1,0 +1,386 @@
+"""``gpufeed tune``: find the fastest loader settings for this machine and dataset.
+
+    gpufeed tune PATH [--batch-size 256] [--budget 60] [--write loader.json]
+
+Not an exhaustive grid: each setting is climbed from a measured start while throughput grows.
+
+1. in-process (0 workers) and 1 worker: the cost of one batch, with and without IPC;
+2. workers: from the CPU quota (affinity and cgroup, see :mod:`gpufeed.sysinfo`) upwards
+   while samples/s grow by more than ``min_gain`` (I/O-bound reads gain from more workers
+   than cores; CPU-bound ones stop at the quota), downwards when the quota was already worse;
+3. prefetch factor 2 -> 4 -> 8 while it helps, with the best worker count;
+4. batch size: half and double the requested one (samples/s, not batches/s);
+5. pin_memory on/off with a copy to the GPU in the loop (only with CUDA);
+6. block size of the block-shuffle sampler (map-style datasets): a quarter and 4x.
+
+Then the winner, ``make_loader``'s defaults and the "1-2x cores" rule of thumb are measured
+again side by side, interleaved, so the reported ratios come from the same minutes of this
+(possibly shared) machine. The result can be written as the settings file ``make_loader``
+reads (``settings=`` or env ``GPUFEED_LOADER_SETTINGS``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TuneResult", "Trial", "add_arguments", "main", "snippet", "tune", "write_settings"]
+
+
+@dataclass
+class Trial:
+    settings: dict[str, Any]
+    batch_size: int
+    samples_per_s: float
+    first_batch_s: float
+    stage: str
+
+    def describe(self) -> str:
+        s = ", ".join(f"{k}={v}" for k, v in self.settings.items())
+        return f"batch_size={self.batch_size}, {s}"
+
+
+@dataclass
+class TuneResult:
+    best: Trial
+    trials: list[Trial]
+    cpus: int
+    seconds: float
+    comparison: dict[str, float] = field(default_factory=dict)
+    comparison_settings: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(self.best.settings)
+
+    def file_content(self) -> dict[str, Any]:
+        """The settings file: make_loader keys, plus ``_batch_size`` and ``measured``
+        (make_loader ignores keys starting with ``_`` and ``measured``)."""
+        return {
+            **self.best.settings,
+            "_batch_size": self.best.batch_size,
+            "_tuned_by": "gpufeed tune",
+            "measured": {
+                "samples_per_s": round(self.best.samples_per_s, 1),
+                "cpus": self.cpus,
+                **{f"vs_{k}": round(v, 3) for k, v in self.ratios().items()},
+            },
+        }
+
+    def ratios(self) -> dict[str, float]:
+        c = self.comparison
+        if "tuned" not in c:
+            return {}
+        return {k: c["tuned"] / v for k, v in c.items() if k != "tuned" and v > 0}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "best": {
+                "batch_size": self.best.batch_size,
+                **self.best.settings,
+                "samples_per_s": self.best.samples_per_s,
+            },
+            "cpus": self.cpus,
+            "seconds": self.seconds,
+            "comparison_samples_per_s": self.comparison,
+            "comparison_settings": self.comparison_settings,
+            "ratios": self.ratios(),
+            "trials": [
+                {
+                    "stage": t.stage,
+                    "batch_size": t.batch_size,
+                    **t.settings,
+                    "samples_per_s": t.samples_per_s,
+                    "first_batch_s": t.first_batch_s,
+                }
+                for t in self.trials
+            ],
+        }
+
+
+def _measure(
+    dataset,
+    batch_size: int,
+    settings: Mapping[str, Any],
+    seconds: float,
+    to_device: str | None = None,
+) -> tuple[float, float]:
+    """Steady samples/s of one loader with these settings (workers started fresh and stopped
+    after), and the seconds to its first batch."""
+    import torch
+
+    from gpufeed.bench import _shutdown, time_batches
+    from gpufeed.loader import make_loader
+
+    with warnings.catch_warnings():
+        # more workers than CPUs is a deliberate trial here, not a mistake to warn about
+        warnings.filterwarnings("ignore", message=".*DataLoader will create.*")
+        loader = make_loader(dataset, batch_size, check_shm=False, **settings)
+    step = None
+    if to_device:
+
+        def step(batch):
+            batch[0].to(to_device, non_blocking=True)
+            torch.cuda.synchronize()
+
+    def epochs():
+        # epoch after epoch: the turnover (and a small dataset's short passes) counts too
+        while True:
+            n = 0
+            for batch in loader:
+                n += 1
+                yield batch
+            if n == 0:
+                return
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*DataLoader will create.*")
+            r = time_batches(epochs(), max_seconds=seconds, step=step)
+        return r.samples_per_s, r.first_batch_s
+    finally:
+        _shutdown(loader)
+
+
+def tune(
+    dataset,
+    *,
+    batch_size: int = 256,
+    budget_s: float = 60.0,
+    batch_sizes: list[int] | None = None,
+    cpus: int | None = None,
+    device: str | None = None,
+    min_gain: float = 1.05,
+    compare: bool = True,
+    log: Callable[[str], None] = lambda s: None,
+) -> TuneResult:
+    """Search loader settings for ``dataset`` within about ``budget_s`` seconds."""
+    import torch
+    from torch.utils.data import IterableDataset
+
+    from gpufeed import sysinfo
+    from gpufeed.loader import worker_count_for
+    from gpufeed.samplers import DEFAULT_BLOCK_SIZE
+
+    t_start = time.perf_counter()
+    cpus = cpus or sysinfo.usable_cpus().count
+    iterable = isinstance(dataset, IterableDataset)
+    cuda = bool(device) and str(device).startswith("cuda") and torch.cuda.is_available()
+    to_device = device if cuda else None
+    search_budget = budget_s * (0.7 if compare else 1.0)
+    # about 16 trials fit a search; each at least 0.4 s of steady reading
+    trial_s = max(0.4, search_budget / 16)
+    trials: list[Trial] = []
+
+    def left() -> float:
+        return search_budget - (time.perf_counter() - t_start)
+
+    def run(stage: str, bs: int, settings: dict[str, Any]) -> Trial:
+        rate, first = _measure(dataset, bs, settings, trial_s, to_device)
+        t = Trial(dict(settings), bs, rate, first, stage)
+        trials.append(t)
+        log(f"  {stage:<10} {t.describe():<70} {rate:>10,.0f} samples/s")
+        return t
+
+    base: dict[str, Any] = {"pin_memory": cuda, "persistent_workers": True}
+    if not iterable:
+        base["block_size"] = int(getattr(dataset, "preferred_block_size", DEFAULT_BLOCK_SIZE))
+
+    def with_(settings, **kw):
+        d = {**settings, **kw}
+        if d.get("num_workers", 0) == 0:
+            d.pop("prefetch_factor", None)
+        return d
+
+    # warm up (open files, fill caches) before anything is compared
+    _measure(dataset, batch_size, with_(base, num_workers=0), min(1.0, trial_s))
+    # 1-2. workers
+    best = run("in-process", batch_size, with_(base, num_workers=0))
+    one = run("workers", batch_size, with_(base, num_workers=1, prefetch_factor=2))
+    if one.samples_per_s > best.samples_per_s:
+        best = one
+    start = worker_count_for(cpus)
+    tried = {0, 1}
+    w = start
+    if w not in tried and left() > 0:
+        t = run("workers", batch_size, with_(base, num_workers=w, prefetch_factor=2))
+        tried.add(w)
+        if t.samples_per_s > best.samples_per_s:
+            best = t
+        # climb while throughput grows
+        while left() > 0:
+            nxt = w + max(1, w // 2)
+            if nxt > max(4 * cpus, 4) or nxt in tried:
+                break
+            t = run("workers", batch_size, with_(base, num_workers=nxt, prefetch_factor=2))
+            tried.add(nxt)
+            if t.samples_per_s > best.samples_per_s * min_gain:
+                best, w = t, nxt
+            else:
+                break
+    # 3. prefetch factor
+    nw = best.settings.get("num_workers", 0)
+    if nw > 0:
+        pf = 2
+        while left() > 0 and pf < 8:
+            pf *= 2
+            t = run("prefetch", batch_size, with_(best.settings, prefetch_factor=pf))
+            if t.samples_per_s > best.samples_per_s * min_gain:
+                best = t
+            else:
+                break
+    # 4. batch size
+    candidates = batch_sizes or [max(1, batch_size // 2), batch_size * 2]
+    for bs in candidates:
+        if left() <= 0 or bs == best.batch_size:
+            continue
+        t = run("batch", bs, dict(best.settings))
+        if t.samples_per_s > best.samples_per_s * min_gain:
+            best = t
+    # 5. pin_memory (only meaningful with a GPU to copy to)
+    if cuda and left() > 0:
+        flipped = with_(best.settings, pin_memory=not best.settings["pin_memory"])
+        t = run("pin", best.batch_size, flipped)
+        if t.samples_per_s > best.samples_per_s * min_gain:
+            best = t
+    # 6. block size
+    if not iterable:
+        b0 = best.settings["block_size"]
+        for bsz in (b0 * 4, max(16, b0 // 4)):
+            if left() <= 0:
+                break
+            t = run("block", best.batch_size, with_(best.settings, block_size=bsz))
+            if t.samples_per_s > best.samples_per_s * min_gain:
+                best = t
+                break
+
+    result = TuneResult(best=best, trials=trials, cpus=cpus, seconds=0.0)
+    if compare:
+        _compare(dataset, result, budget_s - (time.perf_counter() - t_start), to_device, log)
+    result.seconds = time.perf_counter() - t_start
+    return result
+
+
+def _compare(dataset, result: TuneResult, budget: float, to_device, log) -> None:
+    """Measure the winner, make_loader's defaults and the 1x/2x-cores rule side by side:
+    interleaved rounds, the median per contender."""
+    bs = result.best.batch_size
+    contenders: dict[str, dict[str, Any]] = {
+        "tuned": dict(result.best.settings),
+        "defaults": {},
+        "1x_cores": {"num_workers": result.cpus},
+        "2x_cores": {"num_workers": 2 * result.cpus},
+    }
+    result.comparison_settings = {
+        "tuned": result.best.describe(),
+        "defaults": f"batch_size={bs}, make_loader defaults (num_workers='auto')",
+        "1x_cores": f"batch_size={bs}, num_workers={result.cpus}",
+        "2x_cores": f"batch_size={bs}, num_workers={2 * result.cpus}",
+    }
+    rounds = 3
+    seconds = max(0.4, budget / (rounds * len(contenders)))
+    rates: dict[str, list[float]] = {k: [] for k in contenders}
+    for _ in range(rounds):
+        for name, settings in contenders.items():
+            rates[name].append(_measure(dataset, bs, settings, seconds, to_device)[0])
+    result.comparison = {k: statistics.median(v) for k, v in rates.items()}
+    log("side by side (median of 3 interleaved rounds):")
+    for k, v in result.comparison.items():
+        log(f"  {k:<9} {v:>10,.0f} samples/s  {result.comparison_settings[k]}")
+
+
+def snippet(result: TuneResult, path: str, settings_file: str | None = None) -> str:
+    args = ", ".join(f"{k}={v!r}" for k, v in result.best.settings.items())
+    lines = [
+        "import gpufeed",
+        f"dataset = gpufeed.open_dataset({str(path)!r})",
+        f"loader = gpufeed.make_loader(dataset, batch_size={result.best.batch_size}, {args})",
+    ]
+    if settings_file:
+        lines += [
+            "# or, from the file `gpufeed tune --write` made:",
+            f"loader = gpufeed.make_loader(dataset, batch_size={result.best.batch_size}, "
+            f"settings={settings_file!r})",
+            f"# or: export GPUFEED_LOADER_SETTINGS={settings_file}",
+        ]
+    return "\n".join(lines)
+
+
+def write_settings(result: TuneResult, path: str | Path) -> Path:
+    """Write the settings file atomically (make_loader's ``settings=`` reads it)."""
+    from gpufeed.formats.common import atomic_write_json
+
+    path = Path(path)
+    atomic_write_json(path, result.file_content())
+    return path
+
+
+def add_arguments(p) -> None:
+    """The ``gpufeed tune`` options (cli.py registers the subcommand)."""
+    p.add_argument("path", metavar="PATH", help="a packed dataset (gpufeed pack)")
+    p.add_argument(
+        "--batch-size",
+        "-b",
+        type=int,
+        default=256,
+        help="the batch size to start from (half and double are tried)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        metavar="LIST",
+        help="comma-separated batch sizes to try instead of half/double; give the "
+        "start alone to keep it fixed",
+    )
+    p.add_argument("--budget", type=float, default=60.0, help="seconds to spend (default 60)")
+    p.add_argument(
+        "--device", default=None, help="cuda[:N]: include the copy to the GPU and tune pin_memory"
+    )
+    p.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="skip the side-by-side check against the defaults and 1-2x cores",
+    )
+    p.add_argument("--write", metavar="FILE", help="write the settings file make_loader reads")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def main(args) -> int:
+    from gpufeed.datasets import open_dataset
+
+    log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr))
+    sizes = None
+    if args.batch_sizes:
+        sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+    dataset = open_dataset(args.path)
+    log(f"tuning {dataset!r} for about {args.budget:.0f} s")
+    result = tune(
+        dataset,
+        batch_size=args.batch_size,
+        budget_s=args.budget,
+        batch_sizes=sizes,
+        device=args.device,
+        compare=not args.no_compare,
+        log=log,
+    )
+    if args.write:
+        write_settings(result, args.write)
+        log(f"wrote {args.write}")
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+        return 0
+    print(
+        f"best: {result.best.describe()}: {result.best.samples_per_s:,.0f} samples/s "
+        f"({len(result.trials)} trials, {result.seconds:.0f} s, {result.cpus} usable CPUs)"
+    )
+    for k, r in result.ratios().items():
+        print(f"  {r:.2f}x {k.replace('_', ' ')} ({result.comparison_settings[k]})")
+    print()
+    print(snippet(result, args.path, args.write))
+    return 0

@@ -1,0 +1,1 @@
+"""The comparison suite (python -m bench.suite); see bench/suite.py."""

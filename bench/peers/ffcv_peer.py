@@ -1,0 +1,66 @@
+"""FFCV: a row when ``ffcv`` imports (it builds from source against libopencv-dev and
+libturbojpeg0-dev; see docs/benchmarks.md for what happened here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def unavailable() -> str | None:
+    try:
+        import ffcv  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - a broken build raises anything at import
+        return f"ffcv does not import: {type(exc).__name__}: {exc}"
+    return None
+
+
+def write(case, out: Path) -> None:
+    import numpy as np
+    from ffcv.fields import IntField, NDArrayField, RGBImageField
+    from ffcv.writer import DatasetWriter
+
+    from bench.data import load_raw
+
+    files, labels = case.files(), case.labels()
+
+    class Source:
+        def __len__(self):
+            return case.count
+
+        def __getitem__(self, i):
+            if case.kind == "raw":
+                return load_raw(files[i]), int(labels[i])
+            from PIL import Image
+
+            return np.asarray(Image.open(files[i]).convert("RGB")), int(labels[i])
+
+    out.mkdir(parents=True, exist_ok=True)
+    x = (
+        NDArrayField(np.dtype("uint8"), case.shape)
+        if case.kind == "raw"
+        else RGBImageField(write_mode="jpg", jpeg_quality=90)
+    )
+    DatasetWriter(str(out / "data.beton"), {"x": x, "y": IntField()}).from_indexed_dataset(Source())
+
+
+def batches(case, out: Path, *, shuffle: bool, workers: int, batch_size: int, seed: int = 0):
+    from ffcv.fields.decoders import IntDecoder, NDArrayDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import RandomHorizontalFlip, ToTensor
+
+    if case.kind == "raw":
+        x = [NDArrayDecoder(), ToTensor()]
+    else:
+        x = [
+            RandomResizedCropRGBImageDecoder((case.crop, case.crop)),
+            RandomHorizontalFlip(),
+            ToTensor(),
+        ]
+    return Loader(
+        str(out / "data.beton"),
+        batch_size=batch_size,
+        num_workers=max(1, workers),
+        order=OrderOption.QUASI_RANDOM if shuffle else OrderOption.SEQUENTIAL,
+        pipelines={"x": x, "y": [IntDecoder(), ToTensor()]},
+        seed=seed,
+    )

@@ -1,0 +1,735 @@
+"""The comparison suite: every way of reading the same samples, side by side in one run.
+
+    python -m bench.suite [--quick] [--data DIR] [--out DIR] [--rows REGEX]
+    make bench [QUICK=1]          (in the bench image: torch 2.9.1 + the peers)
+
+For each case (bench/data.py) the samples are generated once, stored by every row's writer,
+then each row runs in its own process (its imports, workers and memory apart) under each
+condition: cold or warm page cache, shuffled or storage order. A condition is one warm-up
+pass (for the peers also the choice of their best worker count), then ``--runs`` timed
+passes, each capped at ``--cap`` seconds from the first batch; the median counts.
+
+Cold cache: before every timed pass each of the row's files is dropped from the page cache
+with posix_fadvise(DONTNEED), which needs no root (and with --drop-caches, as root, also
+``echo 3 > /proc/sys/vm/drop_caches``, which drops dentries and inodes too).
+
+The read bound of a case is measured in the same run: a sequential read of the packed
+sample file (the mmap pack's, which holds nothing but the samples) after eviction when cold,
+and the same read from the page cache, a memory copy, when warm.
+
+The suite prints its table last and exits 0 only when every row ran (a peer that is not
+installed counts as not run, except FFCV, whose absence is reported). It does not assert
+speeds; docs/benchmarks.md discusses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import data as bdata  # noqa: E402
+from bench import peers as bpeers  # noqa: E402
+
+FORMATS = ("lmdb", "hdf5", "tar", "mmap")
+OPTIONAL_ROWS = {"ffcv"}
+CONDITIONS = {
+    "raw": [
+        ("cold", "shuffled"),
+        ("cold", "sequential"),
+        ("warm", "shuffled"),
+        ("warm", "sequential"),
+    ],
+    "jpeg": [("cold", "shuffled"), ("warm", "shuffled")],
+    "large": [("cold", "shuffled"), ("warm", "shuffled")],
+}
+
+
+def cpus() -> int:
+    from gpufeed import sysinfo
+
+    return sysinfo.usable_cpus().count
+
+
+def rows() -> list[tuple[str, str]]:
+    n = 2 * cpus()
+    out = [
+        ("per-file torch.load, 0 workers", "perfile:0"),
+        (f"per-file torch.load, {n} workers (2x cores)", f"perfile:{n}"),
+    ]
+    out += [(f"gpufeed {f}", f"gpufeed:{f}") for f in FORMATS]
+    out += [(name, f"peer:{name}") for name in bpeers.PEERS]
+    return out
+
+
+def row_label(case, label: str) -> str:
+    if case.kind == "jpeg":
+        return label.replace("torch.load", "PIL decode")
+    return label
+
+
+def store_dir(case, row: str) -> Path:
+    kind, _, arg = row.partition(":")
+    if kind == "perfile":
+        return case.source
+    if kind == "gpufeed":
+        return case.root / f"gpufeed-{arg}"
+    return case.root / arg
+
+
+def disk_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(dirpath, f)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def data_files(path: Path) -> list[str]:
+    out = []
+    for dirpath, _dirs, files in os.walk(path):
+        out += [os.path.join(dirpath, f) for f in files]
+    return out
+
+
+# ------------------------------------------------------------------- preparing
+
+
+def prepare(case, row: str, log) -> dict:
+    """Store the case for one row (once; kept while the data folder lives)."""
+    kind, _, arg = row.partition(":")
+    dest = store_dir(case, row)
+    marker = case.root / f".stored-{kind}-{arg}"
+    info = {"dir": str(dest)}
+    if kind != "perfile" and not marker.exists():
+        t = time.perf_counter()
+        if kind == "gpufeed":
+            import gpufeed
+
+            opts = {"shard_size": max(1, case.count // 10)} if arg == "tar" else {}
+            gpufeed.pack(case.source, dest, format=arg, overwrite=True, quiet=True, **opts)
+        else:
+            import shutil
+
+            shutil.rmtree(dest, ignore_errors=True)
+            bpeers.load(arg).write(case, dest)
+        marker.write_text(json.dumps({"write_s": time.perf_counter() - t}))
+        log(f"  stored {case.name} for {row} in {time.perf_counter() - t:.1f} s")
+    if marker.exists():
+        info.update(json.loads(marker.read_text()))
+    info["disk_bytes"] = disk_bytes(dest)
+    return info
+
+
+# ------------------------------------------------------------------- measuring
+
+
+def evict(paths: list[str], drop_caches: bool = False) -> None:
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    if drop_caches:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+
+
+class PeakRSS:
+    """Samples the summed RSS of process ``pid`` and all its descendants every 50 ms (from
+    another process: a sampling thread inside the measured one could hold a lock across a
+    DataLoader's fork)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _tree(pid: int) -> list[int]:
+        out, todo = [], [pid]
+        while todo:
+            p = todo.pop()
+            out.append(p)
+            try:
+                for task in os.listdir(f"/proc/{p}/task"):
+                    with open(f"/proc/{p}/task/{task}/children") as f:
+                        todo += [int(c) for c in f.read().split()]
+            except OSError:
+                pass
+        return out
+
+    def sample(self) -> int:
+        total = 0
+        for p in self._tree(self.pid):
+            try:
+                with open(f"/proc/{p}/statm") as f:
+                    total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            except OSError:
+                pass
+        return total
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.sample())
+            self._stop.wait(0.05)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.sample())
+
+
+class PerFileDataset:
+    """The tutorial dataset: one file per sample, opened in ``__getitem__``."""
+
+    def __init__(self, files, labels, kind, transform=None):
+        self.files, self.labels, self.kind, self.transform = files, labels, kind, transform
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        import torch
+
+        if self.kind == "raw":
+            x = torch.load(self.files[i], weights_only=True)
+        else:
+            from PIL import Image
+
+            with Image.open(self.files[i]) as img:
+                x = bdata.to_chw_uint8(img.convert("RGB"))
+            x = self.transform(x)
+        return x, int(self.labels[i])
+
+
+def make_batches(case, row: str, *, shuffle: bool, workers: int, batch_size: int, seed: int):
+    """(iterable of batches, cleanup) for one pass of one row."""
+    import torch
+
+    kind, _, arg = row.partition(":")
+    aug = bdata.Augment(case.crop) if case.kind == "jpeg" else None
+    if kind == "perfile":
+        ds = PerFileDataset(case.files(), case.labels(), case.kind, aug)
+        g = torch.Generator().manual_seed(seed)
+        dl = torch.utils.data.DataLoader(
+            ds, batch_size=batch_size, shuffle=shuffle, num_workers=int(arg), generator=g
+        )
+        return dl, lambda: None
+    if kind == "gpufeed":
+        import gpufeed
+
+        opts = {"transform": aug} if aug is not None else {}
+        path = store_dir(case, row)
+        if arg == "tar":
+            ds = gpufeed.open_dataset(
+                path,
+                shuffle_buffer=1000 if shuffle else 0,
+                shuffle_shards=shuffle,
+                seed=seed,
+                **opts,
+            )
+        else:
+            ds = gpufeed.open_dataset(path, **opts)
+        loader = gpufeed.make_loader(ds, batch_size, shuffle=shuffle, seed=seed)
+        from gpufeed.bench import _shutdown
+
+        def cleanup():
+            _shutdown(loader)
+            close = getattr(ds, "close", None) or getattr(ds.reader, "close", None)
+            close()
+
+        return loader, cleanup
+    dl = bpeers.load(arg).batches(
+        case,
+        store_dir(case, row),
+        shuffle=shuffle,
+        workers=workers,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    return dl, lambda: None
+
+
+def one_pass(case, row, *, shuffle, workers, batch_size, cap_s, seed=0) -> dict:
+    from gpufeed.bench import time_batches
+
+    t0 = time.perf_counter()
+    batches, cleanup = make_batches(
+        case, row, shuffle=shuffle, workers=workers, batch_size=batch_size, seed=seed
+    )
+    made = time.perf_counter() - t0
+    try:
+        r = time_batches(batches, max_samples=case.count, max_seconds=cap_s)
+    finally:
+        it = getattr(batches, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        cleanup()
+        del batches
+        gc.collect()
+    return {
+        "samples_per_s": r.samples_per_s,
+        "first_batch_s": made + r.first_batch_s,
+        "samples": r.samples,
+        "stopped_by": r.stopped_by,
+    }
+
+
+def run_row(spec: dict) -> dict:
+    """In the row's own process: every condition, warm-up first, then the timed passes."""
+    case = next(c for c in bdata.cases(Path(spec["data"]), spec["quick"]) if c.name == spec["case"])
+    row = spec["row"]
+    kind = row.partition(":")[0]
+    files = data_files(store_dir(case, row))
+    bs, cap, runs = spec["batch_size"], spec["cap"], spec["runs"]
+    n = cpus()
+    workers = 0
+    out = {"conditions": {}}
+    for ci, (cache, order) in enumerate(spec["conditions"]):
+        shuffle = order == "shuffled"
+        if kind == "peer" and ci == 0:
+            # the peer's best worker count here (its warm-up too): fastest of 1x and 2x cores
+            tried = {}
+            for w in (n, 2 * n):
+                tried[w] = one_pass(
+                    case, row, shuffle=shuffle, workers=w, batch_size=bs, cap_s=cap
+                )["samples_per_s"]
+            workers = max(tried, key=tried.get)
+            out["workers_tried"] = tried
+        else:
+            one_pass(case, row, shuffle=shuffle, workers=workers, batch_size=bs, cap_s=cap)
+        passes = []
+        for k in range(runs):
+            if cache == "cold":
+                evict(files, spec["drop_caches"])
+            passes.append(
+                one_pass(
+                    case,
+                    row,
+                    shuffle=shuffle,
+                    workers=workers,
+                    batch_size=bs,
+                    cap_s=cap,
+                    seed=k + 1,
+                )
+            )
+        out["conditions"][f"{cache}/{order}"] = {
+            "samples_per_s": statistics.median(p["samples_per_s"] for p in passes),
+            "first_batch_s": statistics.median(p["first_batch_s"] for p in passes),
+            "runs": [p["samples_per_s"] for p in passes],
+            "samples_per_run": [p["samples"] for p in passes],
+        }
+    out["workers"] = workers if kind == "peer" else None
+    if kind == "gpufeed":
+        from gpufeed.loader import _PLAN_CACHE
+
+        plans = list(_PLAN_CACHE.values())
+        out["workers"] = plans[-1][0] if plans else None
+    elif kind == "perfile":
+        out["workers"] = int(row.partition(":")[2])
+    return out
+
+
+def read_bound(case, drop_caches: bool, runs: int) -> dict:
+    """Samples/s of the fastest possible read of the case's bytes: a sequential read of the
+    mmap pack's sample file, cold (evicted first) and warm (from the page cache)."""
+    d = store_dir(case, "gpufeed:mmap")
+    path = d / ("samples.npy" if case.kind == "raw" else "encoded.npy")
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+
+    def read() -> float:
+        t = time.perf_counter()
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(view):
+                pass
+        return time.perf_counter() - t
+
+    out = {}
+    for cache in ("cold", "warm"):
+        times = []
+        read()  # warm-up (and for warm: into the cache)
+        for _ in range(runs):
+            if cache == "cold":
+                evict([str(path)], drop_caches)
+            times.append(read())
+        t = statistics.median(times)
+        out[cache] = {"samples_per_s": case.count / t, "MBps": path.stat().st_size / t / 1e6}
+    return out
+
+
+# ------------------------------------------------------------------- reporting
+
+
+def build_table(results: dict) -> list[dict]:
+    table = []
+    for case_name, cr in results["cases"].items():
+        bound = cr["bound"]
+        sample_bytes = cr["sample_bytes"]
+        for cond in cr["conditions"]:
+            cache = cond.split("/")[0]
+            base = cr["rows"].get("perfile:0", {}).get("conditions", {}).get(cond)
+            for row, rr in cr["rows"].items():
+                if "error" in rr or "skipped" in rr:
+                    table.append(
+                        {
+                            "case": case_name,
+                            "condition": cond,
+                            "row": rr["label"],
+                            "status": rr.get("error") or rr.get("skipped"),
+                        }
+                    )
+                    continue
+                c = rr["conditions"][cond]
+                sps = c["samples_per_s"]
+                table.append(
+                    {
+                        "case": case_name,
+                        "condition": cond,
+                        "row": rr["label"],
+                        "key": row,
+                        "samples_per_s": sps,
+                        "MBps": sps * sample_bytes / 1e6,
+                        "vs_perfile": sps / base["samples_per_s"] if base else None,
+                        "vs_bound": sps / bound[cache]["samples_per_s"],
+                        "first_batch_s": c["first_batch_s"],
+                        "peak_rss_MB": rr["peak_rss_bytes"] / 1e6,
+                        "disk_MB": rr["disk_bytes"] / 1e6,
+                        "workers": rr.get("workers"),
+                    }
+                )
+            table.append(
+                {
+                    "case": case_name,
+                    "condition": cond,
+                    "row": "read bound",
+                    "samples_per_s": bound[cache]["samples_per_s"],
+                    "MBps": bound[cache]["MBps"],
+                    "vs_bound": 1.0,
+                }
+            )
+    return table
+
+
+def fmt_table(table: list[dict]) -> str:
+    head = (
+        "case",
+        "cache/order",
+        "row",
+        "samples/s",
+        "MB/s",
+        "x per-file",
+        "vs bound",
+        "1st batch s",
+        "peak RSS MB",
+        "disk MB",
+        "workers",
+    )
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for t in table:
+        if "status" in t:
+            lines.append(
+                f"| {t['case']} | {t['condition']} | {t['row']} | not run: "
+                f"{t['status']} |" + " |" * (len(head) - 4)
+            )
+            continue
+
+        def f(key, spec, t=t):
+            v = t.get(key)
+            return "" if v is None else format(v, spec)
+
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    t["case"],
+                    t["condition"],
+                    t["row"],
+                    f("samples_per_s", ",.0f"),
+                    f("MBps", ",.1f"),
+                    f("vs_perfile", ".1f"),
+                    f("vs_bound", ".0%"),
+                    f("first_batch_s", ".2f"),
+                    f("peak_rss_MB", ",.0f"),
+                    f("disk_MB", ",.0f"),
+                    str(t.get("workers", "") or ("0" if t.get("workers") == 0 else "")),
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def goals(table: list[dict]) -> list[str]:
+    """Where each speed goal stands (no assertion: the note reports it)."""
+    out = []
+    by = {}
+    for t in table:
+        if "samples_per_s" in t and "key" in t:
+            by.setdefault((t["case"], t["condition"]), {})[t["key"]] = t
+    for (case, cond), rows_ in sorted(by.items()):
+        g = {k: v for k, v in rows_.items() if k.startswith("gpufeed:")}
+        p = {k: v for k, v in rows_.items() if k.startswith("peer:")}
+        if not g:
+            continue
+        worst = min(g.values(), key=lambda t: t["samples_per_s"])
+        line = f"{case} {cond}: slowest gpufeed format {worst['key'][8:]} "
+        if worst.get("vs_perfile"):
+            line += f"{worst['vs_perfile']:.1f}x per-file"
+        if p:
+            bp = max(p.values(), key=lambda t: t["samples_per_s"])
+            line += (
+                f"; {worst['samples_per_s'] / bp['samples_per_s']:.2f}x the best peer "
+                f"({bp['key'][5:]})"
+            )
+        best = max(g.values(), key=lambda t: t["samples_per_s"])
+        line += f"; best gpufeed {best['key'][8:]} at {best['vs_bound']:.0%} of the read bound"
+        out.append(line)
+    return out
+
+
+def chart(table: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    groups = [(c, k) for c, k in dict.fromkeys((t["case"], t["condition"]) for t in table)]
+    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 2.6 * len(groups)))
+    axes = np.atleast_1d(axes)
+    for ax, (case, cond) in zip(axes, groups, strict=True):
+        ts = [
+            t
+            for t in table
+            if t["case"] == case and t["condition"] == cond and "samples_per_s" in t
+        ]
+        names = [t["row"] for t in ts]
+        vals = [t["samples_per_s"] for t in ts]
+        colors = [
+            "#2b7bba"
+            if t["row"].startswith("gpufeed")
+            else "#999999"
+            if t["row"] == "read bound"
+            else "#d95f02"
+            if t["row"].startswith("per-file")
+            else "#66a61e"
+            for t in ts
+        ]
+        ax.barh(names, vals, color=colors)
+        ax.set_xscale("log")
+        ax.invert_yaxis()
+        ax.set_title(f"{case}, {cond}: samples/s (log scale)", fontsize=9)
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+# ------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        default=os.environ.get("QUICK") == "1",
+        help="a tenth of the data, short passes (env QUICK=1)",
+    )
+    ap.add_argument(
+        "--data",
+        default=os.environ.get("BENCH_DATA", "/tmp/gpufeed-bench"),
+        help="where the generated data lives (kept between runs)",
+    )
+    ap.add_argument(
+        "--out",
+        default=os.environ.get("BENCH_OUT", "bench/results"),
+        help="results.json, results.md and benchmarks.png go here",
+    )
+    ap.add_argument("--rows", default=None, help="only rows whose key matches this regex")
+    ap.add_argument("--cases", default=None, help="only these cases (comma-separated)")
+    ap.add_argument("--runs", type=int, default=3, help="timed passes per row and condition")
+    ap.add_argument(
+        "--cap",
+        type=float,
+        default=None,
+        help="seconds per pass from the first batch (default 8, quick 0.3)",
+    )
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="also echo 3 > /proc/sys/vm/drop_caches before cold passes (root)",
+    )
+    ap.add_argument(
+        "--row-timeout",
+        type=float,
+        default=None,
+        help="seconds one row may take before it is killed and marked failed "
+        "(default 900, quick 120)",
+    )
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print("@@RESULT " + json.dumps(run_row(json.loads(args.child))), flush=True)
+        return 0
+    cap = args.cap or (0.3 if args.quick else 8.0)
+    args.row_timeout = args.row_timeout or (120 if args.quick else 900)
+    data_root = Path(args.data) / ("quick" if args.quick else "full")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+
+    def log(msg):
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    import torch
+
+    results = {
+        "quick": args.quick,
+        "cpus": cpus(),
+        "torch": torch.__version__,
+        "batch_size": args.batch_size,
+        "runs": args.runs,
+        "cap_s": cap,
+        "cases": {},
+    }
+    all_ran = True
+    selected = bdata.cases(data_root, args.quick)
+    if args.cases:
+        want = set(args.cases.split(","))
+        selected = [c for c in selected if c.name in want]
+    for case in selected:
+        log(f"case {case.name}: {case.count} samples {case.kind} {list(case.shape)}")
+        bdata.generate(case)
+        cr = {
+            "count": case.count,
+            "sample_bytes": case.sample_bytes(),
+            "rows": {},
+            "conditions": [f"{a}/{b}" for a, b in CONDITIONS[case.name]],
+        }
+        results["cases"][case.name] = cr
+        todo = []
+        for label, row in rows():
+            if args.rows and not re.search(args.rows, row):
+                continue
+            entry = cr["rows"][row] = {"label": row_label(case, label)}
+            if row.startswith("peer:"):
+                why = bpeers.missing(row[5:])
+                if why:
+                    entry["skipped"] = why
+                    all_ran &= row[5:] in OPTIONAL_ROWS
+                    log(f"  {row}: not run: {why}")
+                    continue
+            try:
+                entry.update(prepare(case, row, log))
+                todo.append(row)
+            except Exception as exc:  # noqa: BLE001 - the table says which row failed and why
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+                all_ran = False
+                log(f"  {row}: store failed: {entry['error']}")
+        cr["bound"] = read_bound(case, args.drop_caches, args.runs)
+        log(
+            f"  read bound: cold {cr['bound']['cold']['MBps']:,.0f} MB/s, warm "
+            f"{cr['bound']['warm']['MBps']:,.0f} MB/s"
+        )
+        for row in todo:
+            spec = {
+                "data": str(data_root),
+                "quick": args.quick,
+                "case": case.name,
+                "row": row,
+                "conditions": CONDITIONS[case.name],
+                "runs": args.runs,
+                "cap": cap,
+                "batch_size": args.batch_size,
+                "drop_caches": args.drop_caches,
+            }
+            env = dict(
+                os.environ,
+                PYTHONPATH=os.pathsep.join(
+                    [str(REPO), str(REPO / "app" / "src"), os.environ.get("PYTHONPATH", "")]
+                ),
+            )
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "bench.suite", "--child", json.dumps(spec)],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            with PeakRSS(proc.pid) as rss:
+                try:
+                    stdout, stderr = proc.communicate(timeout=args.row_timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, 9)
+                    stdout, stderr = proc.communicate()
+                    stderr += f"\nrow timed out after {args.row_timeout} s"
+            res = [ln for ln in stdout.splitlines() if ln.startswith("@@RESULT ")]
+            if proc.returncode != 0 or not res:
+                tail = (stderr or stdout).strip().splitlines()[-3:]
+                cr["rows"][row]["error"] = " / ".join(tail)[-300:] or f"exit {proc.returncode}"
+                all_ran = False
+                log(f"  {row}: FAILED: {cr['rows'][row]['error']}")
+                continue
+            cr["rows"][row].update(json.loads(res[-1][len("@@RESULT ") :]))
+            cr["rows"][row]["peak_rss_bytes"] = rss.peak
+            summary = ", ".join(
+                f"{k} {v['samples_per_s']:,.0f}/s" for k, v in cr["rows"][row]["conditions"].items()
+            )
+            log(f"  {row}: {summary}")
+    results["seconds"] = time.perf_counter() - t_start
+    table = build_table(results)
+    results["table"] = table
+    results["goals"] = goals(table)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    md = fmt_table(table)
+    (out_dir / "results.md").write_text(
+        md + "\n\n" + "\n".join(f"- {g}" for g in results["goals"]) + "\n"
+    )
+    drew = chart(table, out_dir / "benchmarks.png")
+    print(md)
+    print()
+    for g in results["goals"]:
+        print(g)
+    print(
+        f"\n{'every row ran' if all_ran else 'NOT every row ran'}; {results['seconds']:.0f} s;"
+        f" results in {out_dir}" + ("" if drew else " (no matplotlib: no chart)")
+    )
+    return 0 if all_ran else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
