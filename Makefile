@@ -57,7 +57,7 @@ BUILD := docker buildx build --progress=$(if $(CI),plain,auto) -f docker/Dockerf
 IMAGE_TEST_ENV := JUPYTER_IMAGE=$(JUPYTER_IMAGE) SSH_IMAGE=$(SSH_IMAGE)
 
 .PHONY: help build build-jupyter build-ssh standin lock test test-unit test-entrypoints \
-	test-images lint venv up down ssh push clean
+	test-images lint venv up down ssh push clean bench bench-image smoke-gpu
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -103,6 +103,29 @@ test-images: $(VENV_STAMP) build ## tests against real containers of the built i
 	$(IMAGE_TEST_ENV) $(VENV)/bin/python -m pytest tests/images $(PYTEST_ARGS)
 
 test: lint test-unit test-images ## everything: lint, unit, entrypoints, images
+
+# The comparison suite runs in the bench image (runtime + the peers, torch 2.9.1) on the working
+# tree mounted read-only; generated data is kept in BENCH_DATA between runs.
+BENCH_IMAGE ?= $(IMAGE_NAME)-bench:$(TAG)
+BENCH_DATA ?= /tmp/gpufeed-bench
+BENCH_OUT ?= bench/results
+QUICK ?= 0
+# The Python with torch that smoke-gpu runs (on a GPU runner: the image's, or a CUDA venv).
+SMOKE_PYTHON ?= python3
+
+bench-image: $(BASE_DEPENDENCY) ## build the bench image (runtime + WebDataset, LitData, MDS)
+	$(BUILD) --target bench -t $(BENCH_IMAGE) .
+
+bench: bench-image ## comparison suite vs per-file loading and the peers (QUICK=1: a tenth of the data)
+	mkdir -p $(BENCH_DATA) $(BENCH_OUT)
+	docker run --rm --shm-size=4g --user "$$(id -u):$$(id -g)" -e HOME=/tmp -e QUICK=$(QUICK) \
+		-e GPUFEED_ALLOW_CPU=1 -e GPUFEED_PREFLIGHT_QUIET=1 -e PYTHONPATH=/src:/src/app/src \
+		-v "$(CURDIR):/src:ro" -v "$(abspath $(BENCH_DATA)):/bench-data" \
+		-v "$(abspath $(BENCH_OUT)):/bench-out" -w /src $(BENCH_IMAGE) \
+		python -m bench.suite --data /bench-data --out /bench-out $(BENCH_ARGS)
+
+smoke-gpu: ## GPU smoke benchmark; exits non-zero when GPUFEED_EXPECT_GPU=1 and no CUDA is visible
+	PYTHONPATH=app/src $(SMOKE_PYTHON) bench/smoke_gpu.py $(SMOKE_ARGS)
 
 up: ## docker compose up jupyter and ssh (GPU)
 	docker compose up -d jupyter ssh
