@@ -99,8 +99,8 @@ def test_break_records_finished_steps_and_reports_once():
     for i, _ in enumerate(w):
         if i == 4:
             break
-    assert len(w.step) == 4  # the step that broke never finished
-    assert out.getvalue().count("gpufeed.watch: 4 steps") == 1
+    assert len(w.step) == 5  # the step that broke out counts: its body had finished
+    assert out.getvalue().count("gpufeed.watch: 5 steps") == 1
 
 
 def test_context_manager_spans_passes_and_reports_at_exit():

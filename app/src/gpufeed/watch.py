@@ -303,7 +303,16 @@ class Watch:
                 except StopIteration:
                     break
                 t1 = clock()
-                yield batch
+                try:
+                    yield batch
+                except GeneratorExit:  # the loop broke out after finishing this step
+                    wait(t1 - t0)
+                    step(clock() - t1)
+                    samples(_samples(batch))
+                    passes(pass_no)
+                    util(nan)
+                    mem(nan)
+                    raise
                 if sync is not None:
                     sync()
                 t2 = clock()
