@@ -109,8 +109,10 @@ class DoctorReport:
         }
 
     def format(self) -> str:
+        from gpufeed import __version__
+
         tags = {OK: " OK ", WARN: "WARN", FAIL: "FAIL", INFO: "INFO"}
-        lines, section = [], None
+        lines, section = [f"gpufeed doctor ({__version__})"], None
         for c in self.checks:
             if c.section != section:
                 section = c.section
@@ -1141,7 +1143,7 @@ def diagnose(
     )
     checks += host
     if check_dataset:
-        data = str(data_dir or env.get("GPUFEED_DATA_DIR") or "/data")
+        data = os.path.abspath(data_dir or env.get("GPUFEED_DATA_DIR") or "/data")
         checks += _dataset_checks(data, walk_seconds, probe_seconds)
     return DoctorReport(checks, time.perf_counter() - start)
 
