@@ -39,8 +39,14 @@ class Case:
         return self.root / "source"
 
     def files(self) -> list[str]:
+        """Absolute paths, in gpufeed's sample order (files.json keeps them relative to the
+        case folder, so the data folder can be mounted anywhere)."""
         listing = self.root / "files.json"
-        return json.loads(listing.read_text())["files"]
+        rel = json.loads(listing.read_text())["files"]
+        return [
+            str(self.source / p.split("/source/", 1)[1]) if os.path.isabs(p) else str(self.root / p)
+            for p in rel
+        ]
 
     def labels(self) -> np.ndarray:
         return np.load(self.root / "labels.npy")
@@ -102,7 +108,8 @@ def generate(case: Case, seed: int = 0) -> None:
     labels = labels[order]
     np.save(case.root / "labels.npy", labels)
     tmp = done.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"files": files, "payload_bytes": payload}))
+    rel = [str(Path(f).relative_to(case.root)) for f in files]
+    tmp.write_text(json.dumps({"files": rel, "payload_bytes": payload}))
     os.replace(tmp, done)
 
 

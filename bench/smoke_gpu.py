@@ -60,8 +60,10 @@ def main(argv=None) -> int:
     expect = os.environ.get(EXPECT_GPU_ENV, "") not in ("", "0")
     cuda = torch.cuda.is_available()
     report: dict = {"torch": torch.__version__, "cuda_build": torch.version.cuda, "cuda": cuda}
-    print(f"torch {torch.__version__} (CUDA build {torch.version.cuda}); "
-          f"CUDA visible: {cuda}", flush=True)
+    print(
+        f"torch {torch.__version__} (CUDA build {torch.version.cuda}); CUDA visible: {cuda}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         shape = (3, args.size, args.size)
         pack = make_pack(Path(tmp), args.samples, shape)
@@ -89,9 +91,11 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     if not cuda and expect:
-        print(f"error: {EXPECT_GPU_ENV}=1 but torch sees no CUDA device; check the driver, "
-              f"`nvidia-smi`, and that the container was given the GPU (--gpus all)",
-              file=sys.stderr)
+        print(
+            f"error: {EXPECT_GPU_ENV}=1 but torch sees no CUDA device; check the driver, "
+            f"`nvidia-smi`, and that the container was given the GPU (--gpus all)",
+            file=sys.stderr,
+        )
         return 1
     print(f"smoke-gpu done in {report['seconds']:.1f} s")
     return 0

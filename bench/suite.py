@@ -57,6 +57,14 @@ CONDITIONS = {
     "jpeg": [("cold", "shuffled"), ("warm", "shuffled")],
     "large": [("cold", "shuffled"), ("warm", "shuffled")],
 }
+# QUICK: every row, fewer conditions, one timed pass each (a check that all runs, not numbers)
+QUICK_CONDITIONS = {
+    "raw": [("cold", "shuffled"), ("warm", "sequential")],
+    "jpeg": [("warm", "shuffled")],
+    "large": [("cold", "shuffled")],
+}
+# 432 KiB samples: 32 a batch (110 MB batches of 256 would be no one's setting)
+BATCH_SIZE = {"large": 32}
 
 
 def cpus() -> int:
@@ -578,7 +586,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--rows", default=None, help="only rows whose key matches this regex")
     ap.add_argument("--cases", default=None, help="only these cases (comma-separated)")
-    ap.add_argument("--runs", type=int, default=3, help="timed passes per row and condition")
+    ap.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="timed passes per row and condition (default 3, quick 1)",
+    )
     ap.add_argument(
         "--cap",
         type=float,
@@ -604,6 +617,7 @@ def main(argv=None) -> int:
         print("@@RESULT " + json.dumps(run_row(json.loads(args.child))), flush=True)
         return 0
     cap = args.cap or (0.3 if args.quick else 8.0)
+    runs = args.runs or (1 if args.quick else 3)
     args.row_timeout = args.row_timeout or (120 if args.quick else 900)
     data_root = Path(args.data) / ("quick" if args.quick else "full")
     out_dir = Path(args.out)
@@ -620,7 +634,7 @@ def main(argv=None) -> int:
         "cpus": cpus(),
         "torch": torch.__version__,
         "batch_size": args.batch_size,
-        "runs": args.runs,
+        "runs": runs,
         "cap_s": cap,
         "cases": {},
     }
@@ -632,11 +646,14 @@ def main(argv=None) -> int:
     for case in selected:
         log(f"case {case.name}: {case.count} samples {case.kind} {list(case.shape)}")
         bdata.generate(case)
+        conditions = (QUICK_CONDITIONS if args.quick else CONDITIONS)[case.name]
+        bs = BATCH_SIZE.get(case.name, args.batch_size)
         cr = {
             "count": case.count,
             "sample_bytes": case.sample_bytes(),
             "rows": {},
-            "conditions": [f"{a}/{b}" for a, b in CONDITIONS[case.name]],
+            "batch_size": bs,
+            "conditions": [f"{a}/{b}" for a, b in conditions],
         }
         results["cases"][case.name] = cr
         todo = []
@@ -658,7 +675,7 @@ def main(argv=None) -> int:
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 all_ran = False
                 log(f"  {row}: store failed: {entry['error']}")
-        cr["bound"] = read_bound(case, args.drop_caches, args.runs)
+        cr["bound"] = read_bound(case, args.drop_caches, runs)
         log(
             f"  read bound: cold {cr['bound']['cold']['MBps']:,.0f} MB/s, warm "
             f"{cr['bound']['warm']['MBps']:,.0f} MB/s"
@@ -669,10 +686,10 @@ def main(argv=None) -> int:
                 "quick": args.quick,
                 "case": case.name,
                 "row": row,
-                "conditions": CONDITIONS[case.name],
-                "runs": args.runs,
+                "conditions": conditions,
+                "runs": runs,
                 "cap": cap,
-                "batch_size": args.batch_size,
+                "batch_size": bs,
                 "drop_caches": args.drop_caches,
             }
             env = dict(

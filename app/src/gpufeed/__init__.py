@@ -67,6 +67,12 @@ _EXPORTS = {
     "Watch": "gpufeed.watch",
     "WatchSummary": "gpufeed.watch",
     "synth_image_folder": "gpufeed.synth",
+    # measuring and tuning (gpufeed.bench, gpufeed.tune: the modules keep those names)
+    "BenchResult": "gpufeed.bench",
+    "time_batches": "gpufeed.bench",
+    "run_bench": "gpufeed.bench",
+    "gpu_report": "gpufeed.bench",
+    "TuneResult": "gpufeed.tune",
 }
 
 

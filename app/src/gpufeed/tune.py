@@ -175,8 +175,8 @@ def tune(
     cuda = bool(device) and str(device).startswith("cuda") and torch.cuda.is_available()
     to_device = device if cuda else None
     search_budget = budget_s * (0.7 if compare else 1.0)
-    # about 16 trials fit a search; each at least 0.4 s of steady reading
-    trial_s = max(0.4, search_budget / 16)
+    # about 16 trials fit a search; each at least 0.25 s of steady reading
+    trial_s = max(0.25, search_budget / 16)
     trials: list[Trial] = []
 
     def left() -> float:
@@ -285,7 +285,7 @@ def _compare(dataset, result: TuneResult, budget: float, to_device, log) -> None
         "2x_cores": f"batch_size={bs}, num_workers={2 * result.cpus}",
     }
     rounds = 3
-    seconds = max(0.4, budget / (rounds * len(contenders)))
+    seconds = max(0.2, budget / (rounds * len(contenders)))
     rates: dict[str, list[float]] = {k: [] for k in contenders}
     for _ in range(rounds):
         for name, settings in contenders.items():
