@@ -212,7 +212,7 @@ def main(argv=None) -> None:
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(start_epoch, args.epochs):
         batches.set_epoch(epoch)
-        total, count, t0 = torch.zeros(2, device=device), 0, time.perf_counter()
+        loss_sum, count, t0 = torch.zeros((), device=device), 0, time.perf_counter()
         for samples, labels in batches:
             loss = loss_fn(ddp(samples), labels)
             optimizer.zero_grad(set_to_none=True)
@@ -220,7 +220,7 @@ def main(argv=None) -> None:
             optimizer.step()
             step += 1
             count += len(labels)
-            total += torch.stack([loss.detach() * len(labels), torch.tensor(float(len(labels)))])
+            loss_sum += loss.detach() * len(labels)  # no host sync per step
             if log is not None:
                 row = {"attempt": attempt, "epoch": epoch, "step": step, "loss": loss.item()}
                 row["host"] = host
@@ -230,6 +230,7 @@ def main(argv=None) -> None:
             if step % args.checkpoint_every == 0:
                 save_checkpoint(ckpt, rank, ddp, optimizer, batches, step)
         save_checkpoint(ckpt, rank, ddp, optimizer, batches, step)
+        total = torch.stack([loss_sum, torch.tensor(float(count), device=device)])
         dist.all_reduce(total)
         if rank == 0:
             rate = count * world / (time.perf_counter() - t0)
