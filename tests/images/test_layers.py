@@ -14,6 +14,28 @@ from pathlib import Path
 import pytest
 
 SMALL = 16 * 1024  # keys (RSA 4096: 3.3 kB) and tokens are small; larger files are not read
+# Code and assets of the venv (tens of thousands of files) are not where a key lands by mistake;
+# skipping their contents keeps the scan to about a minute. Their names are still checked.
+CODE_SUFFIXES = (
+    ".py",
+    ".pyc",
+    ".pyi",
+    ".so",
+    ".h",
+    ".hpp",
+    ".cuh",
+    ".js",
+    ".mjs",
+    ".map",
+    ".css",
+    ".svg",
+    ".png",
+    ".woff",
+    ".woff2",
+    ".ttf",
+    ".mo",
+    ".typed",
+)
 # Test fixtures that third-party packages ship (tornado's test.key, say) are not our secrets.
 FIXTURE_PATTERNS = ("*/site-packages/*/test/*", "*/site-packages/*/tests/*")
 FORBIDDEN_NAMES = (
@@ -27,6 +49,8 @@ def finding(path: str, read) -> str | None:
     if any(fnmatch.fnmatch(path, pattern) for pattern in FORBIDDEN_NAMES):
         return f"{path}: must be made at run time, not shipped"
     if any(fnmatch.fnmatch(path, pattern) for pattern in FIXTURE_PATTERNS):
+        return None
+    if path.endswith(CODE_SUFFIXES) or ".so." in path:
         return None
     data = read()
     if data is not None and b"PRIVATE KEY-----" in data:
