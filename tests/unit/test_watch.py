@@ -82,6 +82,10 @@ def test_advice_names_the_setting(monkeypatch):
     for _ in w:
         pass
     assert any("already use the 8 usable CPUs" in a for a in w.summary().advice)
+    w = quiet(slow_loader(6, 0.01))  # a bare iterable: no worker setting to raise
+    for _ in w:
+        pass
+    assert any("gpufeed.make_loader" in a for a in w.summary().advice)
 
 
 def test_first_batch_is_startup_not_steady_wait():
@@ -122,6 +126,8 @@ def test_context_manager_spans_passes_and_reports_at_exit():
         ((torch.zeros(5, 2), torch.zeros(5)), 5),
         ({"x": torch.zeros(6, 1)}, 6),
         ([[torch.zeros(2)]], 2),
+        ([0.5] * 32, 32),
+        ((["a", "b", "c"], torch.zeros(3)), 3),
         ("not a batch", 1),
     ],
 )

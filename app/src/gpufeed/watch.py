@@ -46,7 +46,12 @@ def _samples(batch: Any) -> int:
         if shape is not None:
             return int(shape[0]) if len(shape) else 1
         if isinstance(batch, (list, tuple)) and batch:
-            batch = batch[0]
+            first = batch[0]
+            if getattr(first, "shape", None) is None and not isinstance(
+                first, (list, tuple, Mapping)
+            ):
+                return len(batch)  # a list of samples (numbers, strings, images)
+            batch = first
         elif isinstance(batch, Mapping) and batch:
             batch = next(iter(batch.values()))
         else:
@@ -185,7 +190,12 @@ def _advice(loader: Any, fraction: float, waits: list[float], uses_cuda: bool) -
         )
     elif workers is not None and workers < target:
         tips.append(f"raise num_workers from {workers} to {target} ({cpus} usable CPUs)")
-    elif workers is not None:
+    elif workers is None:
+        tips.append(
+            f"load with worker processes: gpufeed.make_loader(dataset, batch_size) measures "
+            f"how many of the {cpus} usable CPUs help"
+        )
+    else:
         tips.append(
             f"{workers} workers already use the {cpus} usable CPUs: make each sample cheaper "
             "(gpufeed pack --encode raw --resize HxW decodes once, at pack time; move "
