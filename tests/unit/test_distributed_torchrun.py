@@ -107,7 +107,7 @@ def _free_port():
 
 
 def _tar_pack(tmp_path_factory):
-    from conftest import write_arrays
+    from unit_sources import write_arrays
 
     import gpufeed
 

@@ -7,7 +7,7 @@ import torch
 gpufeed = pytest.importorskip("gpufeed")
 pytest.importorskip("gpufeed.datasets")
 
-from conftest import write_arrays  # noqa: E402
+from unit_sources import write_arrays  # noqa: E402
 
 from gpufeed.loader import make_loader  # noqa: E402
 

@@ -1,0 +1,59 @@
+"""Source trees for gpufeed's unit tests (a module of its own: a test that imported these from
+`conftest` would get whichever conftest was imported first, tests/entrypoints' say)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON_ENV = {**os.environ, "PYTHONPATH": str(ROOT / "app" / "src")}
+
+
+def write_images(root: Path, classes: dict[str, int], size=(12, 16), ext=".png", seed=0):
+    """class name -> count images of random pixels (H x W = size); returns sorted paths."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    paths = []
+    for name, count in classes.items():
+        d = root / name
+        d.mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+            p = d / f"img{i:04d}{ext}"
+            options = {"quality": 90} if ext == ".jpg" else {}
+            Image.fromarray(pixels).save(p, **options)
+            paths.append(p)
+    return sorted(paths)
+
+
+def write_arrays(
+    root: Path,
+    classes: dict[str, int] | None,
+    count=0,
+    shape=(3, 4, 5),
+    seed=0,
+    dtype=np.uint8,
+    ext=".npy",
+):
+    """.npy (or .pt) files of random values, in class subfolders or flat; returns paths."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    groups = classes.items() if classes else [("", count)]
+    for name, n in groups:
+        d = root / name if name else root
+        d.mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            arr = (rng.random(shape) * 250).astype(dtype)
+            p = d / f"a{i:05d}{ext}"
+            if ext == ".pt":
+                import torch
+
+                torch.save(torch.from_numpy(arr), p)
+            else:
+                np.save(p, arr)
+            paths.append(p)
+    return sorted(paths)
