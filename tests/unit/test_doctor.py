@@ -3,6 +3,7 @@ host limits from cgroup fixtures, the dataset probes, and the CLI's exit status 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -16,8 +17,24 @@ from gpufeed import doctor
 from gpufeed.doctor import FAIL, INFO, OK, WARN, diagnose, version_cmp
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "entrypoints"))
-from preflight_harness import PREFLIGHT, SCENARIOS, Sandbox, run_preflight  # noqa: E402
+
+
+def _load_harness():
+    # By file, not through sys.path: tests/entrypoints on sys.path would make its conftest
+    # shadow this folder's for `import conftest` elsewhere.
+    if "preflight_harness" in sys.modules:  # the entrypoint tests ran first
+        return sys.modules["preflight_harness"]
+    path = ROOT / "tests" / "entrypoints" / "preflight_harness.py"
+    spec = importlib.util.spec_from_file_location("preflight_harness", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["preflight_harness"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_harness = _load_harness()
+PREFLIGHT, SCENARIOS = _harness.PREFLIGHT, _harness.SCENARIOS
+Sandbox, run_preflight = _harness.Sandbox, _harness.run_preflight
 
 CGROUPS = Path(__file__).parent / "fixtures" / "cgroup"
 
