@@ -215,7 +215,7 @@ class PackedDataset(_SampleReading, Dataset):
     (__getitem__ returns None, which gpufeed.collate drops) and count it in ``skipped``
     (per process: each DataLoader worker counts its own). decode=False returns encoded samples
     as 1-D uint8 tensors (e.g. for GPU JPEG decoding). Other keyword options go to the reader
-    (hdf5: use_mmap, rdcc_mb).
+    (hdf5: use_mmap, rdcc_mb; lmdb: readahead).
     """
 
     format_name: str | None = None
