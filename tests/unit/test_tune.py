@@ -56,6 +56,15 @@ def test_tune_keeps_cheap_samples_in_process_and_compares():
     assert result.ratios()["2x_cores"] > 1.0
 
 
+def test_tune_keeps_to_its_budget_with_worker_start_up():
+    # every trial pays worker start-up and shutdown; the budget has to hold them too
+    t = time.perf_counter()
+    result = tune.tune(SleepyDataset(), batch_size=16, budget_s=4, cpus=2)
+    took = time.perf_counter() - t
+    assert took <= 4.4, f"tune took {took:.2f} s for a 4 s budget"
+    assert set(result.comparison) == {"tuned", "defaults", "1x_cores", "2x_cores"}
+
+
 def test_tune_command_writes_settings_make_loader_reads(tmp_path, array_folder, capsys):
     dest = tmp_path / "pack"
     gpufeed.pack(array_folder, dest, format="hdf5", workers=1, quiet=True)

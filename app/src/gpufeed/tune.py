@@ -161,7 +161,9 @@ def tune(
     compare: bool = True,
     log: Callable[[str], None] = lambda s: None,
 ) -> TuneResult:
-    """Search loader settings for ``dataset`` within about ``budget_s`` seconds."""
+    """Search loader settings for ``dataset`` within ``budget_s`` seconds: every trial's
+    start-up and shutdown count against the budget, and a trial that would end past it is
+    not started (the first two, in-process and one worker, always run)."""
     import torch
     from torch.utils.data import IterableDataset
 
@@ -170,20 +172,33 @@ def tune(
     from gpufeed.samplers import DEFAULT_BLOCK_SIZE
 
     t_start = time.perf_counter()
+    # 3% kept back: shutdowns vary more than start-ups, and the budget is a promise
+    deadline = t_start + budget_s * 0.97
     cpus = cpus or sysinfo.usable_cpus().count
     iterable = isinstance(dataset, IterableDataset)
     cuda = bool(device) and str(device).startswith("cuda") and torch.cuda.is_available()
     to_device = device if cuda else None
-    search_budget = budget_s * (0.7 if compare else 1.0)
+    search_end = t_start + budget_s * (0.7 if compare else 1.0)
     # about 16 trials fit a search; each at least 0.25 s of steady reading
-    trial_s = max(0.25, search_budget / 16)
+    trial_s = max(0.25, budget_s * (0.7 if compare else 1.0) / 16)
     trials: list[Trial] = []
+    costs = _TrialCosts()
 
-    def left() -> float:
-        return search_budget - (time.perf_counter() - t_start)
+    def compare_reserve() -> float:
+        """The least the side-by-side check needs: one round, 0.1 s each, plus start-ups."""
+        if not compare:
+            return 0.0
+        ws = (0, cpus, 2 * cpus, default_workers)
+        return sum(0.1 + costs.overhead({"num_workers": w}) for w in ws)
+
+    def fits(settings: Mapping[str, Any]) -> bool:
+        """A trial starts only if its reading and its overhead end before the search does
+        and leave the side-by-side check its time."""
+        end = time.perf_counter() + trial_s + costs.overhead(settings)
+        return end <= search_end and end + compare_reserve() <= deadline
 
     def run(stage: str, bs: int, settings: dict[str, Any]) -> Trial:
-        rate, first = _measure(dataset, bs, settings, trial_s, to_device)
+        rate, first = costs.measure(dataset, bs, settings, trial_s, to_device)
         t = Trial(dict(settings), bs, rate, first, stage)
         trials.append(t)
         log(f"  {stage:<10} {t.describe():<70} {rate:>10,.0f} samples/s")
@@ -200,8 +215,11 @@ def tune(
         return d
 
     # warm up (open files, fill caches) before anything is compared
-    _measure(dataset, batch_size, with_(base, num_workers=0), min(1.0, trial_s))
-    # 1-2. workers
+    costs.measure(dataset, batch_size, with_(base, num_workers=0), min(1.0, trial_s))
+    # make_loader's own worker plan (its probe, once per process) is paid now, not in the
+    # side-by-side check, whose time is then all reading
+    default_workers = _default_workers(dataset, batch_size, costs) if compare else 0
+    # 1-2. workers (the first two always run: a result needs a best trial)
     best = run("in-process", batch_size, with_(base, num_workers=0))
     one = run("workers", batch_size, with_(base, num_workers=1, prefetch_factor=2))
     if one.samples_per_s > best.samples_per_s:
@@ -209,17 +227,21 @@ def tune(
     start = worker_count_for(cpus)
     tried = {0, 1}
     w = start
-    if w not in tried and left() > 0:
-        t = run("workers", batch_size, with_(base, num_workers=w, prefetch_factor=2))
+    first_w = with_(base, num_workers=w, prefetch_factor=2)
+    if w not in tried and fits(first_w):
+        t = run("workers", batch_size, first_w)
         tried.add(w)
         if t.samples_per_s > best.samples_per_s:
             best = t
         # climb while throughput grows
-        while left() > 0:
+        while True:
             nxt = w + max(1, w // 2)
             if nxt > max(4 * cpus, 4) or nxt in tried:
                 break
-            t = run("workers", batch_size, with_(base, num_workers=nxt, prefetch_factor=2))
+            settings = with_(base, num_workers=nxt, prefetch_factor=2)
+            if not fits(settings):
+                break
+            t = run("workers", batch_size, settings)
             tried.add(nxt)
             if t.samples_per_s > best.samples_per_s * min_gain:
                 best, w = t, nxt
@@ -229,9 +251,12 @@ def tune(
     nw = best.settings.get("num_workers", 0)
     if nw > 0:
         pf = 2
-        while left() > 0 and pf < 8:
+        while pf < 8:
             pf *= 2
-            t = run("prefetch", batch_size, with_(best.settings, prefetch_factor=pf))
+            settings = with_(best.settings, prefetch_factor=pf)
+            if not fits(settings):
+                break
+            t = run("prefetch", batch_size, settings)
             if t.samples_per_s > best.samples_per_s * min_gain:
                 best = t
             else:
@@ -239,39 +264,82 @@ def tune(
     # 4. batch size
     candidates = batch_sizes or [max(1, batch_size // 2), batch_size * 2]
     for bs in candidates:
-        if left() <= 0 or bs == best.batch_size:
+        if bs == best.batch_size or not fits(best.settings):
             continue
         t = run("batch", bs, dict(best.settings))
         if t.samples_per_s > best.samples_per_s * min_gain:
             best = t
     # 5. pin_memory (only meaningful with a GPU to copy to)
-    if cuda and left() > 0:
+    if cuda:
         flipped = with_(best.settings, pin_memory=not best.settings["pin_memory"])
-        t = run("pin", best.batch_size, flipped)
-        if t.samples_per_s > best.samples_per_s * min_gain:
-            best = t
+        if fits(flipped):
+            t = run("pin", best.batch_size, flipped)
+            if t.samples_per_s > best.samples_per_s * min_gain:
+                best = t
     # 6. block size
     if not iterable:
         b0 = best.settings["block_size"]
         for bsz in (b0 * 4, max(16, b0 // 4)):
-            if left() <= 0:
+            settings = with_(best.settings, block_size=bsz)
+            if not fits(settings):
                 break
-            t = run("block", best.batch_size, with_(best.settings, block_size=bsz))
+            t = run("block", best.batch_size, settings)
             if t.samples_per_s > best.samples_per_s * min_gain:
                 best = t
                 break
 
     result = TuneResult(best=best, trials=trials, cpus=cpus, seconds=0.0)
     if compare:
-        _compare(dataset, result, budget_s - (time.perf_counter() - t_start), to_device, log)
+        _compare(dataset, result, deadline, to_device, log, costs)
     result.seconds = time.perf_counter() - t_start
     return result
 
 
-def _compare(dataset, result: TuneResult, budget: float, to_device, log) -> None:
+class _TrialCosts:
+    """What a trial costs beyond its steady reading (loader set-up, worker start-up, first
+    batch, shutdown), measured per worker count, so the budget holds the whole trial."""
+
+    def __init__(self):
+        self.seen: dict[int, float] = {}
+
+    def overhead(self, settings: Mapping[str, Any]) -> float:
+        nw = int(settings.get("num_workers", 0) or 0)
+        if nw in self.seen:
+            return self.seen[nw]
+        if not self.seen:
+            return 0.5
+        # start-up grows with the worker count: scale the dearest one seen
+        k, v = max(self.seen.items(), key=lambda kv: kv[1])
+        return v * max(1.0, nw / max(k, 1))
+
+    def measure(self, dataset, bs, settings, seconds, to_device=None) -> tuple[float, float]:
+        t = time.perf_counter()
+        rate, first = _measure(dataset, bs, settings, seconds, to_device)
+        extra = max(0.0, time.perf_counter() - t - seconds)
+        nw = int(settings.get("num_workers", 0) or 0)
+        self.seen[nw] = max(extra, self.seen.get(nw, 0.0))
+        return rate, first
+
+
+def _default_workers(dataset, batch_size: int, costs: _TrialCosts) -> int:
+    """The worker count make_loader's defaults pick (measured once per process and batch
+    size, then cached)."""
+    from gpufeed.bench import _shutdown
+    from gpufeed.loader import make_loader
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*DataLoader will create.*")
+        loader = make_loader(dataset, batch_size, check_shm=False)
+    _shutdown(loader)
+    return loader.plan.num_workers
+
+
+def _compare(dataset, result: TuneResult, deadline: float, to_device, log, costs=None) -> None:
     """Measure the winner, make_loader's defaults and the 1x/2x-cores rule side by side:
-    interleaved rounds, the median per contender."""
+    interleaved rounds, the median per contender, all ending by ``deadline``."""
+    costs = costs or _TrialCosts()
     bs = result.best.batch_size
+    default_workers = _default_workers(dataset, bs, costs)
     contenders: dict[str, dict[str, Any]] = {
         "tuned": dict(result.best.settings),
         "defaults": {},
@@ -284,14 +352,26 @@ def _compare(dataset, result: TuneResult, budget: float, to_device, log) -> None
         "1x_cores": f"batch_size={bs}, num_workers={result.cpus}",
         "2x_cores": f"batch_size={bs}, num_workers={2 * result.cpus}",
     }
+    workers = {
+        "tuned": result.best.settings.get("num_workers", 0),
+        "defaults": default_workers,
+        "1x_cores": result.cpus,
+        "2x_cores": 2 * result.cpus,
+    }
+    overhead = sum(costs.overhead({"num_workers": w}) for w in workers.values())
+    left = deadline - time.perf_counter()
     rounds = 3
-    seconds = max(0.2, budget / (rounds * len(contenders)))
+    seconds = (left - rounds * overhead) / (rounds * len(contenders))
+    if seconds < 0.1:
+        rounds = 1
+        seconds = (left - overhead) / len(contenders)
+    seconds = max(0.05, seconds)
     rates: dict[str, list[float]] = {k: [] for k in contenders}
     for _ in range(rounds):
         for name, settings in contenders.items():
-            rates[name].append(_measure(dataset, bs, settings, seconds, to_device)[0])
+            rates[name].append(costs.measure(dataset, bs, settings, seconds, to_device)[0])
     result.comparison = {k: statistics.median(v) for k, v in rates.items()}
-    log("side by side (median of 3 interleaved rounds):")
+    log(f"side by side (median of {rounds} interleaved rounds):")
     for k, v in result.comparison.items():
         log(f"  {k:<9} {v:>10,.0f} samples/s  {result.comparison_settings[k]}")
 
