@@ -30,41 +30,38 @@ CRASH_AT = 15  # epoch 1, step 5 of 10; the last checkpoint before it is step 12
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, ssh_image):
-    """Three runs of one job in one compose project: A uninterrupted; B with its last rank
-    SIGKILLed after step 15; C the same command as B again, resuming from B's checkpoint."""
+    """Runs of one job in one compose project: A uninterrupted; B with its last rank SIGKILLed
+    after step 15; C the same command as B again, resuming from B's checkpoint; D killed the
+    same way under torchrun --max-restarts 1."""
     root = tmp_path_factory.mktemp("train_ddp")
     dataset = make_pack(root)
     out = make_writable(root / "out")
     results = {}
     with train_project(dataset, ssh_image) as compose:
 
-        def train(checkpoint: str, log: str, *extra: str):
+        def train(checkpoint: str, log: str, *extra: str, env: tuple[str, ...] = ()):
             args = [
                 "--data", "/data/pack", "--epochs", str(EPOCHS), "--batch-size", str(BATCH),
                 "--lr", "0.05", "--workers", "1", "--checkpoint-every", str(EVERY),
                 "--checkpoint", f"/out/{checkpoint}", "--sample-log", f"/out/{log}",
             ]  # fmt: skip
+            mounts = ["-v", f"{out}:/out", "-v", EXAMPLES_MOUNT]
+            options = [item for e in env for item in ("-e", e)]
             return compose(
-                "run",
-                "--rm",
-                "-T",
-                "-v",
-                f"{out}:/out",
-                "-v",
-                EXAMPLES_MOUNT,
-                "train",
-                EXAMPLE,
-                *args,
-                *extra,
-            )
+                "run", "--rm", "-T", *mounts, *options, "train", EXAMPLE, *args, *extra
+            )  # fmt: skip
 
         results["A"] = train("a.pt", "a")
         results["B"] = train("b.pt", "b", "--crash-at-step", str(CRASH_AT))
         results["C"] = train("b.pt", "c")
-    for name in ("A", "C"):
+        # D: the same kill under torchrun --max-restarts 1: torchrun restarts both workers,
+        # and they resume from the checkpoint by themselves, in one run
+        crash = ("--crash-at-step", str(CRASH_AT))
+        results["D"] = train("d.pt", "d", *crash, env=("PET_MAX_RESTARTS=1",))
+    for name in ("A", "C", "D"):
         proc = results[name]
         assert proc.returncode == 0, f"run {name}:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
-    return {name: read_log(out / name.lower()) for name in "ABC"} | {"procs": results}
+    return {name: read_log(out / name.lower()) for name in "ABCD"} | {"procs": results}
 
 
 def test_runs_two_ranks_on_gloo_under_torchrun(runs):
@@ -122,3 +119,16 @@ def test_killed_mid_epoch_then_resumes_with_no_sample_repeated_or_lost(runs):
 def test_the_image_ships_the_example(docker_client, ssh_image):
     shipped = docker_client.containers.run(ssh_image, entrypoint=["cat", EXAMPLE], remove=True)
     assert shipped == (REPO / "app" / "examples" / "train_ddp.py").read_bytes()
+
+
+def test_torchrun_restart_resumes_by_itself(runs):
+    """Under --max-restarts the agent restarts the workers (TORCHELASTIC_RESTART_COUNT 1) and
+    they pick up the checkpoint: the kept steps are again exactly the uninterrupted run's."""
+    for rank in (0, 1):
+        rows = runs["D"][rank]
+        first = [r for r in rows if r["attempt"] == 0]
+        second = [r for r in rows if r["attempt"] == 1]
+        assert second and second[0]["step"] == 13, rows[:1]
+        kept = [r for r in first if r["step"] <= 12] + second
+        assert by_epoch(kept) == by_epoch(runs["A"][rank])
+        assert [r["step"] for r in kept] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
