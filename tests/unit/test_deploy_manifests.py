@@ -4,9 +4,9 @@ invariants both recipes share, and the Slurm script's srun/torchrun command with
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +16,10 @@ pytest.importorskip("kubernetes_validate")
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
-sys.path.insert(0, str(K8S))
-import validate  # noqa: E402
+# By file, not through sys.path: a module named "validate" must not shadow anything else.
+_spec = importlib.util.spec_from_file_location("deploy_k8s_validate", K8S / "validate.py")
+validate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(validate)
 
 
 def _docs(name: str) -> list[dict]:
