@@ -326,7 +326,8 @@ def run_row(spec: dict) -> dict:
         if kind == "peer" and ci == 0:
             # the peer's best worker count here (its warm-up too): fastest of 1x and 2x cores
             tried = {}
-            for w in (n, 2 * n):
+            # QUICK checks that every row runs: one worker count (each try pays start-up)
+            for w in (n,) if spec["quick"] else (n, 2 * n):
                 tried[w] = one_pass(
                     case, row, shuffle=shuffle, workers=w, batch_size=bs, cap_s=cap
                 )["samples_per_s"]
