@@ -396,3 +396,21 @@ def test_plan_is_readable_and_round_trips_as_settings():
     again = make_loader(MemDataset(300), 16, settings=dl.plan.settings())
     assert again.plan.settings() == dl.plan.settings()
     assert again.plan.reason == "from settings"
+
+
+def test_plan_measured_once_per_pack_read_the_same_way(array_folder, tmp_path):
+    import gpufeed
+
+    dest = tmp_path / "pack"
+    gpufeed.pack(array_folder, dest, format="hdf5", workers=1, quiet=True)
+    a, b = gpufeed.open_dataset(dest), gpufeed.open_dataset(dest)
+    assert a.fingerprint() == b.fingerprint()
+    flipped = gpufeed.open_dataset(dest, transform=torch.clone)
+    assert flipped.fingerprint() != a.fingerprint()
+    assert gpufeed.open_dataset(dest, use_mmap=False).fingerprint() != a.fingerprint()
+    make_loader(a, 4)
+    measured = len(loader_mod._PLAN_CACHE)
+    make_loader(b, 4)  # a second dataset object over the same pack: the plan is reused
+    assert len(loader_mod._PLAN_CACHE) == measured
+    make_loader(flipped, 4)
+    assert len(loader_mod._PLAN_CACHE) == measured + 1

@@ -17,6 +17,8 @@ default_collate would try to collate the Batch again.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -205,6 +207,17 @@ class _SampleReading:
         return _stack(tensors), kept
 
 
+def _describe(fn) -> str:
+    """A transform by what it does: its repr when that names its settings (torchvision's
+    transforms do), else its type or function name; never an object address."""
+    if fn is None:
+        return "None"
+    text = repr(fn)
+    if " at 0x" not in text and len(text) < 2000:
+        return text
+    return getattr(fn, "__qualname__", None) or f"{type(fn).__module__}.{type(fn).__qualname__}"
+
+
 class PackedDataset(_SampleReading, Dataset):
     """Map-style dataset over any packed format (chosen by the manifest).
 
@@ -238,7 +251,25 @@ class PackedDataset(_SampleReading, Dataset):
                 "use gpufeed.open_dataset to pick the right class"
             )
         self.path = str(path)
+        self._reader_options = dict(reader_options)
         self._init_reading(reader, transform, batch_transform, verify_crc, on_error, decode)
+
+    def fingerprint(self) -> str:
+        """What loading cost depends on: the pack (path and manifest) and how it is read
+        (transforms, decode, crc, reader options). make_loader measures its worker plan once
+        per fingerprint and batch size in a process, so a loader rebuilt over the same pack
+        read the same way (each epoch, each evaluation) does not measure again."""
+        manifest = json.dumps(self.reader.manifest, sort_keys=True, default=str)
+        parts = [
+            os.path.realpath(self.path),
+            hashlib.sha1(manifest.encode()).hexdigest(),
+            _describe(self.transform),
+            _describe(self.batch_transform),
+            f"decode={self.decode}",
+            f"verify_crc={self.verify_crc}",
+            repr(sorted(self._reader_options.items())),
+        ]
+        return "|".join(parts)
 
     def __len__(self) -> int:
         return self.reader.count
