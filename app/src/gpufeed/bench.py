@@ -46,19 +46,9 @@ NO_CUDA = "no CUDA device: GPU measurements skipped"
 
 
 def _tensors(obj):
-    import numpy as np
-    import torch
+    from gpufeed.loader import iter_tensors  # torch stays unimported until a bench runs
 
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, np.ndarray):
-        yield torch.from_numpy(obj)
-    elif isinstance(obj, Mapping):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors(v)
+    return iter_tensors(obj)
 
 
 def batch_size_of(batch) -> int:
@@ -78,7 +68,9 @@ def batch_size_of(batch) -> int:
 
 
 def batch_nbytes(batch) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(batch))
+    from gpufeed.loader import batch_nbytes as nbytes
+
+    return nbytes(batch)
 
 
 @dataclass

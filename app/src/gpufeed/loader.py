@@ -172,21 +172,22 @@ def _fingerprint(dataset) -> tuple:
     return ("id", type(dataset).__module__, type(dataset).__qualname__, n, id(dataset))
 
 
-def _tensors(obj) -> Iterator[torch.Tensor]:
+def iter_tensors(obj) -> Iterator[torch.Tensor]:
+    """Every tensor in a batch (tensors, numpy arrays, nested dicts, lists and tuples)."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, Mapping):
         for v in obj.values():
-            yield from _tensors(v)
+            yield from iter_tensors(v)
     elif isinstance(obj, (list, tuple)):
         for v in obj:
-            yield from _tensors(v)
+            yield from iter_tensors(v)
     elif isinstance(obj, np.ndarray):
         yield torch.from_numpy(obj)
 
 
-def _nbytes(obj) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(obj))
+def batch_nbytes(obj) -> int:
+    return sum(t.numel() * t.element_size() for t in iter_tensors(obj))
 
 
 def _batch_len(batch) -> int | None:
@@ -273,7 +274,7 @@ def _ipc_seconds(batch, repeats: int = 5) -> float:
     best = math.inf
     for _ in range(repeats):
         t0 = time.perf_counter()
-        clone = [t.clone() for t in _tensors(batch)] or [batch]
+        clone = [t.clone() for t in iter_tensors(batch)] or [batch]
         pickle.loads(ForkingPickler.dumps(clone))
         best = min(best, time.perf_counter() - t0)
     return best
@@ -373,7 +374,7 @@ def plan_workers(
     in_budget = budget_s * 0.25
     t_in, first, n_timed = _measure_in_process(inproc_src, in_budget)
     measured: dict[str, float] = {}
-    batch_bytes = _nbytes(first) if first is not None else None
+    batch_bytes = batch_nbytes(first) if first is not None else None
     if first is None:
         result = (0, "the dataset is empty", measured, batch_bytes)
         _PLAN_CACHE[key] = result
@@ -807,10 +808,10 @@ def _sample_bytes(dataset, batch_size, collate) -> int | None:
     try:
         if isinstance(dataset, IterableDataset):
             batch = next(_iter_batches(dataset, batch_size, collate), None)
-            return None if batch is None else _nbytes(batch)
+            return None if batch is None else batch_nbytes(batch)
         if len(dataset) == 0:
             return None
-        return _nbytes(dataset[0]) * batch_size
+        return batch_nbytes(dataset[0]) * batch_size
     except Exception as exc:  # sizing is advisory; the real error surfaces when iterating
         warnings.warn(f"could not size a batch for the /dev/shm check: {exc!r}", stacklevel=3)
         return None
