@@ -3,6 +3,7 @@ libturbojpeg0-dev; see docs/benchmarks.md for what happened here)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -59,7 +60,8 @@ def batches(case, out: Path, *, shuffle: bool, workers: int, batch_size: int, se
     return Loader(
         str(out / "data.beton"),
         batch_size=batch_size,
-        num_workers=max(1, workers),
+        # FFCV's workers are numba threads: more than the usable CPUs is a ValueError
+        num_workers=max(1, min(workers, len(os.sched_getaffinity(0)))),
         order=OrderOption.QUASI_RANDOM if shuffle else OrderOption.SEQUENTIAL,
         pipelines={"x": x, "y": [IntDecoder(), ToTensor()]},
         seed=seed,
