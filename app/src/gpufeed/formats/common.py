@@ -351,3 +351,33 @@ class Writer:
     def finish(self) -> dict[str, Any]:
         """Close the files; return {"files": [names], "layout": {format details}}."""
         raise NotImplementedError
+
+
+class ContiguousWriter(Writer):
+    """A writer whose samples go into one preallocated array-like ``self.data`` (an HDF5
+    dataset or a numpy memmap): rows of fixed-shape arrays, or encoded bytes back to back with
+    an offsets index. Subclasses allocate ``self.data`` and call ``_start_index``."""
+
+    def _start_index(self) -> None:
+        if self.spec.kind != "array":
+            self.offsets = np.zeros(self.count + 1, dtype=np.int64)
+        self.labels = np.empty(self.count, dtype=np.int64)
+        self.crcs = np.empty(self.count, dtype=np.uint32)
+        self.n = 0
+        self.nbytes = 0
+
+    def add(self, part: Part) -> None:
+        n = len(part)
+        if n == 0:
+            return
+        lo, hi = self.n, self.n + n
+        if self.spec.kind == "array":
+            self.data[lo:hi] = part.payload.view(self.spec.dtype).reshape(n, *self.spec.shape)
+        else:
+            size = int(part.offsets[-1])
+            self.data[self.nbytes : self.nbytes + size] = part.payload
+            self.offsets[lo + 1 : hi + 1] = part.offsets[1:] + self.nbytes
+            self.nbytes += size
+        self.labels[lo:hi] = part.labels
+        self.crcs[lo:hi] = part.crc32
+        self.n = hi

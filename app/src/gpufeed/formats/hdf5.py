@@ -24,12 +24,11 @@ import numpy as np
 
 from gpufeed.formats.common import (
     FORMAT_VERSION,
+    ContiguousWriter,
     CorruptSampleError,
-    Part,
     Reader,
     SampleSpec,
     UsageError,
-    Writer,
 )
 
 FILE_NAME = "data.h5"
@@ -53,7 +52,7 @@ def compression_args(compression: str | None) -> dict[str, Any]:
     raise UsageError(f"unknown HDF5 compression {compression!r}; use none, lzf or gzip[:1-9]")
 
 
-class HDF5Writer(Writer):
+class HDF5Writer(ContiguousWriter):
     format_name = "hdf5"
 
     def __init__(self, out, spec, count, total_bytes, options):
@@ -74,28 +73,7 @@ class HDF5Writer(Writer):
             if self._comp and total_bytes:
                 kw.update(self._comp, chunks=(min(total_bytes, CHUNK_BYTES),))
             self.data = self.f.create_dataset("encoded", shape=(total_bytes,), dtype=np.uint8, **kw)
-            self.offsets = np.zeros(count + 1, dtype=np.int64)
-        self.labels = np.empty(count, dtype=np.int64)
-        self.crcs = np.empty(count, dtype=np.uint32)
-        self.n = 0
-        self.nbytes = 0
-
-    def add(self, part: Part) -> None:
-        n = len(part)
-        if n == 0:
-            return
-        lo, hi = self.n, self.n + n
-        if self.spec.kind == "array":
-            rows = part.payload.view(self.spec.dtype).reshape(n, *self.spec.shape)
-            self.data[lo:hi] = rows
-        else:
-            size = int(part.offsets[-1])
-            self.data[self.nbytes : self.nbytes + size] = part.payload
-            self.offsets[lo + 1 : hi + 1] = part.offsets[1:] + self.nbytes
-            self.nbytes += size
-        self.labels[lo:hi] = part.labels
-        self.crcs[lo:hi] = part.crc32
-        self.n = hi
+        self._start_index()
 
     def finish(self) -> dict[str, Any]:
         assert self.n == self.count, (self.n, self.count)

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.formats.common import Part, Reader, SampleSpec, UsageError, Writer
+from gpufeed.formats.common import ContiguousWriter, Reader, SampleSpec, UsageError
 
 CONTAINERS = ("npy", "pt")
 
 
-class MmapWriter(Writer):
+class MmapWriter(ContiguousWriter):
     format_name = "mmap"
 
     def __init__(self, out, spec, count, total_bytes, options):
@@ -43,27 +43,7 @@ class MmapWriter(Writer):
             self.data = np.lib.format.open_memmap(
                 self.out / "encoded.npy", mode="w+", dtype=np.uint8, shape=(total_bytes,)
             )
-            self.offsets = np.zeros(count + 1, dtype=np.int64)
-        self.labels = np.empty(count, dtype=np.int64)
-        self.crcs = np.empty(count, dtype=np.uint32)
-        self.n = 0
-        self.nbytes = 0
-
-    def add(self, part: Part) -> None:
-        n = len(part)
-        if n == 0:
-            return
-        lo, hi = self.n, self.n + n
-        if self.spec.kind == "array":
-            self.data[lo:hi] = part.payload.view(self.spec.dtype).reshape(n, *self.spec.shape)
-        else:
-            size = int(part.offsets[-1])
-            self.data[self.nbytes : self.nbytes + size] = part.payload
-            self.offsets[lo + 1 : hi + 1] = part.offsets[1:] + self.nbytes
-            self.nbytes += size
-        self.labels[lo:hi] = part.labels
-        self.crcs[lo:hi] = part.crc32
-        self.n = hi
+        self._start_index()
 
     def finish(self) -> dict[str, Any]:
         assert self.n == self.count
