@@ -276,6 +276,10 @@ class PackedDataset(_SampleReading, Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> Batch:
         idx = as_index_array(indices, self.reader.count, self.path)
+        ahead = getattr(indices, "ahead", None)
+        if ahead:
+            # reads of the batch after this one start now, while this one is copied
+            self.reader.prefetch(as_index_array(ahead, self.reader.count, self.path))
         keep, payloads = self._read(idx)
         samples, kept = self._to_tensors(idx, keep, payloads)
         labels = torch.from_numpy(self.reader.labels[idx[kept]])

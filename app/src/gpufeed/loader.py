@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from gpufeed import sysinfo, thresholds
 from gpufeed.distributed import DistributedBlockSampler, rank_and_world
+from gpufeed.formats.common import PREFETCH_MIN_BYTES
 from gpufeed.samplers import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_BUFFER_BLOCKS,
@@ -105,6 +106,7 @@ class LoaderPlan:
     batch_bytes: int | None = None
     shm_free_bytes: int | None = None
     from_settings: tuple[str, ...] = ()
+    lookahead: int = 0  # batches read ahead (madvise WILLNEED); 0 = off (small samples)
 
     def settings(self) -> dict[str, Any]:
         d = asdict(self)
@@ -117,7 +119,7 @@ class LoaderPlan:
             f"pin_memory={self.pin_memory} persistent_workers={self.persistent_workers} "
             f"prefetch_factor={self.prefetch_factor} context={self.multiprocessing_context}",
             f"block_size={self.block_size} buffer_blocks={self.buffer_blocks} "
-            f"sorted_batches={self.sorted_batches}",
+            f"sorted_batches={self.sorted_batches} lookahead={self.lookahead}",
         ]
         if self.measured:
             lines.append("measured: " + ", ".join(f"{k}={v:.4g}" for k, v in self.measured.items()))
@@ -997,6 +999,18 @@ def make_loader(
         if batch_bytes:
             shm_free = _check_shm(nw, prefetch, batch_bytes, shm_path)
 
+    # Large samples: each reader asks the kernel for its next batch while copying this one,
+    # so cold reads keep many requests in flight (small ones: readahead does it already).
+    lookahead = 0
+    reader = getattr(dataset, "reader", None)
+    if (
+        batch_sampler is not None
+        and hasattr(reader, "mean_sample_bytes")
+        and reader.mean_sample_bytes() >= PREFETCH_MIN_BYTES
+    ):
+        lookahead = max(1, nw)
+        batch_sampler.lookahead = lookahead
+
     plan = LoaderPlan(
         num_workers=nw,
         pin_memory=bool(args["pin_memory"]),
@@ -1013,6 +1027,7 @@ def make_loader(
         batch_bytes=batch_bytes,
         shm_free_bytes=shm_free,
         from_settings=tuple(from_settings),
+        lookahead=lookahead,
     )
     return GpufeedLoader(
         dataset,

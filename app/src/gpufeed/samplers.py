@@ -11,6 +11,7 @@ run computes the same order without communicating.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator, Sized
 
 import numpy as np
@@ -20,6 +21,7 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_BUFFER_BLOCKS",
     "BlockShuffleSampler",
+    "LookaheadBatch",
     "SortedBatchSampler",
     "block_shuffle_order",
 ]
@@ -121,6 +123,19 @@ class BlockShuffleSampler(Sampler[int]):
         return self.n
 
 
+class LookaheadBatch(list):
+    """A batch of indices that also carries ``ahead``, the indices of a batch that comes later
+    to the same reader (or None), so the dataset can have the kernel start reading them while
+    this batch is copied. Pickles like a list plus the attribute (to workers)."""
+
+    def __init__(self, indices: Iterable[int], ahead: list[int] | None = None) -> None:
+        super().__init__(indices)
+        self.ahead = ahead
+
+    def __reduce__(self):
+        return (LookaheadBatch, (list(self), self.ahead))
+
+
 class SortedBatchSampler(Sampler[list[int]]):
     """Batches of ``batch_size`` indices from ``sampler``, each batch sorted ascending.
 
@@ -128,6 +143,9 @@ class SortedBatchSampler(Sampler[list[int]]):
     batch changes, which a training step does not see. Sorted reads are cheaper for HDF5
     chunks, memory maps and LMDB pages. ``sort=False`` keeps the sampler's order (a plain
     ``BatchSampler``). ``start`` skips that many indices of the epoch (resumption).
+    ``lookahead=k`` (k >= 1) yields :class:`LookaheadBatch` es whose ``ahead`` is the batch k
+    places later: with k DataLoader workers taking batches in turn, that is the batch the
+    same worker reads next (make_loader sets it for large samples).
     """
 
     def __init__(
@@ -144,6 +162,7 @@ class SortedBatchSampler(Sampler[list[int]]):
         self.drop_last = drop_last
         self.sort = sort
         self.start = 0
+        self.lookahead = 0
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
@@ -158,7 +177,7 @@ class SortedBatchSampler(Sampler[list[int]]):
                 break
         return it
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def _batches(self) -> Iterator[list[int]]:
         batch: list[int] = []
         for i in self._indices():
             batch.append(int(i))
@@ -167,6 +186,18 @@ class SortedBatchSampler(Sampler[list[int]]):
                 batch = []
         if batch and not self.drop_last:
             yield sorted(batch) if self.sort else batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.lookahead < 1:
+            yield from self._batches()
+            return
+        window: deque[list[int]] = deque()
+        for batch in self._batches():
+            window.append(batch)
+            if len(window) > self.lookahead:
+                yield LookaheadBatch(window.popleft(), batch)
+        while window:
+            yield LookaheadBatch(window.popleft())
 
     def samples_per_epoch(self) -> int:
         """Indices this sampler yields in a full epoch (after ``drop_last``)."""

@@ -7,11 +7,15 @@ into tensors.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import hashlib
 import json
+import mmap
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,6 +233,73 @@ def as_index_array(indices: Sequence[int] | np.ndarray, count: int, path: str) -
     return np.where(idx < 0, idx + count, idx)
 
 
+# Samples at least this big are asked for ahead (madvise WILLNEED) before a batch is copied out
+# of a mapped file: cold, the kernel then reads the whole batch with many requests in flight
+# instead of one page fault (and its read-around) at a time. Smaller samples are left to
+# readahead: for them the call costs more than it saves.
+PREFETCH_MIN_BYTES = 64 << 10
+_MADV_WILLNEED = 3
+
+
+@functools.lru_cache(maxsize=1)
+def _madvise():
+    if not hasattr(mmap, "MADV_WILLNEED"):  # not Linux/BSD: nothing to ask for
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        fn = libc.madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def take_rows(data: np.ndarray, indices: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[j] = data[indices[j]]. numpy's default mode="raise" copies through a buffer when
+    given ``out`` (twice the copying: 3x slower for 432 KiB rows); the indices were
+    range-checked by as_index_array, so "clip" never clips here."""
+    return np.take(data, indices, axis=0, out=out, mode="clip")
+
+
+def advise_willneed(regions: Iterable[tuple[int, int]]) -> None:
+    """Start reading (address, length) ranges of memory-mapped files into the page cache.
+
+    A hint only: it returns at once (the reads complete in the background) and failures are
+    ignored, since the copy that follows faults the pages in anyway.
+    """
+    fn = _madvise()
+    if fn is None:
+        return
+    page = mmap.PAGESIZE
+    for addr, length in regions:
+        start = addr - addr % page
+        fn(start, length + (addr - start), _MADV_WILLNEED)
+
+
+def advise_rows(data: np.ndarray, indices: np.ndarray) -> None:
+    """WILLNEED for rows ``indices`` of a C-contiguous mapped array, when rows are large."""
+    row = data.strides[0] if data.ndim else 0
+    if row < PREFETCH_MIN_BYTES or not data.flags.c_contiguous or len(indices) < 2:
+        return
+    base = data.ctypes.data
+    advise_willneed((base + int(i) * row, row) for i in np.sort(indices))
+
+
+def advise_buffers(buffers: Sequence) -> None:
+    """WILLNEED for buffers that point into a mapped file (LMDB values, memmap slices)."""
+    if len(buffers) < 2:
+        return
+    sizes = [len(b) for b in buffers]
+    if sum(sizes) < PREFETCH_MIN_BYTES * len(sizes):
+        return
+    advise_willneed(
+        (np.frombuffer(b, dtype=np.uint8).ctypes.data, n)
+        for b, n in zip(buffers, sizes, strict=True)
+        if n
+    )
+
+
 class Reader:
     """Base of the format readers.
 
@@ -300,6 +371,18 @@ class Reader:
     def read_batch(self, indices: np.ndarray):
         """Samples at `indices` (int64, in range): one [B, ...] array or a list of buffers."""
         raise NotImplementedError
+
+    def prefetch(self, indices: np.ndarray) -> None:
+        """Start reading samples ``indices`` into the page cache without waiting (a hint:
+        formats that cannot say where a sample lies do nothing)."""
+
+    def mean_sample_bytes(self) -> float:
+        """Stored bytes per sample: exact for fixed-shape arrays, from file sizes otherwise."""
+        if self.spec.kind == "array":
+            return float(self.spec.nbytes)
+        files = self.manifest.get("files", {})
+        total = sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict))
+        return total / max(1, self.count)
 
     def iter_range(self, start: int = 0, stop: int | None = None, step: int = 256):
         """(index, sample) in storage order; used by verify and sequential readers."""

@@ -29,6 +29,9 @@ from gpufeed.formats.common import (
     Reader,
     SampleSpec,
     UsageError,
+    advise_buffers,
+    advise_rows,
+    take_rows,
 )
 
 FILE_NAME = "data.h5"
@@ -151,18 +154,32 @@ class HDF5Reader(Reader):
     def location(self, index: int) -> str:
         return str(self.path)
 
+    def prefetch(self, indices: np.ndarray) -> None:
+        data = self.handle
+        if not isinstance(data, np.ndarray):
+            return  # chunked or compressed: h5py reads through its own cache
+        if self.spec.kind == "array":
+            advise_rows(data, indices)
+        else:
+            offs = self.offsets
+            advise_buffers([data[offs[i] : offs[i + 1]] for i in indices])
+
     def read_batch(self, indices: np.ndarray):
         data = self.handle
         if self.spec.kind == "array":
             out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
             if isinstance(data, np.ndarray):
-                np.take(data, indices, axis=0, out=out)
+                advise_rows(data, indices)
+                take_rows(data, indices, out)
             else:
                 _h5_take(data, indices, out)
             return out
         offs = self.offsets
         # memmap slices are views of the page cache; h5py slices are fresh arrays.
-        return [data[offs[i] : offs[i + 1]] for i in indices]
+        views = [data[offs[i] : offs[i + 1]] for i in indices]
+        if isinstance(data, np.ndarray):
+            advise_buffers(views)
+        return views
 
 
 def _h5_take(ds: h5py.Dataset, indices: np.ndarray, out: np.ndarray) -> None:
@@ -174,8 +191,8 @@ def _h5_take(ds: h5py.Dataset, indices: np.ndarray, out: np.ndarray) -> None:
     lo, hi = int(uniq[0]), int(uniq[-1]) + 1
     if hi - lo <= 2 * len(uniq):
         block = ds[lo:hi]
-        np.take(block, indices - lo, axis=0, out=out)
+        take_rows(block, indices - lo, out)
     elif len(uniq) == len(indices) and np.array_equal(uniq, indices):
         ds.read_direct(out, source_sel=np.s_[uniq])
     else:
-        np.take(ds[uniq], inverse.reshape(-1), axis=0, out=out)
+        take_rows(ds[uniq], inverse.reshape(-1), out)

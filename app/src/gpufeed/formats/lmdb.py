@@ -26,6 +26,7 @@ from gpufeed.formats.common import (
     Reader,
     SampleSpec,
     Writer,
+    advise_buffers,
     npy_bytes,
     npy_from_bytes,
 )
@@ -206,6 +207,12 @@ class LMDBReader(Reader):
     def location(self, index: int) -> str:
         return str(Path(self.root) / DATA_FILE)
 
+    def prefetch(self, indices: np.ndarray) -> None:
+        # the values' pages are not touched until copied: look them up, then advise
+        with self.handle.begin(buffers=True) as txn:
+            found = txn.cursor().getmulti([key(int(i)) for i in indices])
+            advise_buffers([v for _, v in found])
+
     def read_batch(self, indices: np.ndarray):
         keys = [key(int(i)) for i in indices]
         with self.handle.begin(buffers=True) as txn:
@@ -214,6 +221,7 @@ class LMDBReader(Reader):
                 have = {bytes(k) for k, _ in found}
                 missing = next(i for i, k in zip(indices, keys, strict=True) if k not in have)
                 raise CorruptSampleError(self.location(missing), int(missing), "record missing")
+            advise_buffers([v for _, v in found])
             if self.spec.kind == "encoded":
                 return [bytes(v) for _, v in found]
             out = np.empty((len(keys), *self.spec.shape), dtype=self.spec.dtype)

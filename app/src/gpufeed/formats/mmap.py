@@ -16,7 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.formats.common import ContiguousWriter, Reader, SampleSpec, UsageError
+from gpufeed.formats.common import (
+    ContiguousWriter,
+    Reader,
+    SampleSpec,
+    UsageError,
+    advise_buffers,
+    advise_rows,
+    take_rows,
+)
 
 CONTAINERS = ("npy", "pt")
 
@@ -98,11 +106,22 @@ class MmapReader(Reader):
     def location(self, index: int) -> str:
         return str(self.data_path)
 
+    def prefetch(self, indices: np.ndarray) -> None:
+        data = self.handle
+        if self.spec.kind == "array":
+            advise_rows(data, indices)
+        else:
+            offs = self.offsets
+            advise_buffers([data[offs[i] : offs[i + 1]] for i in indices])
+
     def read_batch(self, indices: np.ndarray):
         data = self.handle
         if self.spec.kind == "array":
+            advise_rows(data, indices)
             out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
-            np.take(data, indices, axis=0, out=out)
+            take_rows(data, indices, out)
             return out
         offs = self.offsets
-        return [data[offs[i] : offs[i + 1]] for i in indices]
+        views = [data[offs[i] : offs[i + 1]] for i in indices]
+        advise_buffers(views)
+        return views

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.formats.common import (
+    PREFETCH_MIN_BYTES,
     CorruptSampleError,
     Part,
     Reader,
@@ -210,6 +211,18 @@ class ShardReader(Reader):
         if len(data) != size:
             raise CorruptSampleError(self.location(i), i, "shard is truncated")
         return data
+
+    def prefetch(self, indices: np.ndarray) -> None:
+        if not hasattr(os, "posix_fadvise"):  # macOS
+            return
+        for i in indices.tolist():
+            if self.size[i] >= PREFETCH_MIN_BYTES:
+                os.posix_fadvise(
+                    self._fd(int(self.shard[i])),
+                    int(self.offset[i]),
+                    int(self.size[i]),
+                    os.POSIX_FADV_WILLNEED,
+                )
 
     def read_batch(self, indices: np.ndarray):
         if self.spec.kind == "encoded":
