@@ -65,6 +65,13 @@ def cases(root: Path, quick: bool) -> list[Case]:
     ]
 
 
+def shuffle_buffer(case: Case) -> int:
+    """Samples a streaming row (tar shards, WebDataset) shuffles in memory: 1000, but at most a
+    tenth of the case, so a buffer never holds the whole dataset (which would turn every pass
+    after the first batch into a memory read)."""
+    return max(1, min(1000, case.count // 10))
+
+
 def _picture(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     """A photo-like image: a smooth random field upsampled, plus some texture."""
     from PIL import Image

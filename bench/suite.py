@@ -254,12 +254,13 @@ def make_batches(case, row: str, *, shuffle: bool, workers: int, batch_size: int
     if kind == "gpufeed":
         import gpufeed
 
-        opts = {"transform": aug} if aug is not None else {}
+        # JPEGs: gpufeed's fused decode + RandomResizedCrop + flip, as FFCV's row uses FFCV's
+        opts = {"decode": gpufeed.RandomResizedCrop(case.crop)} if aug is not None else {}
         path = store_dir(case, row)
         if arg == "tar":
             ds = gpufeed.open_dataset(
                 path,
-                shuffle_buffer=1000 if shuffle else 0,
+                shuffle_buffer=bdata.shuffle_buffer(case) if shuffle else 0,
                 shuffle_shards=shuffle,
                 seed=seed,
                 **opts,

@@ -41,7 +41,7 @@ def _to_tensor(x):
 def batches(case, out: Path, *, shuffle: bool, workers: int, batch_size: int, seed: int = 0):
     import webdataset as wds
 
-    from bench.data import Augment
+    from bench.data import Augment, shuffle_buffer
 
     urls = sorted(str(p) for p in out.glob("shard-*.tar"))
     ds = wds.WebDataset(
@@ -53,7 +53,7 @@ def batches(case, out: Path, *, shuffle: bool, workers: int, batch_size: int, se
         workersplitter=wds.split_by_worker,
     )
     if shuffle:
-        ds = ds.shuffle(1000)
+        ds = ds.shuffle(shuffle_buffer(case))
     if case.kind == "raw":
         ds = ds.decode().to_tuple("npy", "cls").map_tuple(_to_tensor, int)
     else:

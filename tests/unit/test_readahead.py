@@ -13,12 +13,12 @@ import time
 import numpy as np
 import pytest
 import torch
+from unit_sources import write_arrays
 
 import gpufeed
 from gpufeed.formats import open_reader
 from gpufeed.formats.common import PREFETCH_MIN_BYTES, advise_rows, take_rows
 from gpufeed.samplers import LookaheadBatch, SortedBatchSampler
-from unit_sources import write_arrays
 
 FORMATS = ["hdf5", "lmdb", "tar", "mmap"]
 ROW = 128 << 10  # one sample: 128 KiB, above PREFETCH_MIN_BYTES

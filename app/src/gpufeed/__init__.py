@@ -37,6 +37,7 @@ _EXPORTS = {
     "TarShardDataset": "gpufeed.datasets",
     "TarIndexedDataset": "gpufeed.datasets",
     "decode_image": "gpufeed.decoders",
+    "RandomResizedCrop": "gpufeed.decoders",
     # errors
     "GpufeedError": "gpufeed.formats.common",
     "UsageError": "gpufeed.formats.common",

@@ -85,7 +85,7 @@ class _SampleReading:
     transform: Callable | None
     verify_crc: bool
     on_error: str
-    decode: bool
+    decode: bool | Callable
 
     def _init_reading(self, reader, transform, batch_transform, verify_crc, on_error, decode):
         if on_error not in ON_ERROR:
@@ -95,7 +95,13 @@ class _SampleReading:
         self.batch_transform = batch_transform
         self.verify_crc = bool(verify_crc)
         self.on_error = on_error
-        self.decode = bool(decode)
+        if callable(decode) and reader.spec.kind != "encoded":
+            raise UsageError(
+                f"{reader.root}: decode={decode!r} decodes encoded images, but this pack holds "
+                f"{reader.spec.kind} samples"
+            )
+        # True, False or a batch decoder (gpufeed.decoders.RandomResizedCrop)
+        self.decode = decode if callable(decode) else bool(decode)
         self.skipped = 0
         self._sources: list[str] | None = None
 
@@ -189,6 +195,14 @@ class _SampleReading:
                 return samples, keep
             tensors = list(samples.unbind(0))
             kept = keep
+        elif callable(self.decode):
+            batch, positions, failed = self.decode(payloads)
+            for j, problem in failed:
+                self._fail(self._corrupt(int(idx[keep[j]]), problem))
+            kept = keep[np.asarray(positions, dtype=np.int64)]
+            if self.transform is None:
+                return batch, kept
+            tensors = list(batch.unbind(0))
         else:
             tensors, kept_list = [], []
             for j, payload in zip(keep.tolist(), payloads, strict=True):
@@ -227,7 +241,9 @@ class PackedDataset(_SampleReading, Dataset):
     CorruptSampleError naming file and sample, or "skip": drop the sample from its batch
     (__getitem__ returns None, which gpufeed.collate drops) and count it in ``skipped``
     (per process: each DataLoader worker counts its own). decode=False returns encoded samples
-    as 1-D uint8 tensors (e.g. for GPU JPEG decoding). Other keyword options go to the reader
+    as 1-D uint8 tensors (e.g. for GPU JPEG decoding); decode=a batch decoder, such as
+    gpufeed.decoders.RandomResizedCrop(224), decodes and augments a batch in one pass (then
+    transform, if given, runs on its output). Other keyword options go to the reader
     (hdf5: use_mmap, rdcc_mb; lmdb: readahead).
     """
 

@@ -1,0 +1,126 @@
+"""gpufeed.RandomResizedCrop: decode + crop + resize + flip fused over a batch, with the same
+sampling as torchvision's RandomResizedCrop and the same antialiased resize."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import gpufeed
+from gpufeed.decoders import RandomResizedCrop, decode_image
+from gpufeed.formats.common import CorruptSampleError, UsageError
+
+
+@pytest.fixture(scope="module")
+def jpeg_pack(tmp_path_factory, jpeg_folder):
+    dest = tmp_path_factory.mktemp("fused") / "ds.mmap"
+    gpufeed.pack(jpeg_folder, dest, format="mmap", workers=1, quiet=True)
+    return dest
+
+
+def test_whole_image_crop_is_the_antialiased_resize(jpeg_pack):
+    plain = gpufeed.open_dataset(jpeg_pack)
+    fused = gpufeed.open_dataset(
+        jpeg_pack, decode=RandomResizedCrop((10, 12), scale=(1, 1), ratio=(1.2, 1.2), flip=0)
+    )
+    idx = [0, 5, 12]
+    x, y = fused.__getitems__(idx)
+    assert x.shape == (3, 3, 10, 12) and x.dtype == torch.uint8 and x.is_contiguous()
+    assert torch.equal(y, plain.__getitems__(idx).labels)
+    for j, i in enumerate(idx):
+        img = plain[i][0]  # 20x24 images: ratio 1.2, so scale 1 crops the whole picture
+        want = torch.nn.functional.interpolate(
+            img[None].float(), size=(10, 12), mode="bilinear", antialias=True
+        )
+        diff = (x[j].float() - want[0]).abs()
+        assert diff.max() <= 1, diff.max()  # uint8 kernel vs float kernel: rounding only
+
+
+def test_flip_mirrors_the_same_crop(jpeg_pack):
+    def batch(flip):
+        random.seed(3)
+        torch.manual_seed(3)
+        ds = gpufeed.open_dataset(jpeg_pack, decode=RandomResizedCrop(8, flip=flip))
+        return ds.__getitems__(list(range(13))).samples
+
+    assert torch.equal(batch(1.0), batch(0.0).flip(-1))
+    random.seed(3)
+    torch.manual_seed(3)
+    half = gpufeed.open_dataset(jpeg_pack, decode=RandomResizedCrop(8)).__getitems__(
+        list(range(13))
+    )
+    same = [torch.equal(a, b) for a, b in zip(half.samples, batch(0.0), strict=True)]
+    assert 0 < sum(same) < 13  # some flipped, some not
+
+
+def test_crop_boxes_follow_torchvision_sampling():
+    rrc = RandomResizedCrop(8, scale=(0.2, 0.6), ratio=(0.5, 2.0))
+    random.seed(0)
+    areas, aspects = [], []
+    for _ in range(2000):
+        top, left, h, w = rrc.crop_box(60, 80)
+        assert 0 <= top and top + h <= 60 and 0 <= left and left + w <= 80
+        areas.append(h * w / (60 * 80))
+        aspects.append(w / h)
+    areas, aspects = np.array(areas), np.array(aspects)
+    # rounding to whole pixels moves the bounds by a little
+    assert areas.min() >= 0.18 and areas.max() <= 0.63
+    assert aspects.min() >= 0.45 and aspects.max() <= 2.1
+    assert abs(np.median(np.log(aspects))) < 0.1  # log-uniform ratio: centred on 1
+    # an image too narrow for any try: the centre crop with the ratio clamped
+    assert RandomResizedCrop(8, scale=(1, 1), ratio=(1, 1)).crop_box(100, 10) == (45, 0, 10, 10)
+
+
+def test_corrupt_image_named_or_skipped(tmp_path, make_images):
+    make_images(tmp_path / "s", {"a": 3}, ext=".jpg")
+    dest = tmp_path / "d"
+    gpufeed.pack(tmp_path / "s", dest, format="mmap", workers=1, quiet=True)
+    arr = np.load(dest / "encoded.npy", mmap_mode="r+")
+    offsets = np.load(dest / "offsets.npy")
+    arr[offsets[1] : offsets[1] + 40] = 0
+    arr.flush()
+    with pytest.raises(CorruptSampleError, match=r"encoded.npy: sample 1 .*cannot decode"):
+        gpufeed.open_dataset(dest, decode=RandomResizedCrop(4)).__getitems__([0, 1, 2])
+    ds = gpufeed.open_dataset(dest, decode=RandomResizedCrop(4), on_error="skip")
+    with pytest.warns(UserWarning, match="skipping corrupt"):
+        out = ds.__getitems__([0, 1, 2])
+    assert out.samples.shape == (2, 3, 4, 4) and ds.skipped == 1
+    assert out.labels.tolist() == [0, 0]
+
+
+def test_array_packs_refuse_an_image_decoder(array_folder, tmp_path):
+    dest = tmp_path / "a.mmap"
+    gpufeed.pack(array_folder, dest, format="mmap", workers=1, quiet=True)
+    with pytest.raises(UsageError, match="holds array samples"):
+        gpufeed.open_dataset(dest, decode=RandomResizedCrop(4))
+
+
+@pytest.mark.parametrize(
+    "bad", [dict(size=0), dict(size=4, scale=(0.5, 0.1)), dict(size=4, flip=2)]
+)
+def test_bad_settings_are_named(bad):
+    with pytest.raises(ValueError, match="size|scale|flip"):
+        RandomResizedCrop(**bad)
+
+
+def test_loader_with_workers_is_reproducible_per_seed_and_epoch(jpeg_pack):
+    def epoch(seed, e):
+        ds = gpufeed.open_dataset(jpeg_pack, decode=RandomResizedCrop(6))
+        loader = gpufeed.make_loader(ds, 4, shuffle=True, seed=seed, num_workers=2)
+        loader.set_epoch(e)
+        return torch.cat([x for x, _ in loader])
+
+    a = epoch(1, 0)
+    assert a.shape == (13, 3, 6, 6)
+    assert torch.equal(a, epoch(1, 0))
+    assert not torch.equal(a, epoch(1, 1))
+    assert not torch.equal(a, epoch(2, 0))
+
+
+def test_decode_image_still_gives_the_full_picture(jpeg_pack):
+    ds = gpufeed.open_dataset(jpeg_pack)
+    payload = ds.reader.read_batch(np.array([0]))[0]
+    assert decode_image(payload).shape == (3, 20, 24)
