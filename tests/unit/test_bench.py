@@ -92,6 +92,24 @@ def test_bench_command_json(mmap_pack, capsys):
     assert report["samples_per_s"] > 0
 
 
+def test_bench_command_crop_decodes_with_the_fused_crop(tmp_path, jpeg_folder, capsys):
+    pack = tmp_path / "jpegs"
+    gpufeed.pack(jpeg_folder, pack, format="lmdb", workers=1, quiet=True)
+
+    def bench_mb(*extra):
+        argv = ["bench", str(pack), "-b", "4", "-j", "0", "--json", "--epochs", "3", *extra]
+        assert cli.main(argv) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert [p["samples"] for p in report["passes"]] == [13] * 3
+        return report
+
+    plain, cropped = bench_mb(), bench_mb("--crop", "8")
+    # bytes per sample: the 3x8x8 crop (not the 3x20x24 picture) and an int64 label
+    per_plain = plain["batch_mb_per_s"] / plain["samples_per_s"]
+    per_crop = cropped["batch_mb_per_s"] / cropped["samples_per_s"]
+    assert per_plain / per_crop == pytest.approx((3 * 20 * 24 + 8) / (3 * 8 * 8 + 8))
+
+
 def test_bench_command_table_reads_settings(mmap_pack, tmp_path, capsys):
     settings = tmp_path / "loader.json"
     settings.write_text(json.dumps({"num_workers": 0, "block_size": 8, "_batch_size": 4}))

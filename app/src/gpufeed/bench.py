@@ -373,6 +373,7 @@ def run_bench(
     shuffle: bool = True,
     progress: bool = False,
     log: Callable[[str], None] = lambda s: None,
+    dataset_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Bench the dataset at ``path`` through ``make_loader`` (the same call users make):
     ``epochs`` passes (each capped by ``seconds`` and ``max_samples``), the report as a dict."""
@@ -381,7 +382,7 @@ def run_bench(
     from gpufeed.datasets import open_dataset
     from gpufeed.loader import make_loader
 
-    dataset = open_dataset(path)
+    dataset = open_dataset(path, **dict(dataset_options or {}))
     kwargs = dict(loader_kwargs or {})
     t = time.perf_counter()
     loader = make_loader(dataset, batch_size, shuffle=shuffle, settings=settings, **kwargs)
@@ -490,6 +491,25 @@ def _int_or_auto(text: str):
     return value
 
 
+def add_crop_argument(p) -> None:
+    p.add_argument(
+        "--crop",
+        type=int,
+        metavar="N",
+        help="encoded images: decode with gpufeed.RandomResizedCrop(N) (decode, crop, resize, "
+        "flip: ImageNet's training augmentation) instead of the plain decode",
+    )
+
+
+def crop_options(crop: int | None) -> dict[str, Any]:
+    """open_dataset options for ``--crop``."""
+    if not crop:
+        return {}
+    from gpufeed.decoders import RandomResizedCrop
+
+    return {"decode": RandomResizedCrop(crop)}
+
+
 def add_arguments(p) -> None:
     """The ``gpufeed bench`` options (cli.py registers the subcommand)."""
     p.add_argument("path", metavar="PATH", help="a packed dataset (gpufeed pack)")
@@ -531,6 +551,7 @@ def add_arguments(p) -> None:
         "measurements run (bandwidth, overlap, uint8 vs float)",
     )
     p.add_argument("--sequential", action="store_true", help="storage order, no shuffle")
+    add_crop_argument(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
@@ -640,6 +661,7 @@ def main(args) -> int:
         shuffle=not args.sequential,
         progress=not (args.quiet or args.json) and sys.stderr.isatty(),
         log=log,
+        dataset_options=crop_options(args.crop),
     )
     if args.json:
         print(json.dumps(report, indent=2, default=str))

@@ -376,11 +376,14 @@ def _compare(dataset, result: TuneResult, deadline: float, to_device, log, costs
         log(f"  {k:<9} {v:>10,.0f} samples/s  {result.comparison_settings[k]}")
 
 
-def snippet(result: TuneResult, path: str, settings_file: str | None = None) -> str:
+def snippet(
+    result: TuneResult, path: str, settings_file: str | None = None, crop: int | None = None
+) -> str:
     args = ", ".join(f"{k}={v!r}" for k, v in result.best.settings.items())
+    decode = f", decode=gpufeed.RandomResizedCrop({crop})" if crop else ""
     lines = [
         "import gpufeed",
-        f"dataset = gpufeed.open_dataset({str(path)!r})",
+        f"dataset = gpufeed.open_dataset({str(path)!r}{decode})",
         f"loader = gpufeed.make_loader(dataset, batch_size={result.best.batch_size}, {args})",
     ]
     if settings_file:
@@ -429,16 +432,20 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--write", metavar="FILE", help="write the settings file make_loader reads")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    from gpufeed.bench import add_crop_argument
+
+    add_crop_argument(p)
 
 
 def main(args) -> int:
+    from gpufeed.bench import crop_options
     from gpufeed.datasets import open_dataset
 
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr))
     sizes = None
     if args.batch_sizes:
         sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
-    dataset = open_dataset(args.path)
+    dataset = open_dataset(args.path, **crop_options(args.crop))
     log(f"tuning {dataset!r} for about {args.budget:.0f} s")
     result = tune(
         dataset,
@@ -462,5 +469,5 @@ def main(args) -> int:
     for k, r in result.ratios().items():
         print(f"  {r:.2f}x {k.replace('_', ' ')} ({result.comparison_settings[k]})")
     print()
-    print(snippet(result, args.path, args.write))
+    print(snippet(result, args.path, args.write, args.crop))
     return 0
