@@ -88,3 +88,16 @@ def test_sorted_batch_sampler_start_with_plain_sampler():
     b.start = 10
     assert list(b) == [list(range(10, 20)), list(range(20, 25))]
     assert len(b) == 2
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("start", [0, 7, 96])
+@pytest.mark.parametrize("sort", [False, True])
+def test_sorted_batch_sampler_array_path_equals_the_index_loop(drop_last, start, sort):
+    sampler = BlockShuffleSampler(101, block_size=8, buffer_blocks=3, seed=4, epoch=2)
+    fast = SortedBatchSampler(sampler, 10, drop_last=drop_last, sort=sort)
+    slow = SortedBatchSampler(list(sampler), 10, drop_last=drop_last, sort=sort)  # no order()
+    fast.start = slow.start = start
+    got, want = list(fast), list(slow)
+    assert got == want and len(got) == len(fast)
+    assert all(type(i) is int for b in got for i in b)
