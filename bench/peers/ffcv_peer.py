@@ -15,25 +15,32 @@ def unavailable() -> str | None:
     return None
 
 
+class _Source:
+    """The case's samples as FFCV's writer wants them: (HWC uint8 array, label). Module-level,
+    since the writer pickles it to its worker processes."""
+
+    def __init__(self, kind: str, files: list[str], labels):
+        self.kind, self.files, self.labels = kind, files, labels
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        import numpy as np
+
+        from bench.data import load_raw
+
+        if self.kind == "raw":
+            return load_raw(self.files[i]), int(self.labels[i])
+        from PIL import Image
+
+        return np.asarray(Image.open(self.files[i]).convert("RGB")), int(self.labels[i])
+
+
 def write(case, out: Path) -> None:
     import numpy as np
     from ffcv.fields import IntField, NDArrayField, RGBImageField
     from ffcv.writer import DatasetWriter
-
-    from bench.data import load_raw
-
-    files, labels = case.files(), case.labels()
-
-    class Source:
-        def __len__(self):
-            return case.count
-
-        def __getitem__(self, i):
-            if case.kind == "raw":
-                return load_raw(files[i]), int(labels[i])
-            from PIL import Image
-
-            return np.asarray(Image.open(files[i]).convert("RGB")), int(labels[i])
 
     out.mkdir(parents=True, exist_ok=True)
     x = (
@@ -41,7 +48,8 @@ def write(case, out: Path) -> None:
         if case.kind == "raw"
         else RGBImageField(write_mode="jpg", jpeg_quality=90)
     )
-    DatasetWriter(str(out / "data.beton"), {"x": x, "y": IntField()}).from_indexed_dataset(Source())
+    source = _Source(case.kind, case.files(), case.labels())
+    DatasetWriter(str(out / "data.beton"), {"x": x, "y": IntField()}).from_indexed_dataset(source)
 
 
 def batches(case, out: Path, *, shuffle: bool, workers: int, batch_size: int, seed: int = 0):
