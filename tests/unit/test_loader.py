@@ -283,6 +283,40 @@ def test_auto_picks_workers_when_loading_is_slow():
     assert "faster than in-process" in dl.plan.reason
 
 
+class LoggingDataset(MemDataset):
+    """Appends every index it reads, in whichever process reads it, to a file."""
+
+    def __init__(self, log, n=4000):
+        super().__init__(n)
+        self.log = str(log)
+
+    def __getitems__(self, indices):
+        with open(self.log, "a") as f:
+            f.write(" ".join(map(str, indices)) + "\n")
+        return super().__getitems__(indices)
+
+
+def test_probe_rounds_all_read_the_first_batches(tmp_path):
+    """The in-process round reads batches into the page cache; workers and the second round
+    read the same ones, so a plan made on a cold start is a plan for warm epochs too."""
+    log = tmp_path / "reads.txt"
+    ds = LoggingDataset(log)
+    order = list(range(4000))[::-1]
+    batches = [sorted(order[i : i + 16]) for i in range(0, 4000, 16)]
+    loader_mod.plan_workers(
+        ds,
+        16,
+        batch_indices=iter(batches),
+        cpus=2,
+        multiprocessing_context="fork",
+        use_cache=False,
+    )
+    read = [list(map(int, line.split())) for line in log.read_text().splitlines()]
+    first = {i for b in batches[:17] for i in b}
+    assert len(read) > 17 + 8  # in-process, then the workers (forked: same log file)
+    assert {i for b in read for i in b} <= first
+
+
 def test_explicit_num_workers_skips_the_probe(monkeypatch):
     monkeypatch.setattr(loader_mod, "plan_workers", lambda *a, **k: pytest.fail("probed"))
     dl = make_loader(MemDataset(10), 4, num_workers=1)

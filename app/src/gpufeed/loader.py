@@ -363,12 +363,15 @@ def plan_workers(
             batch_indices = (
                 list(range(s, min(s + batch_size, n))) for s in range(0, n, batch_size)
             )
-        batch_indices = iter(batch_indices)
-        in_batches = list(itertools.islice(batch_indices, 17))
-        worker_batches = list(itertools.islice(batch_indices, max(16, 8 * workers + 8)))
-        if len(worker_batches) < 8:  # small dataset: reuse the in-process batches
-            worker_batches = (worker_batches + in_batches) * 4
-        again = list(itertools.islice(batch_indices, 17)) or in_batches
+        # Every round reads the same batches: the first in-process round brings them into the
+        # page cache, so workers and the second round compare warm reads. A plan measured
+        # while the pages were on disk would be kept for the warm epochs after it (made once
+        # per pack and process), and there workers lose up to 5x to in-process for cheap
+        # samples; cold, large samples are read ahead instead (SortedBatchSampler.lookahead).
+        in_batches = list(itertools.islice(iter(batch_indices), 17))
+        need = max(16, 8 * workers + 8)
+        worker_batches = list(itertools.islice(itertools.cycle(in_batches), need))
+        again = in_batches
         inproc_src = (_fetch(dataset, b, collate) for b in in_batches)
         inproc_again = (_fetch(dataset, b, collate) for b in again)
 
