@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
+from unit_sources import pack_with_broken_jpeg
 
 import gpufeed
 from gpufeed.datasets import Batch, collate
@@ -226,14 +227,8 @@ def test_corrupt_record_raises_naming_file_and_sample(unique_pack, fmt):
     assert skipping[7] is None and skipping.skipped == 2
 
 
-def test_undecodable_image_raises_with_index(tmp_path, make_images):
-    make_images(tmp_path / "s", {"a": 3}, ext=".jpg")
-    dest = tmp_path / "d"
-    gpufeed.pack(tmp_path / "s", dest, format="mmap", workers=1, quiet=True)
-    arr = np.load(dest / "encoded.npy", mmap_mode="r+")
-    offsets = np.load(dest / "offsets.npy")
-    arr[offsets[1] : offsets[1] + 40] = 0  # wreck the JPEG header of sample 1
-    arr.flush()
+def test_undecodable_image_raises_with_index(tmp_path):
+    dest = pack_with_broken_jpeg(tmp_path)
     ds = gpufeed.open_dataset(dest)
     with pytest.raises(CorruptSampleError, match=r"encoded.npy: sample 1 .*cannot decode"):
         ds.__getitems__([0, 1, 2])

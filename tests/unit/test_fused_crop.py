@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from unit_sources import pack_with_broken_jpeg
 
 import gpufeed
 from gpufeed.decoders import RandomResizedCrop, decode_image
@@ -74,14 +75,8 @@ def test_crop_boxes_follow_torchvision_sampling():
     assert RandomResizedCrop(8, scale=(1, 1), ratio=(1, 1)).crop_box(100, 10) == (45, 0, 10, 10)
 
 
-def test_corrupt_image_named_or_skipped(tmp_path, make_images):
-    make_images(tmp_path / "s", {"a": 3}, ext=".jpg")
-    dest = tmp_path / "d"
-    gpufeed.pack(tmp_path / "s", dest, format="mmap", workers=1, quiet=True)
-    arr = np.load(dest / "encoded.npy", mmap_mode="r+")
-    offsets = np.load(dest / "offsets.npy")
-    arr[offsets[1] : offsets[1] + 40] = 0
-    arr.flush()
+def test_corrupt_image_named_or_skipped(tmp_path):
+    dest = pack_with_broken_jpeg(tmp_path)
     with pytest.raises(CorruptSampleError, match=r"encoded.npy: sample 1 .*cannot decode"):
         gpufeed.open_dataset(dest, decode=RandomResizedCrop(4)).__getitems__([0, 1, 2])
     ds = gpufeed.open_dataset(dest, decode=RandomResizedCrop(4), on_error="skip")

@@ -57,3 +57,17 @@ def write_arrays(
                 np.save(p, arr)
             paths.append(p)
     return sorted(paths)
+
+
+def pack_with_broken_jpeg(tmp_path: Path, count: int = 3, broken: int = 1) -> Path:
+    """An mmap pack of ``count`` JPEGs whose sample ``broken`` has its header zeroed."""
+    import gpufeed
+
+    write_images(tmp_path / "s", {"a": count}, ext=".jpg")
+    dest = tmp_path / "d"
+    gpufeed.pack(tmp_path / "s", dest, format="mmap", workers=1, quiet=True)
+    arr = np.load(dest / "encoded.npy", mmap_mode="r+")
+    offsets = np.load(dest / "offsets.npy")
+    arr[offsets[broken] : offsets[broken] + 40] = 0  # wreck the JPEG header
+    arr.flush()
+    return dest
