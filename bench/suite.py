@@ -388,6 +388,7 @@ def run_row(spec: dict) -> dict:
 
         plans = list(_PLAN_CACHE.values())
         out["workers"] = plans[-1][0] if plans else None
+        out["plan"] = plans[-1][1] if plans else None  # make_loader's reason, with its numbers
     elif kind == "perfile":
         out["workers"] = int(row.partition(":")[2])
     return out
