@@ -124,7 +124,7 @@ QUICK ?= 0
 # Where `make smoke-gpu` writes smoke-gpu.json, smoke-gpu.md, bench.txt and bench.json.
 SMOKE_OUT ?= smoke-gpu-results
 
-bench-image: $(BASE_DEPENDENCY) ## build the bench image (runtime + WebDataset, LitData, MDS)
+bench-image: $(BASE_DEPENDENCY) ## build the bench image (runtime + WebDataset, LitData, MDS, FFCV)
 	$(BUILD) --target bench -t $(BENCH_IMAGE) .
 
 bench: bench-image ## comparison suite vs per-file loading and the peers (QUICK=1: a tenth of the data)

@@ -1,5 +1,5 @@
 """WebDataset, as its README shows: ShardWriter to tar shards, then
-``WebDataset(urls, shardshuffle=...).shuffle(1000).decode(...).to_tuple(...).batched(B)``
+``WebDataset(urls, shardshuffle=...).shuffle(N).decode(...).to_tuple(...).batched(B)``
 in a ``WebLoader(batch_size=None)`` (batching in the workers, its recommended setup)."""
 
 from __future__ import annotations
