@@ -286,6 +286,15 @@ def advise_rows(data: np.ndarray, indices: np.ndarray) -> None:
     advise_willneed((base + int(i) * row, row) for i in np.sort(indices))
 
 
+def advise_samples(data: np.ndarray, offsets: np.ndarray | None, indices: np.ndarray) -> None:
+    """WILLNEED for samples ``indices`` of a mapped array: rows of fixed-shape samples
+    (``offsets`` None), else the encoded spans ``data[offsets[i]:offsets[i + 1]]``."""
+    if offsets is None:
+        advise_rows(data, indices)
+    else:
+        advise_buffers([data[offsets[i] : offsets[i + 1]] for i in indices])
+
+
 def advise_buffers(buffers: Sequence) -> None:
     """WILLNEED for buffers that point into a mapped file (LMDB values, memmap slices)."""
     if len(buffers) < 2:

@@ -31,6 +31,7 @@ from gpufeed.formats.common import (
     UsageError,
     advise_buffers,
     advise_rows,
+    advise_samples,
     take_rows,
 )
 
@@ -156,13 +157,8 @@ class HDF5Reader(Reader):
 
     def prefetch(self, indices: np.ndarray) -> None:
         data = self.handle
-        if not isinstance(data, np.ndarray):
-            return  # chunked or compressed: h5py reads through its own cache
-        if self.spec.kind == "array":
-            advise_rows(data, indices)
-        else:
-            offs = self.offsets
-            advise_buffers([data[offs[i] : offs[i + 1]] for i in indices])
+        if isinstance(data, np.ndarray):  # chunked or compressed: h5py reads through its cache
+            advise_samples(data, self.offsets, indices)
 
     def read_batch(self, indices: np.ndarray):
         data = self.handle

@@ -23,6 +23,7 @@ from gpufeed.formats.common import (
     UsageError,
     advise_buffers,
     advise_rows,
+    advise_samples,
     take_rows,
 )
 
@@ -107,12 +108,7 @@ class MmapReader(Reader):
         return str(self.data_path)
 
     def prefetch(self, indices: np.ndarray) -> None:
-        data = self.handle
-        if self.spec.kind == "array":
-            advise_rows(data, indices)
-        else:
-            offs = self.offsets
-            advise_buffers([data[offs[i] : offs[i + 1]] for i in indices])
+        advise_samples(self.handle, self.offsets, indices)
 
     def read_batch(self, indices: np.ndarray):
         data = self.handle
