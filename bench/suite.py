@@ -63,6 +63,8 @@ QUICK_CONDITIONS = {
     "jpeg": [("warm", "shuffled")],
     "large": [("cold", "shuffled")],
 }
+# a store runs once per data folder; the full JPEG case through every writer takes minutes
+STORE_TIMEOUT_S = 3600
 # 432 KiB samples: 32 a batch (110 MB batches of 256 would be no one's setting)
 BATCH_SIZE = {"large": 32}
 
@@ -120,8 +122,12 @@ def data_files(path: Path) -> list[str]:
 # ------------------------------------------------------------------- preparing
 
 
-def prepare(case, row: str, log) -> dict:
-    """Store the case for one row (once; kept while the data folder lives)."""
+def prepare(case, row: str) -> dict:
+    """Store the case for one row (once; kept while the data folder lives). The suite calls it
+    in a child process (store_in_child): writers leave state behind that would skew the rows
+    measured after them (LitData's optimize sets the global start method to spawn, so FFCV's
+    writer then spawned workers that each imported FFCV, 7 s; tqdm leaves a monitor thread,
+    after which rows cannot be forked from this process)."""
     kind, _, arg = row.partition(":")
     dest = store_dir(case, row)
     marker = case.root / f".stored-{kind}-{arg}"
@@ -139,7 +145,7 @@ def prepare(case, row: str, log) -> dict:
             shutil.rmtree(dest, ignore_errors=True)
             bpeers.load(arg).write(case, dest)
         marker.write_text(json.dumps({"write_s": time.perf_counter() - t}))
-        log(f"  stored {case.name} for {row} in {time.perf_counter() - t:.1f} s")
+        info["stored_now"] = True
     if marker.exists():
         info.update(json.loads(marker.read_text()))
     info["disk_bytes"] = disk_bytes(dest)
@@ -422,8 +428,38 @@ def read_bound(case, drop_caches: bool, runs: int) -> dict:
     return out
 
 
+def child_task(spec: dict) -> dict:
+    """What a child process does: store a case for a row, or measure a row."""
+    if spec.get("task") == "store":
+        case = next(
+            c for c in bdata.cases(Path(spec["data"]), spec["quick"]) if c.name == spec["case"]
+        )
+        return prepare(case, spec["row"])
+    return run_row(spec)
+
+
+def child_result(code: int, stdout: str, stderr: str) -> tuple[dict | None, str]:
+    """A child's result, or None and the last lines it printed (why it failed)."""
+    res = [ln for ln in stdout.splitlines() if ln.startswith("@@RESULT ")]
+    if code == 0 and res:
+        return json.loads(res[-1][len("@@RESULT ") :]), ""
+    tail = (stderr or stdout).strip().splitlines()[-3:]
+    return None, " / ".join(tail)[-300:] or f"exit {code}"
+
+
+def store_in_child(data_root: Path, case, row: str, quick: bool, log) -> dict:
+    """prepare() in a child process, so that what a writer leaves behind stays there."""
+    spec = {"task": "store", "data": str(data_root), "quick": quick, "case": case.name, "row": row}
+    info, why = child_result(*run_child(spec, STORE_TIMEOUT_S)[:3])
+    if info is None:
+        raise RuntimeError(why)
+    if info.pop("stored_now", False):
+        log(f"  stored {case.name} for {row} in {info['write_s']:.1f} s")
+    return info
+
+
 def run_child(spec: dict, timeout: float) -> tuple[int, str, str, int]:
-    """Run one row in its own process: (exit code, stdout, stderr, peak RSS of its tree).
+    """Run one task in its own process: (exit code, stdout, stderr, peak RSS of its tree).
 
     The child is forked from this process, which has imported torch already (about 3 s a row
     saved); where a thread runs here (a peer's writer left one), forking could copy a held
@@ -470,7 +506,7 @@ def _fork_child(spec: dict, timeout: float, env: dict) -> tuple[int, str, str, i
                 os.environ.update(env)
                 os.dup2(out.fileno(), 1)
                 os.dup2(err.fileno(), 2)
-                print("@@RESULT " + json.dumps(run_row(spec)), flush=True)
+                print("@@RESULT " + json.dumps(child_task(spec)), flush=True)
                 code = 0
             except BaseException:  # noqa: BLE001 - reported through stderr and the exit code
                 import traceback
@@ -723,7 +759,7 @@ def main(argv=None) -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print("@@RESULT " + json.dumps(run_row(json.loads(args.child))), flush=True)
+        print("@@RESULT " + json.dumps(child_task(json.loads(args.child))), flush=True)
         return 0
     cap = args.cap or (0.3 if args.quick else 8.0)
     runs = args.runs or (1 if args.quick else 3)
@@ -778,7 +814,7 @@ def main(argv=None) -> int:
                     log(f"  {row}: not run: {why}")
                     continue
             try:
-                entry.update(prepare(case, row, log))
+                entry.update(store_in_child(data_root, case, row, args.quick, log))
                 todo.append(row)
             except Exception as exc:  # noqa: BLE001 - the table says which row failed and why
                 entry["error"] = f"{type(exc).__name__}: {exc}"
@@ -802,14 +838,13 @@ def main(argv=None) -> int:
                 "drop_caches": args.drop_caches,
             }
             code, stdout, stderr, rss_peak = run_child(spec, args.row_timeout)
-            res = [ln for ln in stdout.splitlines() if ln.startswith("@@RESULT ")]
-            if code != 0 or not res:
-                tail = (stderr or stdout).strip().splitlines()[-3:]
-                cr["rows"][row]["error"] = " / ".join(tail)[-300:] or f"exit {code}"
+            res, why = child_result(code, stdout, stderr)
+            if res is None:
+                cr["rows"][row]["error"] = why
                 all_ran = False
-                log(f"  {row}: FAILED: {cr['rows'][row]['error']}")
+                log(f"  {row}: FAILED: {why}")
                 continue
-            cr["rows"][row].update(json.loads(res[-1][len("@@RESULT ") :]))
+            cr["rows"][row].update(res)
             cr["rows"][row]["peak_rss_bytes"] = rss_peak
             summary = ", ".join(
                 f"{k} {v['samples_per_s']:,.0f}/s" for k, v in cr["rows"][row]["conditions"].items()

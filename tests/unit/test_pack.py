@@ -248,6 +248,35 @@ def test_worker_pool_output_equals_in_process(many_tiny, tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_default_workers_start_the_pool_only_when_the_probe_says_it_pays(many_tiny, monkeypatch):
+    import concurrent.futures
+
+    pack_mod = sys.modules["gpufeed.pack"]  # gpufeed.pack is also the function's name
+    pools = []
+
+    class RecordingPool(concurrent.futures.ProcessPoolExecutor):
+        def __init__(self, *args, **kwargs):
+            pools.append(args)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", RecordingPool)
+    paths = [str(p) for p in sorted(many_tiny.rglob("*.npy"))][:200]
+    opts = pack_mod.LoadOptions()
+    expected = [pack_mod.load_item(p, opts) for p in paths]
+
+    def run():
+        return list(pack_mod.ordered_map(paths, opts, 2, measure_total=len(paths)))
+
+    monkeypatch.setattr(pack_mod, "WORKER_START_S", 1e9)  # starting workers never pays
+    assert run() == expected and pools == []
+    monkeypatch.setattr(pack_mod, "WORKER_START_S", 0.0)  # always pays, after one item
+    monkeypatch.setattr(pack_mod, "PROBE_S", 0.0)
+    assert run() == expected and pools == [(2,)]
+    # an explicit worker count is obeyed without a probe
+    assert list(pack_mod.ordered_map(paths, opts, 2)) == expected and len(pools) == 2
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_kill_9_then_resume_equals_uninterrupted(many_tiny, tmp_path, python_env, fmt):
     clean = tmp_path / "clean"

@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-j",
         type=int,
         default=None,
-        help="processes reading and encoding (default: CPUs, at most 8; 0 or 1: in-process)",
+        help="processes reading and encoding (default: CPUs, at most 8, started only when the "
+        "first items read in-process show they pay off; 0 or 1: in-process)",
     )
     p.add_argument("--shard-size", type=positive_int, help="tar: max samples per shard (10000)")
     p.add_argument("--shard-bytes", type=parse_bytes, help="tar: max bytes per shard (256M)")
