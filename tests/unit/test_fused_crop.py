@@ -1,5 +1,6 @@
 """gpufeed.RandomResizedCrop: decode + crop + resize + flip fused over a batch, with the same
-sampling as torchvision's RandomResizedCrop and the same antialiased resize."""
+sampling as torchvision's RandomResizedCrop and the same antialiased resize, in both backends
+(opencv: simplejpeg + cv2.resize for enlarged boxes; torch: torchvision's kernels)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from unit_sources import pack_with_broken_jpeg
 
 import gpufeed
+from gpufeed import decoders
 from gpufeed.decoders import RandomResizedCrop, decode_image
 from gpufeed.formats.common import CorruptSampleError, UsageError
 
@@ -22,37 +24,47 @@ def jpeg_pack(tmp_path_factory, jpeg_folder):
     return dest
 
 
-def test_whole_image_crop_is_the_antialiased_resize(jpeg_pack):
+BACKENDS = ["torch", "opencv"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("size", [(10, 12), (31, 40)])  # shrinks, enlarges the whole picture
+def test_whole_image_crop_is_the_antialiased_resize(jpeg_pack, backend, size):
     plain = gpufeed.open_dataset(jpeg_pack)
     fused = gpufeed.open_dataset(
-        jpeg_pack, decode=RandomResizedCrop((10, 12), scale=(1, 1), ratio=(1.2, 1.2), flip=0)
+        jpeg_pack,
+        decode=RandomResizedCrop(size, scale=(1, 1), ratio=(1.2, 1.2), flip=0, backend=backend),
     )
     idx = [0, 5, 12]
     x, y = fused.__getitems__(idx)
-    assert x.shape == (3, 3, 10, 12) and x.dtype == torch.uint8 and x.is_contiguous()
+    assert x.shape == (3, 3, *size) and x.dtype == torch.uint8
+    # torch: NCHW as torchvision gives it; opencv: the decoder's HWC memory, channels_last
+    layout = torch.contiguous_format if backend == "torch" else torch.channels_last
+    assert x.is_contiguous(memory_format=layout)
     assert torch.equal(y, plain.__getitems__(idx).labels)
     for j, i in enumerate(idx):
         img = plain[i][0]  # 20x24 images: ratio 1.2, so scale 1 crops the whole picture
         want = torch.nn.functional.interpolate(
-            img[None].float(), size=(10, 12), mode="bilinear", antialias=True
+            img[None].float(), size=size, mode="bilinear", antialias=True
         )
         diff = (x[j].float() - want[0]).abs()
         assert diff.max() <= 1, diff.max()  # uint8 kernel vs float kernel: rounding only
 
 
-def test_flip_mirrors_the_same_crop(jpeg_pack):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_flip_mirrors_the_same_crop(jpeg_pack, backend):
     def batch(flip):
         random.seed(3)
         torch.manual_seed(3)
-        ds = gpufeed.open_dataset(jpeg_pack, decode=RandomResizedCrop(8, flip=flip))
-        return ds.__getitems__(list(range(13))).samples
+        decode = RandomResizedCrop(8, flip=flip, backend=backend)
+        return gpufeed.open_dataset(jpeg_pack, decode=decode).__getitems__(list(range(13))).samples
 
     assert torch.equal(batch(1.0), batch(0.0).flip(-1))
     random.seed(3)
     torch.manual_seed(3)
-    half = gpufeed.open_dataset(jpeg_pack, decode=RandomResizedCrop(8)).__getitems__(
-        list(range(13))
-    )
+    half = gpufeed.open_dataset(
+        jpeg_pack, decode=RandomResizedCrop(8, backend=backend)
+    ).__getitems__(list(range(13)))
     same = [torch.equal(a, b) for a, b in zip(half.samples, batch(0.0), strict=True)]
     assert 0 < sum(same) < 13  # some flipped, some not
 
@@ -75,11 +87,13 @@ def test_crop_boxes_follow_torchvision_sampling():
     assert RandomResizedCrop(8, scale=(1, 1), ratio=(1, 1)).crop_box(100, 10) == (45, 0, 10, 10)
 
 
-def test_corrupt_image_named_or_skipped(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_corrupt_image_named_or_skipped(tmp_path, backend):
     dest = pack_with_broken_jpeg(tmp_path)
+    decode = RandomResizedCrop(4, backend=backend)
     with pytest.raises(CorruptSampleError, match=r"encoded.npy: sample 1 .*cannot decode"):
-        gpufeed.open_dataset(dest, decode=RandomResizedCrop(4)).__getitems__([0, 1, 2])
-    ds = gpufeed.open_dataset(dest, decode=RandomResizedCrop(4), on_error="skip")
+        gpufeed.open_dataset(dest, decode=decode).__getitems__([0, 1, 2])
+    ds = gpufeed.open_dataset(dest, decode=decode, on_error="skip")
     with pytest.warns(UserWarning, match="skipping corrupt"):
         out = ds.__getitems__([0, 1, 2])
     assert out.samples.shape == (2, 3, 4, 4) and ds.skipped == 1
@@ -101,9 +115,10 @@ def test_bad_settings_are_named(bad):
         RandomResizedCrop(**bad)
 
 
-def test_loader_with_workers_is_reproducible_per_seed_and_epoch(jpeg_pack):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loader_with_workers_is_reproducible_per_seed_and_epoch(jpeg_pack, backend):
     def epoch(seed, e):
-        ds = gpufeed.open_dataset(jpeg_pack, decode=RandomResizedCrop(6))
+        ds = gpufeed.open_dataset(jpeg_pack, decode=RandomResizedCrop(6, backend=backend))
         loader = gpufeed.make_loader(ds, 4, shuffle=True, seed=seed, num_workers=2)
         loader.set_epoch(e)
         return torch.cat([x for x, _ in loader])
@@ -119,3 +134,54 @@ def test_decode_image_still_gives_the_full_picture(jpeg_pack):
     ds = gpufeed.open_dataset(jpeg_pack)
     payload = ds.reader.read_batch(np.array([0]))[0]
     assert decode_image(payload).shape == (3, 20, 24)
+
+
+def test_backends_give_the_same_pixels_for_the_same_boxes(jpeg_pack):
+    """Same seeds, same boxes and flips: the opencv backend's bilinear (enlarging) and
+    torchvision's kernel (shrinking) against torchvision's kernel everywhere."""
+
+    def batch(backend):
+        random.seed(7)
+        torch.manual_seed(7)
+        decode = RandomResizedCrop(16, scale=(0.2, 1.0), backend=backend)
+        ds = gpufeed.open_dataset(jpeg_pack, decode=decode)
+        return torch.cat([ds.__getitems__(list(range(13))).samples for _ in range(8)])
+
+    fast, exact = batch("opencv"), batch("torch")
+    assert fast.shape == exact.shape == (104, 3, 16, 16)
+    diff = (fast.int() - exact.int()).abs()
+    assert diff.max() <= 1, diff.max()  # uint8 rounding, never another filter
+    assert torch.equal(fast.contiguous(), fast.contiguous(memory_format=torch.contiguous_format))
+
+
+def test_opencv_backend_takes_png_and_grayscale(tmp_path, make_images):
+    from PIL import Image
+
+    make_images(tmp_path / "s", {"a": 2}, size=(12, 10), ext=".png")
+    Image.new("L", (10, 12), 77).save(tmp_path / "s" / "a" / "gray.jpg", quality=95)
+    gpufeed.pack(tmp_path / "s", tmp_path / "d", format="lmdb", workers=1, quiet=True)
+
+    def batch(backend):
+        random.seed(1)
+        torch.manual_seed(1)
+        decode = RandomResizedCrop(6, backend=backend, memory_format=torch.contiguous_format)
+        return gpufeed.open_dataset(tmp_path / "d", decode=decode).__getitems__([0, 1, 2])
+
+    fast, exact = batch("opencv"), batch("torch")
+    assert fast.samples.shape == (3, 3, 6, 6) and fast.samples.is_contiguous()
+    assert (fast.samples.int() - exact.samples.int()).abs().max() <= 1
+    assert torch.equal(fast.labels, exact.labels)
+
+
+def test_backend_choice_and_missing_opencv(monkeypatch):
+    assert RandomResizedCrop(4).backend == "opencv"  # the test environment has both
+    assert "backend='opencv'" in repr(RandomResizedCrop(4))
+    assert repr(RandomResizedCrop(4, backend="torch")) != repr(RandomResizedCrop(4))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        RandomResizedCrop(4, backend="pil")
+    with pytest.raises(ValueError, match="memory_format"):
+        RandomResizedCrop(4, memory_format=torch.preserve_format)
+    monkeypatch.setattr(decoders, "opencv_backend", lambda: None)
+    assert RandomResizedCrop(4).backend == "torch"
+    with pytest.raises(ValueError, match=r"pip install 'gpufeed\[opencv\]'"):
+        RandomResizedCrop(4, backend="opencv")
