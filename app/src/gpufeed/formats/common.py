@@ -295,11 +295,12 @@ def advise_samples(data: np.ndarray, offsets: np.ndarray | None, indices: np.nda
         advise_buffers([data[offsets[i] : offsets[i + 1]] for i in indices])
 
 
-def advise_buffers(buffers: Sequence) -> None:
+def advise_buffers(buffers: Sequence, sizes: Sequence[int] | None = None) -> None:
     """WILLNEED for buffers that point into a mapped file (LMDB values, memmap slices)."""
     if len(buffers) < 2:
         return
-    sizes = [len(b) for b in buffers]
+    if sizes is None:
+        sizes = list(map(len, buffers))
     if sum(sizes) < PREFETCH_MIN_BYTES * len(sizes):
         return
     advise_willneed(

@@ -45,6 +45,16 @@ def key(index: int) -> bytes:
     return b"%010d" % index
 
 
+_POW10 = 10 ** np.arange(9, -1, -1, dtype=np.int64)
+
+
+def keys(indices: np.ndarray) -> list[bytes]:
+    """key(i) for every index, built in numpy (a Python format per key cost ~0.4 us each, a
+    third of a warm 256-sample batch's read)."""
+    digits = (np.asarray(indices, dtype=np.int64)[:, None] // _POW10) % 10 + ord("0")
+    return digits.astype(np.uint8).view("S10").ravel().tolist()
+
+
 def estimate_map_size(sizes: np.ndarray) -> int:
     """Bytes LMDB needs for values of these sizes: small values share leaf pages, large ones
     take whole overflow pages; plus room for branch pages and the index keys."""
@@ -210,29 +220,29 @@ class LMDBReader(Reader):
     def prefetch(self, indices: np.ndarray) -> None:
         # the values' pages are not touched until copied: look them up, then advise
         with self.handle.begin(buffers=True) as txn:
-            found = txn.cursor().getmulti([key(int(i)) for i in indices])
-            advise_buffers([v for _, v in found])
+            get = txn.get
+            advise_buffers([v for v in map(get, keys(indices)) if v is not None])
 
     def read_batch(self, indices: np.ndarray):
-        keys = [key(int(i)) for i in indices]
         with self.handle.begin(buffers=True) as txn:
-            found = txn.cursor().getmulti(keys)
-            if len(found) != len(keys):
-                have = {bytes(k) for k, _ in found}
-                missing = next(i for i, k in zip(indices, keys, strict=True) if k not in have)
+            get = txn.get  # a get per key: 1.5-2x faster than cursor.getmulti's tuples
+            values = [get(k) for k in keys(indices)]
+            if None in values:
+                missing = indices[values.index(None)]
                 raise CorruptSampleError(self.location(missing), int(missing), "record missing")
-            advise_buffers([v for _, v in found])
+            sizes = list(map(len, values))
+            advise_buffers(values, sizes)
             if self.spec.kind == "encoded":
-                return [bytes(v) for _, v in found]
-            out = np.empty((len(keys), *self.spec.shape), dtype=self.spec.dtype)
-            flat = out.reshape(len(keys), -1).view(np.uint8)
-            width = flat.shape[1]
-            for j, (_, v) in enumerate(found):
-                if len(v) != width:
-                    raise CorruptSampleError(
-                        self.location(indices[j]),
-                        int(indices[j]),
-                        f"record is {len(v)} bytes, expected {width}",
-                    )
-                flat[j] = np.frombuffer(v, dtype=np.uint8)
-            return out
+                return [bytes(v) for v in values]
+            width = self.spec.nbytes
+            if sizes.count(width) != len(sizes):
+                j = next(j for j, n in enumerate(sizes) if n != width)
+                raise CorruptSampleError(
+                    self.location(indices[j]),
+                    int(indices[j]),
+                    f"record is {sizes[j]} bytes, expected {width}",
+                )
+            # one C loop copies every value out of the map into memory the batch owns
+            # (3.5x a numpy row assignment per value)
+            joined = bytearray().join(values)
+        return np.frombuffer(joined, dtype=self.spec.dtype).reshape(len(values), *self.spec.shape)
