@@ -247,3 +247,93 @@ def test_out_of_range_index(packs):
     with pytest.raises(IndexError, match="sample 17 out of range for 17"):
         ds[17]
     assert torch.equal(ds[-1][0], ds[16][0])
+
+
+def _stream_batches(path, batch_size, **kw):
+    return list(gpufeed.open_dataset(path, **kw).iter_batches(batch_size))
+
+
+def test_tar_batches_hold_every_sample_once_in_full_batches(packs, array_folder):
+    ref = sorted(bytes(r) for r in reference(array_folder))
+    for buffer in (0, 4, 100):  # storage order, a small buffer, one bigger than the data
+        batches = _stream_batches(packs["tar"], 5, shuffle_buffer=buffer, seed=2)
+        assert [len(b.labels) for b in batches] == [5, 5, 5, 2]
+        assert all(b.samples.is_contiguous() for b in batches)
+        got = sorted(bytes(s.numpy()) for b in batches for s in b.samples)
+        assert got == ref, buffer
+    stream = _stream_batches(packs["tar"], 5, shuffle_buffer=0, shuffle_shards=False)
+    plain = torch.cat([b.samples for b in stream])
+    assert np.array_equal(plain.numpy(), reference(array_folder))  # storage order, exactly
+    ds = gpufeed.open_dataset(packs["tar"], shuffle_buffer=4)
+    assert [len(b.labels) for b in ds.iter_batches(5, drop_last=True)] == [5, 5, 5]
+
+
+def test_tar_batches_are_shuffled_seeded_and_writable(packs):
+    def order(seed, epoch=0):
+        ds = gpufeed.open_dataset(packs["tar"], shuffle_buffer=6, seed=seed)
+        ds.set_epoch(epoch)
+        return [bytes(s.numpy()) for b in ds.iter_batches(4) for s in b.samples]
+
+    assert order(1) == order(1)
+    assert order(1) != order(2) and order(1) != order(1, epoch=1)
+    batch = next(gpufeed.open_dataset(packs["tar"], shuffle_buffer=6).iter_batches(4))
+    # the batch owns its memory: gathered out of the shard's read-only map, not a view of it
+    assert batch.samples.numpy().flags.writeable
+    assert batch.samples.untyped_storage().nbytes() == batch.samples.nbytes
+    batch.samples.zero_()  # and writing to it leaves the pack alone
+    assert order(1) == order(1)
+
+
+def test_make_loader_over_tar_yields_whole_batches(packs, array_folder):
+    ds = gpufeed.open_dataset(packs["tar"], shuffle_buffer=4)
+    for workers in (0, 2):
+        loader = gpufeed.make_loader(ds, 4, num_workers=workers)
+        batches = list(loader)
+        assert all(isinstance(b, Batch) for b in batches)
+        got = sorted(bytes(s.numpy()) for b in batches for s in b.samples)
+        assert got == sorted(bytes(r) for r in reference(array_folder))
+
+
+def test_tar_run_reads_equal_member_reads(packs):
+    for name in ("tar", "tar-jpg"):
+        reader = gpufeed.open_dataset(packs[name], map_style=True).reader
+        run = np.arange(3, 6)  # one shard (shard_size 3): one span of the map
+        assert reader._run_in_one_shard(run)
+        together = reader.read_batch(run)
+        apart = [reader.read_batch(np.array([i]))[0] for i in run]
+        for a, b in zip(together, apart, strict=True):
+            assert bytes(np.asarray(a).tobytes()) == bytes(np.asarray(b).tobytes())
+        assert not reader._run_in_one_shard(np.array([2, 3, 4]))  # crosses a shard
+
+
+def test_truncated_shard_is_named(packs, tmp_path):
+    import shutil
+
+    dest = tmp_path / "t.tar"
+    shutil.copytree(packs["tar"], dest)
+    shard = dest / "shard-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:2000])  # cut inside its first sample
+    ds = gpufeed.open_dataset(dest, shuffle_buffer=0, shuffle_shards=False)
+    with pytest.raises(CorruptSampleError, match=r"shard-000001.tar: sample [34] .*truncated"):
+        list(ds.iter_batches(3))
+
+
+def test_lmdb_missing_or_resized_records_are_named(packs, tmp_path):
+    import shutil
+
+    import lmdb
+
+    from gpufeed.formats.lmdb import key
+
+    dest = tmp_path / "l.lmdb"
+    shutil.copytree(packs["lmdb"], dest)
+    env = lmdb.open(str(dest), subdir=True)
+    with env.begin(write=True) as txn:
+        txn.delete(key(4))
+        txn.put(key(6), b"short")
+    env.close()
+    ds = gpufeed.open_dataset(dest)
+    with pytest.raises(CorruptSampleError, match=r"data.mdb: sample 4 .*record missing"):
+        ds.__getitems__([3, 4, 5])
+    with pytest.raises(CorruptSampleError, match=r"sample 6 .*record is 5 bytes, expected 60"):
+        ds.__getitems__([5, 6])

@@ -38,6 +38,7 @@ from gpufeed.formats.common import (
     as_index_array,
     crc32,
     row_crcs,
+    take_rows,
 )
 
 ON_ERROR = ("raise", "skip")
@@ -76,6 +77,69 @@ def _stack(samples: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
     ):
         return torch.stack(samples)
     return samples
+
+
+class _SamplePool:
+    """The samples read and not yet handed out, held as references, not copies: which chunk
+    (as read) and which row in it. ``take`` gathers from each chunk its positions point
+    into, once, straight into the batch: one copy per sample. A chunk is dropped when no
+    position points into it any more."""
+
+    def __init__(self) -> None:
+        self.chunk = np.empty(0, dtype=np.int64)
+        self.row = np.empty(0, dtype=np.int64)
+        self.chunks: dict[int, list] = {}  # id -> [indices, payloads, torch rows, live]
+        self._next = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.chunk)
+
+    def put(self, idx: np.ndarray, payloads) -> None:
+        cid, self._next = self._next, self._next + 1
+        rows = None
+        if isinstance(payloads, np.ndarray) and not payloads.flags.c_contiguous:
+            # members at a fixed stride in a read-only map: torch's index_select reads such
+            # rows in place, where np.take would first copy the whole chunk
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "not writable": only read
+                rows = torch.from_numpy(payloads.reshape(len(idx), -1).view(np.uint8))
+        self.chunks[cid] = [idx, payloads, rows, len(idx)]
+        self.chunk = np.concatenate([self.chunk, np.full(len(idx), cid, dtype=np.int64)])
+        self.row = np.concatenate([self.row, np.arange(len(idx), dtype=np.int64)])
+
+    def take(self, positions: np.ndarray):
+        """(indices, payloads) at ``positions``, removed from the pool, grouped by the chunk
+        they were read in (storage order when ``positions`` is sorted)."""
+        chunk_of, rows = self.chunk[positions], self.row[positions]
+        order = np.argsort(chunk_of, kind="stable")
+        chunk_of, rows = chunk_of[order], rows[order]
+        keep = np.ones(self.size, dtype=bool)
+        keep[positions] = False
+        self.chunk, self.row = self.chunk[keep], self.row[keep]
+        ids, starts, counts = np.unique(chunk_of, return_index=True, return_counts=True)
+        n = len(positions)
+        out_idx = np.empty(n, dtype=np.int64)
+        first = self.chunks[int(ids[0])][1]
+        if isinstance(first, np.ndarray):
+            out = np.empty((n, *first.shape[1:]), dtype=first.dtype)
+            out_rows = torch.from_numpy(out.reshape(n, -1).view(np.uint8))
+        else:
+            out = [None] * n
+        for cid, a, k in zip(ids.tolist(), starts.tolist(), counts.tolist(), strict=True):
+            entry = self.chunks[cid]
+            r = rows[a : a + k]
+            out_idx[a : a + k] = entry[0][r]
+            if entry[2] is not None:
+                torch.index_select(entry[2], 0, torch.from_numpy(r), out=out_rows[a : a + k])
+            elif isinstance(out, np.ndarray):
+                take_rows(entry[1], r, out[a : a + k])
+            else:
+                out[a : a + k] = [entry[1][i] for i in r.tolist()]
+            entry[3] -= k
+            if entry[3] == 0:
+                del self.chunks[cid]
+        return out_idx, out
 
 
 class _SampleReading:
@@ -415,36 +479,50 @@ class TarShardDataset(_SampleReading, IterableDataset):
         start = self.reader.shard_start
         return int(sum(start[s + 1] - start[s] for s in shards))
 
-    def _samples(self, shards: list[int]):
+    def _chunks(self, shards: list[int], size: int):
+        """(indices, payloads) of up to ``size`` consecutive samples of one shard, each chunk
+        one read."""
         for s in shards:
             lo, hi = self.reader.shard_range(s)
-            for a in range(lo, hi, self.read_size):
-                idx = np.arange(a, min(a + self.read_size, hi), dtype=np.int64)
+            for a in range(lo, hi, size):
+                idx = np.arange(a, min(a + size, hi), dtype=np.int64)
                 keep, payloads = self._read(idx)
-                samples, kept = self._to_tensors(idx, keep, payloads)
-                labels = self.reader.labels[idx[kept]].tolist()
-                for j, label in enumerate(labels):
-                    yield samples[j], label
+                if len(keep):
+                    yield idx[keep], payloads
 
-    def __iter__(self):
+    def _batch(self, idx: np.ndarray, payloads) -> Batch:
+        samples, kept = self._to_tensors(idx, np.arange(len(idx)), payloads)
+        return Batch(samples, torch.from_numpy(self.reader.labels[idx[kept]]))
+
+    def iter_batches(self, batch_size: int, drop_last: bool = False):
+        """This rank's and worker's samples as Batches of ``batch_size`` (the last one shorter
+        unless ``drop_last``), read in runs of consecutive samples (one read each), decoded a
+        batch at a time. Shuffled through a buffer: a batch goes out only while at least
+        ``shuffle_buffer`` samples stay behind, drawn uniformly from all held. make_loader
+        iterates this; ``iter()`` yields the same kind of stream sample by sample."""
         shards = self.my_shards()
-        stream = self._samples(shards)
-        if self.shuffle_buffer <= 1:
-            yield from stream
-            return
         info = get_worker_info()
         worker = info.id if info is not None else 0
         rng = np.random.default_rng([self.seed, self.epoch, worker, *shards[:4]])
-        buf: list = []
-        for item in stream:
-            if len(buf) < self.shuffle_buffer:
-                buf.append(item)
-                continue
-            j = int(rng.integers(len(buf)))
-            buf[j], item = item, buf[j]
-            yield item
-        rng.shuffle(buf)
-        yield from buf
+        shuffle = self.shuffle_buffer > 1
+        keep_back = self.shuffle_buffer if shuffle else 0
+        pool = _SamplePool()
+
+        def draw(k: int) -> np.ndarray:
+            if shuffle:
+                return rng.choice(pool.size, k, replace=False)
+            return np.arange(k)
+
+        for idx, payloads in self._chunks(shards, max(self.read_size, batch_size)):
+            pool.put(idx, payloads)
+            while pool.size >= keep_back + batch_size:
+                yield self._batch(*pool.take(draw(batch_size)))
+        while pool.size >= batch_size or (pool.size and not drop_last):
+            yield self._batch(*pool.take(draw(min(batch_size, pool.size))))
+
+    def __iter__(self):
+        for samples, labels in self.iter_batches(self.read_size):
+            yield from zip(samples, labels.tolist(), strict=True)
 
     def __getstate__(self):
         state = self.__dict__.copy()

@@ -240,6 +240,9 @@ def _fetch(dataset, indices, collate):
 
 
 def _iter_batches(dataset, batch_size, collate) -> Iterator:
+    if hasattr(dataset, "iter_batches"):
+        yield from (collate(b) for b in dataset.iter_batches(batch_size))
+        return
     it = iter(dataset)
     while True:
         chunk = list(itertools.islice(it, batch_size))
@@ -408,7 +411,9 @@ def plan_workers(
             timeout=max(1.0, budget_s),
         )
         if iterable:
-            return DataLoader(dataset, batch_size=batch_size, **kw)
+            batched = hasattr(dataset, "iter_batches")
+            ds, size = _loader_dataset(dataset, batch_size, False, batched)
+            return DataLoader(ds, batch_size=size, **kw)
         return DataLoader(dataset, batch_sampler=worker_batches, **kw)
 
     w_budget = max(_WORKER_SPAN_S + 0.5, budget_s - 2 * (time.perf_counter() - t_begin))
@@ -531,6 +536,26 @@ class _MapProxy(_EpochSync, Dataset):
         return getitems(indices) if getitems else [self.dataset[i] for i in indices]
 
 
+class _Batched(IterableDataset):
+    """An iterable dataset that makes its own batches (``iter_batches``, as gpufeed's tar
+    stream does: a whole batch per read, shuffle and decode), for a DataLoader with
+    ``batch_size=None``."""
+
+    def __init__(self, dataset, batch_size: int, drop_last: bool):
+        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
+
+    def __iter__(self):
+        return iter(self.dataset.iter_batches(self.batch_size, self.drop_last))
+
+
+def _loader_dataset(dataset, batch_size: int, drop_last: bool, batched: bool):
+    """(dataset, batch_size) for the DataLoader over an iterable dataset: batches made by the
+    dataset where it can (then the DataLoader batches nothing), else the DataLoader's."""
+    if batched:
+        return _Batched(dataset, batch_size, drop_last), None
+    return dataset, batch_size
+
+
 class _IterProxy(_EpochSync, IterableDataset):
     def __init__(self, dataset, epoch_value, seed, rank):
         self.dataset, self._epoch_value, self._seed, self._rank = dataset, epoch_value, seed, rank
@@ -540,6 +565,11 @@ class _IterProxy(_EpochSync, IterableDataset):
         self._sync()
         self._seen_epoch = None
         return iter(self.dataset)
+
+    def iter_batches(self, batch_size: int, drop_last: bool = False):
+        self._sync()
+        self._seen_epoch = None
+        return self.dataset.iter_batches(batch_size, drop_last)
 
 
 # --------------------------------------------------------------- the loader
@@ -637,7 +667,9 @@ class GpufeedLoader:
                 "worker_init_fn is not called: loading in-process (0 workers)", stacklevel=3
             )
         if self.iterable:
-            return DataLoader(dataset, batch_size=self.batch_size, drop_last=self.drop_last, **kw)
+            batched = hasattr(self.dataset, "iter_batches")
+            dataset, size = _loader_dataset(dataset, self.batch_size, self.drop_last, batched)
+            return DataLoader(dataset, batch_size=size, drop_last=self.drop_last, **kw)
         return DataLoader(dataset, batch_sampler=self.batch_sampler, **kw)
 
     def set_epoch(self, epoch: int) -> None:
