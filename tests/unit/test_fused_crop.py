@@ -71,20 +71,21 @@ def test_flip_mirrors_the_same_crop(jpeg_pack, backend):
 
 def test_crop_boxes_follow_torchvision_sampling():
     rrc = RandomResizedCrop(8, scale=(0.2, 0.6), ratio=(0.5, 2.0))
-    random.seed(0)
-    areas, aspects = [], []
-    for _ in range(2000):
-        top, left, h, w = rrc.crop_box(60, 80)
-        assert 0 <= top and top + h <= 60 and 0 <= left and left + w <= 80
-        areas.append(h * w / (60 * 80))
-        aspects.append(w / h)
-    areas, aspects = np.array(areas), np.array(aspects)
+    torch.manual_seed(0)
+    top, left, h, w = rrc.crop_boxes(np.full(2000, 60), np.full(2000, 80)).T
+    assert (top >= 0).all() and (top + h <= 60).all() and (left >= 0).all()
+    assert (left + w <= 80).all()
+    areas, aspects = h * w / (60 * 80), w / h
     # rounding to whole pixels moves the bounds by a little
     assert areas.min() >= 0.18 and areas.max() <= 0.63
     assert aspects.min() >= 0.45 and aspects.max() <= 2.1
     assert abs(np.median(np.log(aspects))) < 0.1  # log-uniform ratio: centred on 1
+    assert len(set(top.tolist())) > 20 and len(set(left.tolist())) > 20  # positions vary
     # an image too narrow for any try: the centre crop with the ratio clamped
     assert RandomResizedCrop(8, scale=(1, 1), ratio=(1, 1)).crop_box(100, 10) == (45, 0, 10, 10)
+    # each image of a batch by its own size
+    boxes = RandomResizedCrop(8, scale=(1, 1), ratio=(1, 1)).crop_boxes([100, 7], [10, 30])
+    assert boxes.tolist() == [[45, 0, 10, 10], [0, 11, 7, 7]]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import io
 import math
-import random
 
 import numpy as np
 import torch
@@ -107,19 +106,16 @@ def opencv_backend():
     return cv2, simplejpeg
 
 
-def _decode_hwc(data, simplejpeg) -> np.ndarray:
-    """uint8 RGB [H, W, 3]: simplejpeg (libjpeg-turbo, one call, RGB straight out) for JPEGs,
-    the general decoder for anything else (PNG, CMYK JPEGs, ...)."""
-    buf = _as_bytes(data)
-    if buf[:2] == b"\xff\xd8":
-        try:
-            return simplejpeg.decode_jpeg(buf, colorspace="RGB")
-        except ValueError:
-            pass  # what libjpeg-turbo's simple API refuses (CMYK, ...) goes the general way
-    chw = decode_image(buf)
-    if chw.shape[0] == 1:
-        chw = chw.expand(3, -1, -1)
-    return np.ascontiguousarray(chw[:3].permute(1, 2, 0).numpy())
+def _hwc(chw: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(chw.permute(1, 2, 0).numpy())
+
+
+def _decode_chw3(data) -> torch.Tensor:
+    """uint8 RGB [3, H, W] (grey repeated, alpha dropped)."""
+    img = _decode_chw(data)
+    if img.shape[0] != 3:
+        img = img.expand(3, -1, -1) if img.shape[0] == 1 else img[:3]
+    return img
 
 
 BACKENDS = ("auto", "opencv", "torch")
@@ -132,9 +128,9 @@ class RandomResizedCrop:
     tensor, written in place.
 
     The crop boxes are sampled as ``torchvision.transforms.v2.RandomResizedCrop(size, scale,
-    ratio)`` samples them (ten tries, then the centre crop with the ratio clamped). Random
-    numbers come from ``random`` and torch's generator, which make_loader seeds per worker,
-    epoch and rank. Two backends resize the box:
+    ratio)`` samples them (ten tries, then the centre crop with the ratio clamped), for the
+    whole batch at once from torch's generator, which make_loader seeds per worker, epoch and
+    rank. Two backends decode and resize:
 
     - ``"opencv"`` (``"auto"`` picks it when cv2 and simplejpeg import): libjpeg-turbo through
       simplejpeg, then the box resized straight into the batch: by ``cv2.resize`` bilinear
@@ -193,86 +189,93 @@ class RandomResizedCrop:
             f"flip={self.flip}, backend={self.backend!r}{layout})"
         )
 
+    def crop_boxes(self, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
+        """[N, 4] int64 (top, left, h, w): torchvision's RandomResizedCrop.get_params for N
+        images at once (ten tries each, the first that fits wins, else the centre crop with
+        the ratio clamped), from one draw of torch's generator."""
+        heights = np.asarray(heights, dtype=np.int64)
+        widths = np.asarray(widths, dtype=np.int64)
+        n = len(heights)
+        u = torch.rand(n, 22, dtype=torch.float64).numpy()
+        area = (heights * widths)[:, None]
+        target = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, :10])
+        lo, hi = self._log_ratio
+        aspect = np.exp(lo + (hi - lo) * u[:, 10:20])
+        w = np.rint(np.sqrt(target * aspect)).astype(np.int64)
+        h = np.rint(np.sqrt(target / aspect)).astype(np.int64)
+        fits = (w > 0) & (w <= widths[:, None]) & (h > 0) & (h <= heights[:, None])
+        first = fits.argmax(axis=1)
+        rows = np.arange(n)
+        h, w = h[rows, first], w[rows, first]
+        any_fit = fits[rows, first]
+        # none of the ten fit: the centre crop, the ratio clamped into range
+        in_ratio = widths / heights
+        narrow, wide = in_ratio < self.ratio[0], in_ratio > self.ratio[1]
+        ch = np.where(narrow, np.rint(widths / self.ratio[0]).astype(np.int64), heights)
+        cw = np.where(wide, np.rint(heights * self.ratio[1]).astype(np.int64), widths)
+        h, w = np.where(any_fit, h, ch), np.where(any_fit, w, cw)
+        top = np.where(any_fit, (u[:, 20] * (heights - h + 1)).astype(np.int64), (heights - h) // 2)
+        left = np.where(any_fit, (u[:, 21] * (widths - w + 1)).astype(np.int64), (widths - w) // 2)
+        return np.stack([top, left, h, w], axis=1)
+
     def crop_box(self, height: int, width: int) -> tuple[int, int, int, int]:
-        """(top, left, h, w), as torchvision's RandomResizedCrop.get_params."""
-        area = height * width
-        for _ in range(10):
-            target = area * random.uniform(*self.scale)
-            aspect = math.exp(random.uniform(*self._log_ratio))
-            w = int(round(math.sqrt(target * aspect)))
-            h = int(round(math.sqrt(target / aspect)))
-            if 0 < w <= width and 0 < h <= height:
-                return random.randint(0, height - h), random.randint(0, width - w), h, w
-        in_ratio = width / height
-        if in_ratio < self.ratio[0]:
-            w, h = width, int(round(width / self.ratio[0]))
-        elif in_ratio > self.ratio[1]:
-            h, w = height, int(round(height * self.ratio[1]))
-        else:
-            h, w = height, width
-        return (height - h) // 2, (width - w) // 2, h, w
+        """(top, left, h, w) for one image (see crop_boxes)."""
+        return tuple(int(v) for v in self.crop_boxes([height], [width])[0])
 
     def __call__(self, payloads) -> tuple[torch.Tensor, list[int], list[tuple[int, str]]]:
         """(batch [N, 3, H, W] of the samples that decoded, their positions in ``payloads``,
         (position, problem) for those that did not)."""
-        if self.backend == "opencv":
-            return self._opencv(payloads)
-        return self._torch(payloads)
-
-    def _opencv(self, payloads):
-        cv2, simplejpeg = opencv_backend()
-        height, width = self.size
-        out = np.empty((len(payloads), height, width, 3), dtype=np.uint8)
-        out_nchw = torch.from_numpy(out).permute(0, 3, 1, 2)  # the same memory, channels_last
-        shrink_aa = torch.ops.aten._upsample_bilinear2d_aa.out
-        kept: list[int] = []
-        failed: list[tuple[int, str]] = []
+        images, kept, failed = [], [], []
+        jpeg = opencv_backend()[1].decode_jpeg if self.backend == "opencv" else None
         for j, payload in enumerate(payloads):
             try:
-                img = _decode_hwc(payload, simplejpeg)
+                if jpeg is None:
+                    images.append(_decode_chw3(payload))
+                else:
+                    try:  # libjpeg-turbo reads the buffer as it is: no copy, no sniffing
+                        images.append(jpeg(payload, "RGB"))
+                    except ValueError:  # not a JPEG (or one it refuses): the general way
+                        images.append(_hwc(_decode_chw3(payload)))
+                kept.append(j)
             except Exception as e:  # noqa: BLE001 - any decoder failure is a corrupt sample
                 failed.append((j, f"cannot decode: {e}"))
-                continue
-            top, left, h, w = self.crop_box(img.shape[0], img.shape[1])
-            n = len(kept)
+        hw = 0 if self.backend == "opencv" else 1  # HWC or CHW
+        boxes = self.crop_boxes(
+            [im.shape[hw] for im in images], [im.shape[hw + 1] for im in images]
+        ).tolist()
+        if self.backend == "opencv":
+            out = self._resize_opencv(images, boxes)
+        else:
+            out = self._resize_torch(images, boxes)
+        if self.flip and kept:
+            flips = (torch.rand(len(kept)) < self.flip).numpy()
+            out[flips] = out[flips].flip(-1)
+        return out, kept, failed
+
+    def _resize_opencv(self, images: list[np.ndarray], boxes: list[list[int]]) -> torch.Tensor:
+        cv2 = opencv_backend()[0]
+        height, width = self.size
+        out = np.empty((len(images), height, width, 3), dtype=np.uint8)
+        out_nchw = torch.from_numpy(out).permute(0, 3, 1, 2)  # the same memory, channels_last
+        shrink_aa = torch.ops.aten._upsample_bilinear2d_aa.out
+        size, linear = [height, width], cv2.INTER_LINEAR
+        for n, (img, (top, left, h, w)) in enumerate(zip(images, boxes, strict=True)):
             box = img[top : top + h, left : left + w]
             if h > height or w > width:
                 # shrinking needs the antialiasing filter: torchvision's own kernel
                 src = torch.from_numpy(box).permute(2, 0, 1)[None]
-                shrink_aa(src, [height, width], False, out=out_nchw[n : n + 1])
+                shrink_aa(src, size, False, out=out_nchw[n : n + 1])
             else:
-                cv2.resize(box, (width, height), dst=out[n], interpolation=cv2.INTER_LINEAR)
-            kept.append(j)
-        n = len(kept)
-        if self.flip and n:
-            flips = (torch.rand(n) < self.flip).numpy()
-            out[:n][flips] = out[:n][flips, :, ::-1]
-        batch = out_nchw[:n]
+                cv2.resize(box, (width, height), dst=out[n], interpolation=linear)
         if self.memory_format == torch.contiguous_format:
-            batch = batch.contiguous()
-        return batch, kept, failed
+            return out_nchw.contiguous()
+        return out_nchw
 
-    def _torch(self, payloads):
-        out = torch.empty((len(payloads), 3, *self.size), dtype=torch.uint8)
-        kept: list[int] = []
-        failed: list[tuple[int, str]] = []
+    def _resize_torch(self, images: list[torch.Tensor], boxes: list[list[int]]) -> torch.Tensor:
+        out = torch.empty((len(images), 3, *self.size), dtype=torch.uint8)
         resize = torch.ops.aten._upsample_bilinear2d_aa.out
         size = list(self.size)
-        for j, payload in enumerate(payloads):
-            try:
-                img = _decode_chw(payload)
-            except Exception as e:  # noqa: BLE001 - any decoder failure is a corrupt sample
-                failed.append((j, f"cannot decode: {e}"))
-                continue
-            if img.shape[0] != 3:
-                img = img.expand(3, -1, -1) if img.shape[0] == 1 else img[:3]
-            top, left, h, w = self.crop_box(img.shape[1], img.shape[2])
-            n = len(kept)
+        for n, (img, (top, left, h, w)) in enumerate(zip(images, boxes, strict=True)):
             crop = img[None, :, top : top + h, left : left + w]
             resize(crop, size, False, out=out[n : n + 1])
-            kept.append(j)
-        out = out[: len(kept)]
-        if self.flip and len(kept):
-            flips = torch.rand(len(kept)) < self.flip
-            out[flips] = out[flips].flip(-1)
-        return out, kept, failed
+        return out

@@ -99,7 +99,8 @@ class MmapReader(Reader):
 
             t = torch.load(self.data_path, mmap=True, weights_only=True, map_location="cpu")
             return t.numpy()
-        return np.load(self.data_path, mmap_mode="r")
+        # a plain ndarray over the map: np.memmap's slicing costs ~1.5 us a sample
+        return np.load(self.data_path, mmap_mode="r").view(np.ndarray)
 
     def _close(self, handle) -> None:
         pass
@@ -117,7 +118,7 @@ class MmapReader(Reader):
             out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
             take_rows(data, indices, out)
             return out
-        offs = self.offsets
-        views = [data[offs[i] : offs[i + 1]] for i in indices]
+        starts, ends = self.offsets[indices].tolist(), self.offsets[indices + 1].tolist()
+        views = [data[a:b] for a, b in zip(starts, ends, strict=True)]
         advise_buffers(views)
         return views
