@@ -121,6 +121,15 @@ def _decode_chw3(data) -> torch.Tensor:
 BACKENDS = ("auto", "opencv", "torch")
 
 
+def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
+    """An empty uint8 batch; in a DataLoader worker, made in shared memory at once, so that
+    handing it to the main process moves a handle instead of copying the batch there."""
+    out = torch.empty(shape, dtype=torch.uint8)
+    if torch.utils.data.get_worker_info() is not None:
+        out.share_memory_()
+    return out
+
+
 class RandomResizedCrop:
     """Decode, RandomResizedCrop and random horizontal flip in one pass over a batch: pass it
     as ``decode=`` to a dataset over encoded images (``gpufeed.open_dataset(path,
@@ -255,8 +264,8 @@ class RandomResizedCrop:
     def _resize_opencv(self, images: list[np.ndarray], boxes: list[list[int]]) -> torch.Tensor:
         cv2 = opencv_backend()[0]
         height, width = self.size
-        out = np.empty((len(images), height, width, 3), dtype=np.uint8)
-        out_nchw = torch.from_numpy(out).permute(0, 3, 1, 2)  # the same memory, channels_last
+        out_nhwc = _batch_tensor((len(images), height, width, 3))
+        out, out_nchw = out_nhwc.numpy(), out_nhwc.permute(0, 3, 1, 2)  # channels_last
         shrink_aa = torch.ops.aten._upsample_bilinear2d_aa.out
         size, linear = [height, width], cv2.INTER_LINEAR
         for n, (img, (top, left, h, w)) in enumerate(zip(images, boxes, strict=True)):
@@ -272,7 +281,7 @@ class RandomResizedCrop:
         return out_nchw
 
     def _resize_torch(self, images: list[torch.Tensor], boxes: list[list[int]]) -> torch.Tensor:
-        out = torch.empty((len(images), 3, *self.size), dtype=torch.uint8)
+        out = _batch_tensor((len(images), 3, *self.size))
         resize = torch.ops.aten._upsample_bilinear2d_aa.out
         size = list(self.size)
         for n, (img, (top, left, h, w)) in enumerate(zip(images, boxes, strict=True)):
