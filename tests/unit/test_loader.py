@@ -448,3 +448,20 @@ def test_plan_measured_once_per_pack_read_the_same_way(array_folder, tmp_path):
     assert len(loader_mod._PLAN_CACHE) == measured
     make_loader(flipped, 4)
     assert len(loader_mod._PLAN_CACHE) == measured + 1
+
+
+def test_tar_stream_plan_measured_once_per_pack_not_per_seed(array_folder, tmp_path):
+    """A rebuilt stream (a new seed each epoch, as the bench's passes do) reuses the plan: a
+    probe per loader would read ahead of the timed pass and warm a cold cache."""
+    import gpufeed
+
+    dest = tmp_path / "pack"
+    gpufeed.pack(array_folder, dest, format="tar", workers=1, quiet=True, shard_size=4)
+    a, b = (gpufeed.open_dataset(dest, seed=s) for s in (1, 2))
+    assert a.fingerprint() == b.fingerprint()
+    assert gpufeed.open_dataset(dest, shuffle_buffer=3).fingerprint() != a.fingerprint()
+    assert gpufeed.open_dataset(dest, map_style=True).fingerprint() != a.fingerprint()
+    make_loader(a, 4)
+    measured = len(loader_mod._PLAN_CACHE)
+    make_loader(b, 4)
+    assert len(loader_mod._PLAN_CACHE) == measured

@@ -169,6 +169,27 @@ class _SampleReading:
         self.skipped = 0
         self._sources: list[str] | None = None
 
+    def fingerprint(self) -> str:
+        """What loading cost depends on: the pack (path and manifest) and how it is read
+        (transforms, decode, crc, reader or stream options; not the seed). make_loader
+        measures its worker plan once per fingerprint and batch size in a process, so a
+        loader rebuilt over the same pack read the same way (each epoch, each evaluation)
+        does not measure again (and its probe does not warm the page cache each time)."""
+        manifest = json.dumps(self.reader.manifest, sort_keys=True, default=str)
+        parts = [
+            os.path.realpath(self.path),
+            hashlib.sha1(manifest.encode()).hexdigest(),
+            _describe(self.transform),
+            _describe(self.batch_transform),
+            f"decode={self.decode}",
+            f"verify_crc={self.verify_crc}",
+            repr(sorted(self._read_options().items())),
+        ]
+        return "|".join(parts)
+
+    def _read_options(self) -> dict[str, Any]:
+        return {}
+
     # the source list is read only to word an error message
     def _source_of(self, index: int) -> str | None:
         if self._sources is None:
@@ -334,22 +355,8 @@ class PackedDataset(_SampleReading, Dataset):
         self._reader_options = dict(reader_options)
         self._init_reading(reader, transform, batch_transform, verify_crc, on_error, decode)
 
-    def fingerprint(self) -> str:
-        """What loading cost depends on: the pack (path and manifest) and how it is read
-        (transforms, decode, crc, reader options). make_loader measures its worker plan once
-        per fingerprint and batch size in a process, so a loader rebuilt over the same pack
-        read the same way (each epoch, each evaluation) does not measure again."""
-        manifest = json.dumps(self.reader.manifest, sort_keys=True, default=str)
-        parts = [
-            os.path.realpath(self.path),
-            hashlib.sha1(manifest.encode()).hexdigest(),
-            _describe(self.transform),
-            _describe(self.batch_transform),
-            f"decode={self.decode}",
-            f"verify_crc={self.verify_crc}",
-            repr(sorted(self._reader_options.items())),
-        ]
-        return "|".join(parts)
+    def _read_options(self) -> dict[str, Any]:
+        return self._reader_options
 
     def __len__(self) -> int:
         return self.reader.count
@@ -449,6 +456,13 @@ class TarShardDataset(_SampleReading, IterableDataset):
     @property
     def shards(self) -> list[str]:
         return list(self.reader.shards)
+
+    def _read_options(self) -> dict[str, Any]:
+        return {
+            "shuffle_buffer": self.shuffle_buffer,
+            "shuffle_shards": self.shuffle_shards,
+            "read_size": self.read_size,
+        }
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
