@@ -30,6 +30,7 @@ from gpufeed.formats.common import (
     Writer,
     advise_willneed,
     fsync_dir,
+    is_run,
     npy_bytes,
 )
 
@@ -228,15 +229,7 @@ class ShardReader(Reader):
 
     def _run_in_one_shard(self, indices: np.ndarray) -> bool:
         """Consecutive samples of one shard (what streaming reads): one read covers them."""
-        n = len(indices)
-        if n < 2:
-            return False
-        first, last = int(indices[0]), int(indices[-1])
-        return (
-            last - first == n - 1
-            and self.shard[first] == self.shard[last]
-            and bool(np.all(np.diff(indices) == 1))
-        )
+        return is_run(indices) and self.shard[indices[0]] == self.shard[indices[-1]]
 
     def _map(self, shard: int) -> np.ndarray:
         maps = self.handle.setdefault("maps", {})
