@@ -641,6 +641,45 @@ def fmt_table(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _ratio(r: float, against: str) -> str:
+    if against == "read bound":
+        return f"{r:.0%}"
+    return f"{r:,.0f}x" if r >= 10 else f"{r:.2f}x"
+
+
+def ratio_tables(table: list[dict]) -> str:
+    """Per case: each gpufeed format's samples/s over every other row of the same condition
+    (the per-file baselines, the peers, the read bound), one markdown table."""
+    out = []
+    for case in dict.fromkeys(t["case"] for t in table):
+        rows = [t for t in table if t["case"] == case and "samples_per_s" in t]
+        formats = list(
+            dict.fromkeys(t["key"] for t in rows if t.get("key", "").startswith("gpufeed:"))
+        )
+        if not formats:
+            continue
+        out += [
+            f"`{case}`: each gpufeed format's samples/s over the row named",
+            "",
+            "| condition | vs | " + " | ".join(f[8:] for f in formats) + " |",
+            "|---|---|" + "---|" * len(formats),
+        ]
+        for cond in dict.fromkeys(t["condition"] for t in rows):
+            here = {t.get("key", t["row"]): t for t in rows if t["condition"] == cond}
+            for key, other in here.items():
+                if key in formats:
+                    continue
+                cells = [
+                    _ratio(here[f]["samples_per_s"] / other["samples_per_s"], key)
+                    if f in here and other["samples_per_s"]
+                    else ""
+                    for f in formats
+                ]
+                out.append(f"| {cond} | {other['row']} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def goals(table: list[dict]) -> list[str]:
     """Where each speed goal stands (no assertion: the note reports it)."""
     out = []
@@ -857,7 +896,7 @@ def main(argv=None) -> int:
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
     md = fmt_table(table)
     (out_dir / "results.md").write_text(
-        md + "\n\n" + "\n".join(f"- {g}" for g in results["goals"]) + "\n"
+        md + "\n\n" + "\n".join(f"- {g}" for g in results["goals"]) + "\n\n" + ratio_tables(table)
     )
     drew = chart(table, out_dir / "benchmarks.png")
     print(md)

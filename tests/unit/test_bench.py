@@ -213,6 +213,11 @@ def test_suite_table_ratios_and_goals(suite):
     assert "20.0x per-file" in goal and "2.00x the best peer (webdataset)" in goal
     md = suite.fmt_table(table)
     assert md.count("\n") == len(table) + 1 and "not run: not importable" in md
+    ratios = suite.ratio_tables(table).splitlines()
+    assert "| condition | vs | mmap |" in ratios
+    assert "| cold/shuffled | per-file | 20x |" in ratios
+    assert "| cold/shuffled | webdataset | 2.00x |" in ratios
+    assert "| cold/shuffled | read bound | 50% |" in ratios
 
 
 def test_suite_perfile_dataset_and_augment(suite, tmp_path):
