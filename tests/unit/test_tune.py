@@ -102,3 +102,55 @@ def test_snippet_is_valid_python():
     compile(code, "<snippet>", "exec")
     assert "num_workers=3, prefetch_factor=4" in code
     assert np.isclose(result.file_content()["measured"]["samples_per_s"], 1.0)
+
+
+class _StubCosts(tune._TrialCosts):
+    """Side-by-side readings by worker count, as a shared machine might give them."""
+
+    def __init__(self, rates):
+        super().__init__()
+        self.rates = rates
+        self.sizes: dict[int, set[int]] = {}
+
+    def measure(self, dataset, bs, settings, seconds, to_device=None):
+        nw = int(settings.get("num_workers", 0) or 0)
+        self.sizes.setdefault(nw, set()).add(bs)
+        return self.rates[nw], 0.01
+
+
+def _checked(rates, tuned_workers, tuned_bs=256):
+    best = tune.Trial({"num_workers": tuned_workers, "prefetch_factor": 8}, tuned_bs, 1, 0.1, "x")
+    result = tune.TuneResult(best=best, trials=[best], cpus=2, seconds=0.0)
+    costs = _StubCosts(rates)
+    tune._compare(
+        CheapDataset(), result, time.perf_counter() + 1, None, lambda s: None, costs, 1.05, 256
+    )
+    result.sizes = costs.sizes
+    return result
+
+
+def test_side_by_side_check_keeps_the_defaults_unless_beaten_by_min_gain():
+    # the defaults pick in-process on CheapDataset; the search's 4 workers read 3% faster
+    result = _checked({0: 100.0, 2: 90.0, 4: 103.0}, tuned_workers=4)
+    assert result.chosen == "defaults" and result.best.settings["num_workers"] == 0
+    assert "prefetch_factor" not in result.best.settings
+    assert result.searched.settings["num_workers"] == 4
+    assert result.ratios() == {"tuned": 100 / 103, "1x_cores": 100 / 90, "2x_cores": 100 / 103}
+    # 20% faster: the search's choice stands
+    result = _checked({0: 100.0, 2: 90.0, 4: 120.0}, tuned_workers=4)
+    assert result.chosen == "tuned" and result.best.settings["prefetch_factor"] == 8
+    assert result.searched is None and result.ratios()["defaults"] == 1.2
+    # the 1x cores rule measured fastest by far: it is the recommendation
+    result = _checked({0: 100.0, 2: 150.0, 4: 120.0}, tuned_workers=4)
+    assert result.chosen == "1x_cores" and result.best.settings["num_workers"] == 2
+    assert result.best.settings["prefetch_factor"] == 2
+
+
+def test_side_by_side_runs_the_others_at_the_requested_batch_size():
+    # tune found batch 512 (4 workers); without tune one runs 256: that is what it is against
+    result = _checked({0: 100.0, 2: 90.0, 4: 130.0}, tuned_workers=4, tuned_bs=512)
+    assert result.sizes[4] == {512, 256}  # tuned at 512, the 2x cores rule (4) at 256
+    assert result.sizes[0] == {256} and result.sizes[2] == {256}
+    assert result.chosen == "tuned" and result.best.batch_size == 512
+    result = _checked({0: 100.0, 2: 90.0, 4: 101.0}, tuned_workers=4, tuned_bs=512)
+    assert result.chosen == "defaults" and result.best.batch_size == 256
