@@ -401,9 +401,10 @@ def _compare(
     fastest = max(c, key=c.get)
     chosen = fastest if c[fastest] > c["defaults"] * min_gain else "defaults"
     if chosen != "tuned":
+        # exactly what was measured: the contender's own settings (the defaults: the worker
+        # count make_loader picked, prefetch at torch's 2), none of the search's block size
         nw = workers[chosen]
-        settings = {**result.best.settings, "num_workers": nw}
-        settings.pop("prefetch_factor", None)
+        settings = {**contenders[chosen], "num_workers": nw}
         if nw:
             settings["prefetch_factor"] = 2
         result.searched, result.chosen = result.best, chosen
