@@ -177,7 +177,12 @@ def main(argv=None) -> None:
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loader = gpufeed.make_loader(
-        dataset, args.batch_size, seed=args.seed, num_workers=args.workers, distributed=True
+        dataset,
+        args.batch_size,
+        shuffle=True,
+        seed=args.seed,
+        num_workers=args.workers,
+        distributed=True,
     )
     # uint8 -> float in [0, 1] on the device, copied on a side stream one batch ahead.
     batches = gpufeed.DevicePrefetcher(loader, device)

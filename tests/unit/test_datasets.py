@@ -141,12 +141,12 @@ def test_encoded_batches_stack_and_transform(packs, fmt):
         transform=lambda t: t[:, :8, :8].float() / 255,
         batch_transform=lambda x: x * 2,
     )
-    batch = ds.__getitems__([0, 12, 5])
+    batch = ds.get_batch([0, 12, 5])
     assert batch.samples.shape == (3, 3, 8, 8) and batch.samples.dtype == torch.float32
     assert float(batch.samples.max()) <= 2.0 and float(batch.samples.max()) > 1.0
     assert batch.labels.tolist() == [0, 2, 1]
     raw = gpufeed.open_dataset(packs[fmt + "-jpg"], map_style=True, decode=False)
-    b = raw.__getitems__([1, 2])
+    b = raw.get_batch([1, 2])
     assert isinstance(b.samples, list) and b.samples[0].dtype == torch.uint8
     assert bytes(b.samples[0].numpy())[:2] == b"\xff\xd8"  # JPEG bytes, not decoded
 
@@ -216,12 +216,12 @@ def test_corrupt_record_raises_naming_file_and_sample(unique_pack, fmt):
     with pytest.raises(
         CorruptSampleError, match=r"sample 7 \(source b/a00001.npy\): crc32 mismatch"
     ):
-        ds.__getitems__([6, 7, 8])
+        ds.get_batch([6, 7, 8])
     unchecked = gpufeed.open_dataset(dest, map_style=True)
     assert bytes(unchecked[7][0].numpy()) != payload  # verify_crc=False reads it (fast path)
     skipping = gpufeed.open_dataset(dest, map_style=True, verify_crc=True, on_error="skip")
     with pytest.warns(UserWarning, match="skipping corrupt samples"):
-        batch = skipping.__getitems__([6, 7, 8])
+        batch = skipping.get_batch([6, 7, 8])
     assert batch.samples.shape[0] == 2 and batch.labels.tolist() == [1, 1]
     assert skipping.skipped == 1
     assert skipping[7] is None and skipping.skipped == 2
@@ -231,8 +231,8 @@ def test_undecodable_image_raises_with_index(tmp_path):
     dest = pack_with_broken_jpeg(tmp_path)
     ds = gpufeed.open_dataset(dest)
     with pytest.raises(CorruptSampleError, match=r"encoded.npy: sample 1 .*cannot decode"):
-        ds.__getitems__([0, 1, 2])
-    assert len(gpufeed.open_dataset(dest, on_error="skip").__getitems__([0, 1, 2]).labels) == 2
+        ds.get_batch([0, 1, 2])
+    assert len(gpufeed.open_dataset(dest, on_error="skip").get_batch([0, 1, 2]).labels) == 2
 
 
 def test_index_arrays_are_numpy(packs):
@@ -334,6 +334,6 @@ def test_lmdb_missing_or_resized_records_are_named(packs, tmp_path):
     env.close()
     ds = gpufeed.open_dataset(dest)
     with pytest.raises(CorruptSampleError, match=r"data.mdb: sample 4 .*record missing"):
-        ds.__getitems__([3, 4, 5])
+        ds.get_batch([3, 4, 5])
     with pytest.raises(CorruptSampleError, match=r"sample 6 .*record is 5 bytes, expected 60"):
-        ds.__getitems__([5, 6])
+        ds.get_batch([5, 6])

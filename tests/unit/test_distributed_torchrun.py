@@ -61,10 +61,10 @@ def _rank_main(out_path, tar_path):
     def labels(batch):
         return [int(i) for i in batch[1]]
 
-    dl = make_loader(ds, BATCH, num_workers=0, block_size=4, seed=5)
+    dl = make_loader(ds, BATCH, shuffle=True, num_workers=0, block_size=4, seed=5)
     epochs = [[i for b in dl for i in labels(b)] for _ in range(2)]  # epochs 0 and 1
 
-    dl = make_loader(ds, BATCH, num_workers=1, block_size=4, seed=5)
+    dl = make_loader(ds, BATCH, shuffle=True, num_workers=1, block_size=4, seed=5)
     dl.set_epoch(2)
     full2 = [i for b in dl for i in labels(b)]
     dl.set_epoch(2)
@@ -75,7 +75,7 @@ def _rank_main(out_path, tar_path):
             state = json.loads(json.dumps(dl.state_dict()))  # as a checkpoint would
             break
     del dl
-    resumed = make_loader(ds, BATCH, num_workers=1, block_size=4, seed=5)
+    resumed = make_loader(ds, BATCH, shuffle=True, num_workers=1, block_size=4, seed=5)
     resumed.load_state_dict(state)
     after = [i for b in resumed for i in labels(b)]
 

@@ -40,7 +40,7 @@ def test_arrays_round_trip_exact(array_folder, tmp_path, fmt):
         assert isinstance(sample, torch.Tensor) and sample.dtype == torch.uint8
         assert np.array_equal(sample.numpy(), arrays[i])
         assert label == labels[i] and isinstance(label, int)
-    batch = ds.__getitems__([16, 0, 3, 3])
+    batch = ds.get_batch([16, 0, 3, 3])
     assert isinstance(batch, Batch)
     assert batch.samples.shape == (4, 3, 4, 5) and batch.samples.is_contiguous()
     assert batch.labels.dtype == torch.int64
@@ -89,7 +89,7 @@ def test_raw_images_are_decoded_chw(image_folder, tmp_path, fmt):
     assert m["sample"]["shape"] == [3, 12, 16]
     files = sorted(image_folder.rglob("*.png"))
     ds = gpufeed.open_dataset(dest)
-    batch = ds.__getitems__(list(range(len(files))))
+    batch = ds.get_batch(list(range(len(files))))
     for i, f in enumerate(files):
         expect = np.asarray(Image.open(f).convert("RGB")).transpose(2, 0, 1)
         assert np.array_equal(batch.samples[i].numpy(), expect)
@@ -136,7 +136,7 @@ def test_hdf5_compressed_matches_uncompressed(array_folder, tmp_path, compressio
     a, b = gpufeed.open_dataset(plain), gpufeed.open_dataset(comp)
     assert a.reader.mmap_offset is not None and b.reader.mmap_offset is None
     idx = [16, 2, 2, 9, 0, 5]
-    assert torch.equal(a.__getitems__(idx).samples, b.__getitems__(idx).samples)
+    assert torch.equal(a.get_batch(idx).samples, b.get_batch(idx).samples)
 
 
 def test_hdf5_h5py_path_equals_mmap_path(array_folder, tmp_path):
@@ -146,7 +146,7 @@ def test_hdf5_h5py_path_equals_mmap_path(array_folder, tmp_path):
     slow = gpufeed.HDF5Dataset(dest, use_mmap=False)
     assert slow.reader.mmap_offset is None
     for idx in ([3, 1, 2], [0, 16], list(range(17)), [5, 5, 5], [15, 4, 10, 0]):
-        assert torch.equal(fast.__getitems__(idx).samples, slow.__getitems__(idx).samples)
+        assert torch.equal(fast.get_batch(idx).samples, slow.get_batch(idx).samples)
 
 
 def test_lmdb_plain_lmdb_reads_it(array_folder, tmp_path):
@@ -174,11 +174,11 @@ def test_lmdb_reader_reads_ahead_unless_told_not_to(array_folder, tmp_path):
     arrays, _ = source_arrays(array_folder)
     ahead = gpufeed.LMDBDataset(dest)
     assert ahead.reader.handle.flags()["readahead"] is True
-    batch = ahead.__getitems__([3, 1, 2]).samples
+    batch = ahead.get_batch([3, 1, 2]).samples
     ahead.close()
     random = gpufeed.LMDBDataset(dest, readahead=False)
     assert random.reader.handle.flags()["readahead"] is False
-    assert torch.equal(random.__getitems__([3, 1, 2]).samples, batch)
+    assert torch.equal(random.get_batch([3, 1, 2]).samples, batch)
     assert np.array_equal(batch[0].numpy(), arrays[3])
     random.close()
 
@@ -191,7 +191,7 @@ def test_lmdb_map_size_grows_when_estimate_is_short(array_folder, tmp_path, monk
     gpufeed.pack(array_folder, dest, format="lmdb", workers=1, quiet=True)
     arrays, _ = source_arrays(array_folder)
     ds = gpufeed.open_dataset(dest)
-    assert np.array_equal(ds.__getitems__(list(range(17))).samples.numpy(), np.stack(arrays))
+    assert np.array_equal(ds.get_batch(list(range(17))).samples.numpy(), np.stack(arrays))
 
 
 def test_mmap_npy_and_pt_containers(array_folder, tmp_path):
@@ -212,7 +212,7 @@ def test_mmap_npy_and_pt_containers(array_folder, tmp_path):
     assert not (tmp_path / "p" / "samples.npy").exists()
     a = gpufeed.open_dataset(tmp_path / "n")
     b = gpufeed.open_dataset(tmp_path / "p")
-    assert torch.equal(a.__getitems__([4, 1]).samples, b.__getitems__([4, 1]).samples)
+    assert torch.equal(a.get_batch([4, 1]).samples, b.get_batch([4, 1]).samples)
 
 
 def test_tar_shards_read_by_webdataset(jpeg_folder, tmp_path):

@@ -36,12 +36,12 @@ def test_whole_image_crop_is_the_antialiased_resize(jpeg_pack, backend, size):
         decode=RandomResizedCrop(size, scale=(1, 1), ratio=(1.2, 1.2), flip=0, backend=backend),
     )
     idx = [0, 5, 12]
-    x, y = fused.__getitems__(idx)
+    x, y = fused.get_batch(idx)
     assert x.shape == (3, 3, *size) and x.dtype == torch.uint8
     # torch: NCHW as torchvision gives it; opencv: the decoder's HWC memory, channels_last
     layout = torch.contiguous_format if backend == "torch" else torch.channels_last
     assert x.is_contiguous(memory_format=layout)
-    assert torch.equal(y, plain.__getitems__(idx).labels)
+    assert torch.equal(y, plain.get_batch(idx).labels)
     for j, i in enumerate(idx):
         img = plain[i][0]  # 20x24 images: ratio 1.2, so scale 1 crops the whole picture
         want = torch.nn.functional.interpolate(
@@ -57,14 +57,14 @@ def test_flip_mirrors_the_same_crop(jpeg_pack, backend):
         random.seed(3)
         torch.manual_seed(3)
         decode = RandomResizedCrop(8, flip=flip, backend=backend)
-        return gpufeed.open_dataset(jpeg_pack, decode=decode).__getitems__(list(range(13))).samples
+        return gpufeed.open_dataset(jpeg_pack, decode=decode).get_batch(list(range(13))).samples
 
     assert torch.equal(batch(1.0), batch(0.0).flip(-1))
     random.seed(3)
     torch.manual_seed(3)
     half = gpufeed.open_dataset(
         jpeg_pack, decode=RandomResizedCrop(8, backend=backend)
-    ).__getitems__(list(range(13)))
+    ).get_batch(list(range(13)))
     same = [torch.equal(a, b) for a, b in zip(half.samples, batch(0.0), strict=True)]
     assert 0 < sum(same) < 13  # some flipped, some not
 
@@ -93,10 +93,10 @@ def test_corrupt_image_named_or_skipped(tmp_path, backend):
     dest = pack_with_broken_jpeg(tmp_path)
     decode = RandomResizedCrop(4, backend=backend)
     with pytest.raises(CorruptSampleError, match=r"encoded.npy: sample 1 .*cannot decode"):
-        gpufeed.open_dataset(dest, decode=decode).__getitems__([0, 1, 2])
+        gpufeed.open_dataset(dest, decode=decode).get_batch([0, 1, 2])
     ds = gpufeed.open_dataset(dest, decode=decode, on_error="skip")
     with pytest.warns(UserWarning, match="skipping corrupt"):
-        out = ds.__getitems__([0, 1, 2])
+        out = ds.get_batch([0, 1, 2])
     assert out.samples.shape == (2, 3, 4, 4) and ds.skipped == 1
     assert out.labels.tolist() == [0, 0]
 
@@ -146,7 +146,7 @@ def test_backends_give_the_same_pixels_for_the_same_boxes(jpeg_pack):
         torch.manual_seed(7)
         decode = RandomResizedCrop(16, scale=(0.2, 1.0), backend=backend)
         ds = gpufeed.open_dataset(jpeg_pack, decode=decode)
-        return torch.cat([ds.__getitems__(list(range(13))).samples for _ in range(8)])
+        return torch.cat([ds.get_batch(list(range(13))).samples for _ in range(8)])
 
     fast, exact = batch("opencv"), batch("torch")
     assert fast.shape == exact.shape == (104, 3, 16, 16)
@@ -166,7 +166,7 @@ def test_opencv_backend_takes_png_and_grayscale(tmp_path, make_images):
         random.seed(1)
         torch.manual_seed(1)
         decode = RandomResizedCrop(6, backend=backend, memory_format=torch.contiguous_format)
-        return gpufeed.open_dataset(tmp_path / "d", decode=decode).__getitems__([0, 1, 2])
+        return gpufeed.open_dataset(tmp_path / "d", decode=decode).get_batch([0, 1, 2])
 
     fast, exact = batch("opencv"), batch("torch")
     assert fast.samples.shape == (3, 3, 6, 6) and fast.samples.is_contiguous()

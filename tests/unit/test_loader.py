@@ -20,7 +20,8 @@ class Batch(NamedTuple):
 
 
 class MemDataset(Dataset):
-    """The gpufeed map-style protocol: __getitems__ returns one stacked Batch."""
+    """The gpufeed map-style protocol: __getitems__ returns the list of samples, get_batch
+    (the fast path) one stacked Batch."""
 
     def __init__(self, n=200, shape=(3, 8, 8), delay=0.0):
         self.x = torch.arange(n, dtype=torch.int64).view(n, 1, 1, 1).expand(n, *shape)
@@ -33,11 +34,15 @@ class MemDataset(Dataset):
     def __getitem__(self, i):
         return self.x[i], int(i)
 
-    def __getitems__(self, indices):
+    def get_batch(self, indices):
         if self.delay:
             time.sleep(self.delay)
         idx = torch.as_tensor(indices, dtype=torch.int64)
         return Batch(self.x[idx], idx.clone())
+
+    def __getitems__(self, indices):
+        batch = self.get_batch(indices)
+        return list(zip(batch.samples, batch.labels.tolist(), strict=True))
 
 
 class PlainDataset(Dataset):
@@ -106,7 +111,7 @@ def _fresh_cache():
 @pytest.mark.parametrize("workers", [0, 2])
 def test_map_style_every_index_once_and_new_order_each_epoch(workers):
     ds = MemDataset(203)
-    dl = make_loader(ds, 16, num_workers=workers, block_size=8, buffer_blocks=2, seed=1)
+    dl = make_loader(ds, 16, True, num_workers=workers, block_size=8, buffer_blocks=2, seed=1)
     assert len(dl) == 13
     first = next(iter(dl))
     assert isinstance(first, tuple) and first._fields == ("samples", "labels")
@@ -119,9 +124,9 @@ def test_map_style_every_index_once_and_new_order_each_epoch(workers):
     assert sorted(e0) == sorted(e1) == list(range(203))
     assert e0 != e1
     assert dl.epoch == 2
-    again = make_loader(ds, 16, num_workers=0, block_size=8, buffer_blocks=2, seed=1)
+    again = make_loader(ds, 16, True, num_workers=0, block_size=8, buffer_blocks=2, seed=1)
     assert epoch_indices(again) == e0
-    other = make_loader(ds, 16, num_workers=0, block_size=8, buffer_blocks=2, seed=2)
+    other = make_loader(ds, 16, True, num_workers=0, block_size=8, buffer_blocks=2, seed=2)
     assert epoch_indices(other) != e0
 
 
@@ -146,7 +151,7 @@ def test_sorted_batches_follow_dataset_hint():
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_mid_epoch_yields_exactly_the_rest(workers):
     ds = MemDataset(150)
-    kw = dict(num_workers=workers, block_size=8, seed=4)
+    kw = dict(shuffle=True, num_workers=workers, block_size=8, seed=4)
     dl = make_loader(ds, 16, **kw)
     dl.set_epoch(3)
     full = epoch_indices(make_loader(ds, 16, **kw) if False else dl)
@@ -290,10 +295,10 @@ class LoggingDataset(MemDataset):
         super().__init__(n)
         self.log = str(log)
 
-    def __getitems__(self, indices):
+    def get_batch(self, indices):
         with open(self.log, "a") as f:
             f.write(" ".join(map(str, indices)) + "\n")
-        return super().__getitems__(indices)
+        return super().get_batch(indices)
 
 
 def test_probe_rounds_all_read_the_first_batches(tmp_path):
@@ -406,10 +411,10 @@ def test_spawn_context_is_estimated_not_probed(monkeypatch):
 
 
 class FailingInWorkers(MemDataset):
-    def __getitems__(self, indices):
+    def get_batch(self, indices):
         if torch.utils.data.get_worker_info() is not None:
             raise RuntimeError("corrupt sample 17 in shard 3")
-        return super().__getitems__(indices)
+        return super().get_batch(indices)
 
 
 def test_a_worker_error_during_the_probe_reaches_the_user():

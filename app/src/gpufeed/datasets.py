@@ -1,34 +1,45 @@
 """Datasets over packed formats: map-style (HDF5, LMDB, mmap, and tar via its index) and an
 iterable one over tar shards.
 
+Every dataset honours PyTorch's Dataset contract, so tutorial code works unchanged:
+``DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4, pin_memory=True)``, a custom
+``collate_fn``, ``Subset``, ``random_split``, ``ConcatDataset``, ``DistributedSampler``.
+
+- ``dataset[i]`` (an int, a numpy integer or a 0-d integer tensor; negatives count from the
+  end, as in Python) is one sample, ``(image, label)`` (see :mod:`gpufeed.batch`); out of range
+  raises ``IndexError``. A slice, list, tuple or 1-d array/tensor of indices gives the list of
+  those samples (as ``__getitems__``; torch's ``Subset`` indexes with lists the same way).
+- ``__getitems__(indices)``, which the DataLoader calls with a whole batch of indices, returns
+  the list of samples ``dataset[i]`` returns for each: read in one storage round trip, decoded
+  as a batch, then split into per-sample views (no copy) for ``collate_fn`` to combine.
+- ``get_batch(indices)`` is the fast path: the same read, handed out as one
+  :class:`~gpufeed.batch.Batch` (one stacked tensor + int64 labels), so there is nothing left
+  to collate and worker processes pass one shared-memory segment per batch.
+  :func:`gpufeed.make_loader` uses it; call it yourself in a loop of your own.
+
 Every dataset is safe to build in the parent and use in DataLoader workers under fork or
 spawn: the storage handle is opened lazily in the process that reads (and reopened after a
 fork), and pickling drops it. The per-sample index (labels, crc32, offsets) lives in numpy
 arrays, never per-sample Python objects, so workers do not copy-on-read it page by page.
-
-Items are (sample, label): sample a torch.Tensor (images: uint8 [3, H, W], CHW like
-torchvision.io; arrays: their stored dtype and shape), label an int (-1 when unknown).
-
-Batch reads: the DataLoader calls ``__getitems__(indices)`` with a whole batch; it returns a
-:class:`Batch` (one stacked tensor + int64 labels) from one storage round trip. Pass
-``collate_fn=gpufeed.collate`` to a plain DataLoader (``make_loader`` does it for you): torch's
-default_collate would try to collate the Batch again.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import operator
 import os
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from gpufeed.batch import Batch, collate, stack, to_batch, to_samples
 from gpufeed.decoders import array_to_tensor, decode_bytes, raw_bytes_tensor
 from gpufeed.formats import open_reader
 from gpufeed.formats.common import (
@@ -41,42 +52,38 @@ from gpufeed.formats.common import (
     take_rows,
 )
 
+__all__ = [
+    "Batch",
+    "HDF5Dataset",
+    "LMDBDataset",
+    "MmapDataset",
+    "PackedDataset",
+    "TarIndexedDataset",
+    "TarShardDataset",
+    "collate",
+    "open_dataset",
+]
+
 ON_ERROR = ("raise", "skip")
 
 
-class Batch(NamedTuple):
-    """A batch as read: samples [B, ...] stacked when shapes agree (else a list of tensors),
-    labels int64 [B]."""
-
-    samples: torch.Tensor | list[torch.Tensor]
-    labels: torch.Tensor
-
-
-def collate(data):
-    """collate_fn for gpufeed datasets: a Batch passes through unchanged; a list of
-    (sample, label) items (skipped ones are None) becomes a Batch; anything else goes to
-    torch's default_collate."""
-    if isinstance(data, Batch):
-        return data
-    if isinstance(data, list):
-        data = [d for d in data if d is not None]
-        if data and all(isinstance(d, tuple) and len(d) == 2 for d in data):
-            samples = [d[0] for d in data]
-            labels = torch.as_tensor([int(d[1]) for d in data], dtype=torch.int64)
-            return Batch(_stack(samples), labels)
-    return default_collate(data)
+def _one_index(index) -> int:
+    """An index as Python takes one: int, numpy integer, 0-d integer tensor."""
+    if isinstance(index, torch.Tensor) and (index.dim() != 0 or index.is_floating_point()):
+        raise TypeError(f"dataset index must be an integer or a 0-d integer tensor, got {index!r}")
+    try:
+        return operator.index(index)
+    except TypeError:
+        raise TypeError(
+            f"dataset indices must be integers, slices or sequences of integers, not "
+            f"{type(index).__name__}"
+        ) from None
 
 
-def _stack(samples: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
-    if not samples:
-        return torch.empty(0)
-    first = samples[0]
-    if all(
-        isinstance(s, torch.Tensor) and s.shape == first.shape and s.dtype == first.dtype
-        for s in samples
-    ):
-        return torch.stack(samples)
-    return samples
+def _many_indices(index) -> bool:
+    if isinstance(index, (list, tuple, range)):
+        return True
+    return isinstance(index, (np.ndarray, torch.Tensor)) and index.ndim == 1
 
 
 class _SamplePool:
@@ -273,7 +280,10 @@ class _SampleReading:
         return keep, payloads
 
     def _to_tensors(self, idx: np.ndarray, keep: np.ndarray, payloads):
-        """Decode + transform: (samples: stacked tensor or list, kept positions)."""
+        """Decode + transform: (samples, kept positions). The samples are one tensor where
+        they were read or decoded as one (fixed-shape arrays, a batch decoder), else a list:
+        stacking is left to whoever needs a stacked batch (get_batch), so the per-sample
+        path (__getitems__) never copies a sample only to split it again."""
         if isinstance(payloads, np.ndarray):
             samples = array_to_tensor(payloads)
             if self.transform is None:
@@ -303,7 +313,7 @@ class _SampleReading:
             kept = np.asarray(kept_list, dtype=np.int64)
         if self.transform is not None:
             tensors = [self.transform(t) for t in tensors]
-        return _stack(tensors), kept
+        return tensors, kept
 
 
 def _describe(fn) -> str:
@@ -318,18 +328,23 @@ def _describe(fn) -> str:
 
 
 class PackedDataset(_SampleReading, Dataset):
-    """Map-style dataset over any packed format (chosen by the manifest).
+    """Map-style dataset over any packed format (chosen by the manifest). Indexing and
+    ``__getitems__`` follow PyTorch's contract; ``get_batch`` is the fast path (see the module
+    docstring).
 
-    transform: applied to each sample tensor. batch_transform: applied to the stacked
-    samples of a batch in __getitems__. verify_crc: check each sample's crc32 on read (off by
-    default for speed; decode errors are always raised). on_error: "raise" a
-    CorruptSampleError naming file and sample, or "skip": drop the sample from its batch
-    (__getitem__ returns None, which gpufeed.collate drops) and count it in ``skipped``
-    (per process: each DataLoader worker counts its own). decode=False returns encoded samples
-    as 1-D uint8 tensors (e.g. for GPU JPEG decoding); decode=a batch decoder, such as
-    gpufeed.decoders.RandomResizedCrop(224), decodes and augments a batch in one pass (then
-    transform, if given, runs on its output). Other keyword options go to the reader
-    (hdf5: use_mmap, rdcc_mb; lmdb: readahead).
+    transform: applied to each sample tensor. batch_transform: applied to the samples of each
+    read as one stacked batch [B, ...]: in ``get_batch``, in ``__getitems__`` (then split into
+    samples) and in ``dataset[i]`` (a batch of one), so all three give the same values.
+    verify_crc: check each sample's crc32 on read (off by default for speed; decode errors are
+    always raised). on_error: "raise" a CorruptSampleError naming file and sample, or "skip":
+    count it in ``skipped`` (per process: each DataLoader worker counts its own) and leave it
+    out: ``dataset[i]`` and its place in ``__getitems__`` are ``None`` (pass
+    ``collate_fn=gpufeed.collate`` to a plain DataLoader, which drops them; torch's
+    default_collate cannot), ``get_batch`` and ``make_loader`` give a shorter batch.
+    decode=False returns encoded samples as 1-D uint8 tensors (e.g. for GPU JPEG decoding);
+    decode=a batch decoder, such as gpufeed.decoders.RandomResizedCrop(224), decodes and
+    augments a batch in one pass (then transform, if given, runs on its output). Other
+    keyword options go to the reader (hdf5: use_mmap, rdcc_mb; lmdb: readahead).
     """
 
     format_name: str | None = None
@@ -361,7 +376,9 @@ class PackedDataset(_SampleReading, Dataset):
     def __len__(self) -> int:
         return self.reader.count
 
-    def __getitems__(self, indices: Sequence[int]) -> Batch:
+    def _read_samples(self, indices) -> tuple[Any, np.ndarray, np.ndarray]:
+        """One storage round trip for ``indices``: (samples of the kept positions, their
+        labels, the kept positions), ``batch_transform`` applied."""
         idx = as_index_array(indices, self.reader.count, self.path)
         ahead = getattr(indices, "ahead", None)
         if ahead:
@@ -369,22 +386,31 @@ class PackedDataset(_SampleReading, Dataset):
             self.reader.prefetch(as_index_array(ahead, self.reader.count, self.path))
         keep, payloads = self._read(idx)
         samples, kept = self._to_tensors(idx, keep, payloads)
-        labels = torch.from_numpy(self.reader.labels[idx[kept]])
         if self.batch_transform is not None:
+            if not isinstance(samples, torch.Tensor):
+                samples = stack(samples)
             samples = self.batch_transform(samples)
-        return Batch(samples, labels)
+        return samples, self.reader.labels[idx[kept]], kept
+
+    def get_batch(self, indices: Sequence[int]) -> Batch:
+        """The fast path: the samples at ``indices`` read in one storage round trip and handed
+        out as one :class:`~gpufeed.batch.Batch` (samples stacked, labels int64), skipped
+        samples left out. ``make_loader`` calls it for each batch."""
+        samples, labels, _ = self._read_samples(indices)
+        return to_batch(samples, labels)
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        """PyTorch's batched fetch: the list of what ``self[i]`` returns for each index (a
+        skipped sample is ``None``), read in one storage round trip."""
+        samples, labels, kept = self._read_samples(indices)
+        return to_samples(samples, labels, kept, len(indices))
 
     def __getitem__(self, index):
         if isinstance(index, slice):
             return self.__getitems__(range(*index.indices(len(self))))
-        if isinstance(index, (list, tuple, np.ndarray, torch.Tensor)):
+        if _many_indices(index):
             return self.__getitems__(index)
-        idx = as_index_array([int(index)], self.reader.count, self.path)
-        keep, payloads = self._read(idx)
-        samples, kept = self._to_tensors(idx, keep, payloads)
-        if len(kept) == 0:
-            return None
-        return samples[0], int(self.reader.labels[idx[0]])
+        return self.__getitems__([_one_index(index)])[0]
 
     def close(self) -> None:
         self.reader.close()
@@ -422,15 +448,26 @@ class TarShardDataset(_SampleReading, IterableDataset):
     """Streams tar shards: each rank and DataLoader worker reads its own shards
     (gpufeed.distributed.split_shards) sequentially, through a seeded shuffle buffer.
 
-    Call set_epoch(epoch) before each epoch for a new shard order and buffer seed.
-    shuffle_buffer=0 yields in storage order (of this worker's shards).
+    Iterating yields samples, ``(image, label)`` as ``dataset[i]`` of the map-style datasets,
+    so a plain ``DataLoader(dataset, batch_size=32, num_workers=4)`` works: its workers split
+    the shards, every sample is read once. (``shuffle=True`` is PyTorch's error for any
+    IterableDataset: this one shuffles itself, through ``shuffle_buffer`` and
+    ``shuffle_shards``.) ``iter_batches`` is the fast path that make_loader uses.
+
+    The rank and world size come from ``rank``/``world_size`` when given, else from
+    ``torch.distributed`` or env ``RANK``/``WORLD_SIZE`` when iterating
+    (:func:`gpufeed.distributed.rank_and_world`). Call set_epoch(epoch) before each epoch for
+    a new shard order and buffer seed. shuffle_buffer=0 yields in storage order (of this
+    worker's shards).
     """
+
+    DEFAULT_SHUFFLE_BUFFER = 1000
 
     def __init__(
         self,
         path: str | os.PathLike,
         *,
-        shuffle_buffer: int = 1000,
+        shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
         seed: int = 0,
         shuffle_shards: bool = True,
         transform: Callable | None = None,
@@ -439,6 +476,8 @@ class TarShardDataset(_SampleReading, IterableDataset):
         on_error: str = "raise",
         decode: bool = True,
         read_size: int = 64,
+        rank: int | None = None,
+        world_size: int | None = None,
     ):
         reader = open_reader(path)
         if reader.format_name != "tar":
@@ -450,6 +489,7 @@ class TarShardDataset(_SampleReading, IterableDataset):
         self.seed = int(seed)
         self.shuffle_shards = bool(shuffle_shards)
         self.read_size = int(read_size)
+        self.rank, self.world_size = rank, world_size
         self.epoch = 0
         self._init_reading(reader, transform, None, verify_crc, on_error, decode)
 
@@ -464,11 +504,23 @@ class TarShardDataset(_SampleReading, IterableDataset):
             "read_size": self.read_size,
         }
 
+    def replace(self, **changes: Any) -> TarShardDataset:
+        """A copy with some options changed (``rank``, ``world_size``, ``shuffle_buffer``,
+        ``shuffle_shards``, ``seed``, ``read_size``); this dataset stays as it is.
+        make_loader uses it to apply its ``rank``/``world_size`` and ``shuffle`` arguments."""
+        allowed = {"rank", "world_size", "shuffle_buffer", "shuffle_shards", "seed", "read_size"}
+        unknown = sorted(set(changes) - allowed)
+        if unknown:
+            raise TypeError(f"replace() cannot change {', '.join(unknown)}")
+        clone = copy.copy(self)
+        for key, value in changes.items():
+            setattr(clone, key, value)
+        return clone
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def my_shards(self) -> list[int]:
-        """Shard numbers this rank and worker read this epoch."""
+    def _split(self, **worker) -> list[int]:
         from gpufeed.distributed import split_shards
 
         return split_shards(
@@ -476,21 +528,19 @@ class TarShardDataset(_SampleReading, IterableDataset):
             seed=self.seed,
             epoch=self.epoch,
             shuffle=self.shuffle_shards,
+            rank=self.rank,
+            world_size=self.world_size,
+            **worker,
         )
+
+    def my_shards(self) -> list[int]:
+        """Shard numbers this rank and worker read this epoch."""
+        return self._split()
 
     def __len__(self) -> int:
         """Samples this rank reads per epoch (all its workers together)."""
-        from gpufeed.distributed import split_shards
-
-        shards = split_shards(
-            list(range(len(self.reader.shards))),
-            seed=self.seed,
-            epoch=self.epoch,
-            shuffle=self.shuffle_shards,
-            worker_id=0,
-            num_workers=1,
-        )
         start = self.reader.shard_start
+        shards = self._split(worker_id=0, num_workers=1)
         return int(sum(start[s + 1] - start[s] for s in shards))
 
     def _chunks(self, shards: list[int], size: int):
@@ -504,16 +554,9 @@ class TarShardDataset(_SampleReading, IterableDataset):
                 if len(keep):
                     yield idx[keep], payloads
 
-    def _batch(self, idx: np.ndarray, payloads) -> Batch:
-        samples, kept = self._to_tensors(idx, np.arange(len(idx)), payloads)
-        return Batch(samples, torch.from_numpy(self.reader.labels[idx[kept]]))
-
-    def iter_batches(self, batch_size: int, drop_last: bool = False):
-        """This rank's and worker's samples as Batches of ``batch_size`` (the last one shorter
-        unless ``drop_last``), read in runs of consecutive samples (one read each), decoded a
-        batch at a time. Shuffled through a buffer: a batch goes out only while at least
-        ``shuffle_buffer`` samples stay behind, drawn uniformly from all held. make_loader
-        iterates this; ``iter()`` yields the same kind of stream sample by sample."""
+    def _stream(self, batch_size: int, drop_last: bool):
+        """(samples, labels, kept positions) of each batch of this rank's and worker's
+        stream (see iter_batches)."""
         shards = self.my_shards()
         info = get_worker_info()
         worker = info.id if info is not None else 0
@@ -527,16 +570,30 @@ class TarShardDataset(_SampleReading, IterableDataset):
                 return rng.choice(pool.size, k, replace=False)
             return np.arange(k)
 
+        def decoded(idx: np.ndarray, payloads):
+            samples, kept = self._to_tensors(idx, np.arange(len(idx)), payloads)
+            return samples, self.reader.labels[idx[kept]], kept
+
         for idx, payloads in self._chunks(shards, max(self.read_size, batch_size)):
             pool.put(idx, payloads)
             while pool.size >= keep_back + batch_size:
-                yield self._batch(*pool.take(draw(batch_size)))
+                yield decoded(*pool.take(draw(batch_size)))
         while pool.size >= batch_size or (pool.size and not drop_last):
-            yield self._batch(*pool.take(draw(min(batch_size, pool.size))))
+            yield decoded(*pool.take(draw(min(batch_size, pool.size))))
+
+    def iter_batches(self, batch_size: int, drop_last: bool = False):
+        """The fast path: this rank's and worker's samples as Batches of ``batch_size`` (the
+        last one shorter unless ``drop_last``), read in runs of consecutive samples (one read
+        each), decoded a batch at a time. Shuffled through a buffer: a batch goes out only
+        while at least ``shuffle_buffer`` samples stay behind, drawn uniformly from all held.
+        make_loader iterates this; ``iter()`` yields the same kind of stream sample by
+        sample."""
+        for samples, labels, _ in self._stream(batch_size, drop_last):
+            yield to_batch(samples, labels)
 
     def __iter__(self):
-        for samples, labels in self.iter_batches(self.read_size):
-            yield from zip(samples, labels.tolist(), strict=True)
+        for samples, labels, kept in self._stream(self.read_size, False):
+            yield from to_samples(samples, labels, np.arange(len(kept)), len(kept))
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -544,7 +601,8 @@ class TarShardDataset(_SampleReading, IterableDataset):
         return state
 
     def __repr__(self) -> str:
-        return f"TarShardDataset({self.path!r}, {len(self.reader.shards)} shards)"
+        where = "" if self.rank is None else f", rank {self.rank} of {self.world_size}"
+        return f"TarShardDataset({self.path!r}, {len(self.reader.shards)} shards{where})"
 
 
 def open_dataset(path: str | os.PathLike, **options: Any):

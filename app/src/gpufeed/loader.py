@@ -38,6 +38,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from gpufeed import sysinfo, thresholds
+from gpufeed.batch import collate
 from gpufeed.distributed import DistributedBlockSampler, rank_and_world
 from gpufeed.formats.common import PREFETCH_MIN_BYTES
 from gpufeed.samplers import (
@@ -53,11 +54,16 @@ __all__ = [
     "GpufeedLoader",
     "LoaderPlan",
     "ShmBudgetWarning",
+    "WorkerOutlook",
     "clear_plan_cache",
     "default_collate",
     "default_multiprocessing_context",
+    "fast_path",
+    "loader_cpus",
     "make_loader",
     "plan_workers",
+    "worker_count_for",
+    "worker_outlook",
     "worker_seed",
 ]
 
@@ -212,36 +218,38 @@ def _batch_len(batch) -> int | None:
 # ---------------------------------------------------------------------- collate
 
 
-def _is_batch(data) -> bool:
-    """A ``(samples, labels)`` NamedTuple: gpufeed's ``Batch`` or any dataset's look-alike."""
-    return isinstance(data, tuple) and getattr(data, "_fields", None) == ("samples", "labels")
-
-
 def default_collate(data):
-    """The loader's default ``collate_fn``: a batch that ``__getitems__`` already built (a
-    ``(samples, labels)`` NamedTuple) passes through; anything else goes to
-    :func:`gpufeed.datasets.collate` (or torch's ``default_collate`` without it)."""
-    if _is_batch(data):
-        return data
-    try:
-        from gpufeed.datasets import collate
-    except ImportError:
-        from torch.utils.data import default_collate as collate
+    """The loader's ``collate_fn`` when none is given: a :class:`~gpufeed.batch.Batch` that the
+    fast path (``get_batch``, ``iter_batches``) built passes through; a list of
+    ``(tensor, int)`` samples becomes a Batch; anything else goes to torch's
+    ``default_collate`` (see :func:`gpufeed.batch.collate`)."""
     return collate(data)
+
+
+def fast_path(dataset, collate_fn: Callable | None) -> bool:
+    """Whether make_loader reads ``dataset`` through its batched fast path: a map-style
+    dataset with ``get_batch`` or an iterable one with ``iter_batches``, and no ``collate_fn``
+    of the user's (which, by DataLoader's contract, receives the list of samples)."""
+    if collate_fn is not None:
+        return False
+    method = "iter_batches" if isinstance(dataset, IterableDataset) else "get_batch"
+    return callable(getattr(dataset, method, None))
 
 
 # ------------------------------------------------------------------- measuring
 
 
-def _fetch(dataset, indices, collate):
+def _fetch(dataset, indices, collate, batched: bool):
+    if batched:
+        return dataset.get_batch(indices)
     getitems = getattr(dataset, "__getitems__", None)
     data = getitems(indices) if getitems else [dataset[i] for i in indices]
     return collate(data)
 
 
-def _iter_batches(dataset, batch_size, collate) -> Iterator:
-    if hasattr(dataset, "iter_batches"):
-        yield from (collate(b) for b in dataset.iter_batches(batch_size))
+def _iter_batches(dataset, batch_size, collate, batched: bool) -> Iterator:
+    if batched:
+        yield from dataset.iter_batches(batch_size)
         return
     it = iter(dataset)
     while True:
@@ -332,6 +340,58 @@ def worker_count_for(cpus: int) -> int:
     return max(1, cpus - 1) if cpus >= 4 else max(1, cpus)
 
 
+def loader_cpus() -> tuple[int, str]:
+    """The CPUs one loader may use, and how that was decided: the usable CPUs (affinity and
+    cgroup quota, :func:`gpufeed.sysinfo.usable_cpus`) shared by the ``LOCAL_WORLD_SIZE``
+    ranks of this node."""
+    budget = sysinfo.usable_cpus()
+    local = _local_world_size()
+    source = budget.source + (f", / LOCAL_WORLD_SIZE={local}" if local > 1 else "")
+    return max(1, budget.count // local), source
+
+
+@dataclass(frozen=True)
+class WorkerOutlook:
+    """What ``make_loader`` will do about workers on this machine before it sees a dataset:
+    the one answer that ``gpufeed doctor``, ``gpufeed.watch`` and ``gpufeed tune`` give.
+
+    ``fixed``: the ``num_workers`` a settings file sets (``GPUFEED_LOADER_SETTINGS``, what
+    ``gpufeed tune --write`` makes), used as is. Else ``num_workers="auto"`` measures
+    in-process loading against ``candidate`` workers for each dataset and takes the faster,
+    so the count is 0 or ``candidate``."""
+
+    cpus: int
+    cpu_source: str
+    candidate: int
+    fixed: int | None = None
+    settings_source: str = ""
+
+    @property
+    def most(self) -> int:
+        """The most workers make_loader starts here (what /dev/shm must hold)."""
+        return self.fixed if self.fixed is not None else self.candidate
+
+    def describe(self) -> str:
+        if self.fixed is not None:
+            return f"make_loader uses num_workers={self.fixed} (from {self.settings_source})"
+        return (
+            f"make_loader measures in-process loading against {self.candidate} worker(s) per "
+            f"dataset (num_workers='auto') and takes the faster"
+        )
+
+
+def worker_outlook(settings: str | os.PathLike | Mapping | None = None) -> WorkerOutlook:
+    """:class:`WorkerOutlook` for ``settings`` (default: the file env
+    ``GPUFEED_LOADER_SETTINGS`` names, as make_loader reads it)."""
+    cpus, source = loader_cpus()
+    tuned, where = _load_settings(settings)
+    fixed = tuned.get("num_workers")
+    fixed = fixed if isinstance(fixed, int) and not isinstance(fixed, bool) else None
+    return WorkerOutlook(
+        cpus, source, worker_count_for(cpus), fixed, where if fixed is not None else ""
+    )
+
+
 def plan_workers(
     dataset,
     batch_size: int,
@@ -342,6 +402,7 @@ def plan_workers(
     multiprocessing_context: str | None = None,
     budget_s: float = 1.5,
     use_cache: bool = True,
+    batched: bool | None = None,
 ) -> tuple[int, str, dict[str, float], int | None]:
     """Measure in-process loading against loading through workers and pick the faster.
 
@@ -349,19 +410,23 @@ def plan_workers(
     (batches/s in-process and with workers, worker startup, the IPC cost of one batch).
     ``batch_indices`` are the index batches to read for a map-style dataset (default: the
     first batches in order). Decisions are cached per (dataset fingerprint, batch size,
-    CPUs, context) for this process; ``use_cache=False`` measures again.
+    CPUs, context, path) for this process; ``use_cache=False`` measures again. ``batched``:
+    read through the dataset's fast path (``get_batch``/``iter_batches``) as make_loader
+    does; None decides as make_loader (:func:`fast_path`).
     """
+    if batched is None:
+        batched = fast_path(dataset, collate_fn)
     collate = collate_fn or default_collate
     iterable = isinstance(dataset, IterableDataset)
     if cpus is None:
-        cpus = max(1, sysinfo.usable_cpus().count // _local_world_size())
+        cpus = loader_cpus()[0]
     workers = worker_count_for(cpus)
-    key = (_fingerprint(dataset), batch_size, workers, multiprocessing_context)
+    key = (_fingerprint(dataset), batch_size, workers, multiprocessing_context, batched)
     if use_cache and key in _PLAN_CACHE:
         return _PLAN_CACHE[key]
 
     if iterable:
-        inproc_src: Iterator = _iter_batches(dataset, batch_size, collate)
+        inproc_src: Iterator = _iter_batches(dataset, batch_size, collate, batched)
         inproc_again: Iterator = inproc_src  # the second round reads on from the first
         worker_batches = None
     else:
@@ -380,8 +445,8 @@ def plan_workers(
         need = 8 * max(16, 8 * workers + 8)
         worker_batches = list(itertools.islice(itertools.cycle(in_batches), need))
         again = in_batches
-        inproc_src = (_fetch(dataset, b, collate) for b in in_batches)
-        inproc_again = (_fetch(dataset, b, collate) for b in again)
+        inproc_src = (_fetch(dataset, b, collate, batched) for b in in_batches)
+        inproc_again = (_fetch(dataset, b, collate, batched) for b in again)
 
     t_begin = time.perf_counter()
     in_budget = budget_s * 0.25
@@ -411,10 +476,10 @@ def plan_workers(
             timeout=max(1.0, budget_s),
         )
         if iterable:
-            batched = hasattr(dataset, "iter_batches")
             ds, size = _loader_dataset(dataset, batch_size, False, batched)
             return DataLoader(ds, batch_size=size, **kw)
-        return DataLoader(dataset, batch_sampler=worker_batches, **kw)
+        proxy = _MapProxy(dataset, None, 0, 0, batched)
+        return DataLoader(proxy, batch_sampler=worker_batches, **kw)
 
     w_budget = max(_WORKER_SPAN_S + 0.5, budget_s - 2 * (time.perf_counter() - t_begin))
     if multiprocessing_context in (None, "fork") and sys.platform.startswith("linux"):
@@ -505,7 +570,9 @@ class _EpochSync:
     """Mixin for the dataset proxies: persistent workers outlive epochs, so the epoch travels
     through a shared value and each worker reseeds (and calls ``set_epoch``) when it changes."""
 
-    def _sync(self) -> int:
+    def _sync(self) -> int | None:
+        if self._epoch_value is None:  # in-process: the loader sets the epoch itself
+            return None
         epoch = self._epoch_value.value
         if epoch != self._seen_epoch:
             self._seen_epoch = epoch
@@ -519,9 +586,15 @@ class _EpochSync:
 
 
 class _MapProxy(_EpochSync, Dataset):
-    def __init__(self, dataset, epoch_value, seed, rank):
+    """What make_loader's DataLoader reads a map-style dataset through: keeps the epoch in
+    step in workers and, on the fast path (``batched``), answers the DataLoader's batched
+    fetch with the dataset's ``get_batch`` (a ready Batch that the collate passes through)
+    instead of its list of samples."""
+
+    def __init__(self, dataset, epoch_value, seed, rank, batched: bool):
         self.dataset, self._epoch_value, self._seed, self._rank = dataset, epoch_value, seed, rank
-        self._seen_epoch = epoch_value.value
+        self._seen_epoch = epoch_value.value if epoch_value is not None else None
+        self.batched = batched
 
     def __len__(self):
         return len(self.dataset)
@@ -532,6 +605,8 @@ class _MapProxy(_EpochSync, Dataset):
 
     def __getitems__(self, indices):
         self._sync()
+        if self.batched:
+            return self.dataset.get_batch(indices)
         getitems = getattr(self.dataset, "__getitems__", None)
         return getitems(indices) if getitems else [self.dataset[i] for i in indices]
 
@@ -586,9 +661,10 @@ class GpufeedLoader:
     has handed to *you* (counted as each batch is yielded; what workers prefetched is not
     counted). After ``load_state_dict(state)`` the next pass yields exactly the samples of
     that epoch not yet yielded, then epochs continue as usual. Each rank saves and restores
-    its own state. Map-style datasets skip to the position directly; iterable datasets
-    replay: the skipped batches are read again and dropped (correct when the dataset's order
-    is a function of its epoch, as gpufeed's tar shards are).
+    its own state. Map-style datasets in gpufeed's order skip to the position directly;
+    iterable datasets and your own ``batch_sampler`` replay: the skipped batches are read
+    again and dropped (correct when the order is a function of the epoch, as gpufeed's tar
+    shards are). Exact only with ``in_order=True``.
     """
 
     def __init__(
@@ -597,7 +673,7 @@ class GpufeedLoader:
         *,
         batch_size: int,
         plan: LoaderPlan,
-        batch_sampler: SortedBatchSampler | None,
+        batch_sampler,
         collate_fn: Callable,
         drop_last: bool,
         seed: int,
@@ -605,18 +681,22 @@ class GpufeedLoader:
         world_size: int,
         worker_init_fn: Callable | None,
         timeout: float,
+        batched: bool = False,
+        dataloader_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
         self.plan = plan
         self.batch_sampler = batch_sampler
-        self.sampler = batch_sampler.sampler if batch_sampler is not None else None
+        self.sampler = getattr(batch_sampler, "sampler", None)
         self.collate_fn = collate_fn
         self.drop_last = drop_last
         self.seed = seed
         self.rank, self.world_size = rank, world_size
+        self.batched = batched
         self._user_worker_init = worker_init_fn
         self._timeout = timeout
+        self._dataloader_options = dict(dataloader_options or {})
         self.epoch = 0
         self._samples_seen = 0
         self._batches_seen = 0
@@ -630,8 +710,21 @@ class GpufeedLoader:
         return self.plan.num_workers
 
     @property
+    def pin_memory(self) -> bool:
+        return self.plan.pin_memory
+
+    @property
+    def prefetch_factor(self) -> int | None:
+        return self.plan.prefetch_factor
+
+    @property
     def iterable(self) -> bool:
-        return self.batch_sampler is None
+        return isinstance(self.dataset, IterableDataset)
+
+    @property
+    def _seeks(self) -> bool:
+        """Resumes by starting its own sampler mid-epoch (else: replays batches)."""
+        return isinstance(self.batch_sampler, SortedBatchSampler)
 
     @property
     def dataloader(self) -> DataLoader:
@@ -642,18 +735,16 @@ class GpufeedLoader:
 
     def _build(self) -> DataLoader:
         p = self.plan
-        dataset = self.dataset
         kw: dict[str, Any] = dict(
             num_workers=p.num_workers,
             collate_fn=self.collate_fn,
             pin_memory=p.pin_memory,
             timeout=self._timeout,
+            **self._dataloader_options,
         )
         if p.num_workers > 0:
             ctx = multiprocessing.get_context(p.multiprocessing_context)
             self._epoch_value = ctx.RawValue("q", self.epoch)
-            proxy = _IterProxy if self.iterable else _MapProxy
-            dataset = proxy(self.dataset, self._epoch_value, self.seed, self.rank)
             kw.update(
                 multiprocessing_context=ctx,
                 persistent_workers=p.persistent_workers,
@@ -667,10 +758,13 @@ class GpufeedLoader:
                 "worker_init_fn is not called: loading in-process (0 workers)", stacklevel=3
             )
         if self.iterable:
-            batched = hasattr(self.dataset, "iter_batches")
-            dataset, size = _loader_dataset(dataset, self.batch_size, self.drop_last, batched)
+            dataset = self.dataset
+            if self._epoch_value is not None:
+                dataset = _IterProxy(dataset, self._epoch_value, self.seed, self.rank)
+            dataset, size = _loader_dataset(dataset, self.batch_size, self.drop_last, self.batched)
             return DataLoader(dataset, batch_size=size, drop_last=self.drop_last, **kw)
-        return DataLoader(dataset, batch_sampler=self.batch_sampler, **kw)
+        proxy = _MapProxy(self.dataset, self._epoch_value, self.seed, self.rank, self.batched)
+        return DataLoader(proxy, batch_sampler=self.batch_sampler, **kw)
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order for the next pass (and drop a pending resume of another
@@ -681,9 +775,12 @@ class GpufeedLoader:
         self.epoch = epoch
 
     def samples_per_epoch(self) -> int | None:
-        """Samples this rank yields in a full epoch (None for iterable datasets without len)."""
-        if self.batch_sampler is not None:
+        """Samples this rank yields in a full epoch (None where unknown: iterable datasets
+        without len, your own batch_sampler)."""
+        if self._seeks:
             return self.batch_sampler.samples_per_epoch()
+        if self.batch_sampler is not None:
+            return None
         try:
             n = len(self.dataset)
         except TypeError:
@@ -692,6 +789,8 @@ class GpufeedLoader:
 
     def __len__(self) -> int:
         """Batches in a full epoch on this rank."""
+        if self.batch_sampler is not None and not self._seeks:
+            return len(self.batch_sampler)
         n = self.samples_per_epoch()
         if n is None:
             raise TypeError(f"{type(self.dataset).__name__} has no len(); neither has its loader")
@@ -700,10 +799,15 @@ class GpufeedLoader:
     def _prepare_pass(self) -> tuple[int, int]:
         skip_samples, skip_batches = self._resume or (0, 0)
         self._resume = None
-        if self.batch_sampler is not None:
+        if self._seeks:
             self.batch_sampler.set_epoch(self.epoch)
             self.batch_sampler.start = skip_samples
             skip_batches = 0  # the sampler starts at the right index; nothing to replay
+        elif self.batch_sampler is not None:
+            # your batch sampler, or a DistributedSampler inside torch's BatchSampler
+            for obj in (self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
+                if callable(getattr(obj, "set_epoch", None)):
+                    obj.set_epoch(self.epoch)
         else:
             # in-process this is the copy that is read; with workers it keeps len() (which
             # may depend on the epoch's shard split) in step; workers get it via _IterProxy
@@ -718,8 +822,8 @@ class GpufeedLoader:
         dl = self.dataloader
         skip_samples, replay = self._prepare_pass()
         self._samples_seen = skip_samples
-        # map-style starts at the right index; iterable counts the replayed batches up again
-        self._batches_seen = -(-skip_samples // self.batch_size) if not self.iterable else 0
+        # gpufeed's sampler starts at the right index; a replay counts its batches up again
+        self._batches_seen = -(-skip_samples // self.batch_size) if self._seeks else 0
         total = self.samples_per_epoch()
         for batch in dl:
             if replay > 0:
@@ -727,7 +831,7 @@ class GpufeedLoader:
                 self._batches_seen += 1
                 continue
             self._batches_seen += 1
-            if self.batch_sampler is not None and total is not None:
+            if self._seeks and total is not None:
                 self._samples_seen = min(total, self._samples_seen + self.batch_size)
             else:
                 self._samples_seen += _batch_len(batch) or self.batch_size
@@ -770,9 +874,9 @@ class GpufeedLoader:
                     f"loader with the same dataset, seed and world size (each rank loads "
                     f"its own state)"
                 )
-        if self.iterable and state["batch_size"] != self.batch_size:
+        if not self._seeks and state["batch_size"] != self.batch_size:
             raise ValueError(
-                f"an iterable dataset resumes by batches: saved batch_size "
+                f"this loader resumes by replaying batches: saved batch_size "
                 f"{state['batch_size']}, this loader {self.batch_size}"
             )
         self.epoch = int(state["epoch"])
@@ -854,10 +958,10 @@ def _check_shm(workers: int, prefetch: int, batch_bytes: int, shm_path: str) -> 
     return info.free_bytes
 
 
-def _sample_bytes(dataset, batch_size, collate) -> int | None:
+def _sample_bytes(dataset, batch_size, collate, batched: bool) -> int | None:
     try:
         if isinstance(dataset, IterableDataset):
-            batch = next(_iter_batches(dataset, batch_size, collate), None)
+            batch = next(_iter_batches(dataset, batch_size, collate, batched), None)
             return None if batch is None else batch_nbytes(batch)
         if len(dataset) == 0:
             return None
@@ -882,19 +986,95 @@ _DEFAULTS = dict(
 )
 
 
+def _check_dataloader_args(batch_size, shuffle, sampler, batch_sampler, drop_last, prefetch):
+    """DataLoader's own rules for its arguments, with its wording, raised before anything
+    is measured."""
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError(
+                "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, "
+                "and drop_last"
+            )
+    elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(
+            f"batch_size must be a positive int, got {batch_size!r} (make_loader always "
+            f"batches; DataLoader's batch_size=None has no counterpart here)"
+        )
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    if prefetch is not None and (
+        isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1
+    ):
+        raise ValueError(f"prefetch_factor must be None or an int >= 1, got {prefetch!r}")
+
+
+def _seed_from(seed: int | None, generator: torch.Generator | None) -> int:
+    """make_loader's seed: the one given, else one draw from ``generator`` (as DataLoader
+    draws its workers' base seed from it), else 0."""
+    if seed is not None and generator is not None:
+        raise ValueError("give seed or generator, not both")
+    if seed is not None:
+        return int(seed)
+    if generator is not None:
+        return int(torch.randint(0, 2**62, (), generator=generator))
+    return 0
+
+
+def _iterable_for_rank(dataset, shuffle: bool | None, rank: int, world: int):
+    """An iterable dataset read by this rank, in the order ``shuffle`` asks for. gpufeed's tar
+    stream takes both as options (a copy is made; yours is left as it is); any other
+    IterableDataset orders and shards itself, and ``shuffle=True`` is DataLoader's error."""
+    from gpufeed.datasets import TarShardDataset
+
+    if not isinstance(dataset, TarShardDataset):
+        if shuffle:
+            raise ValueError(
+                f"DataLoader with IterableDataset: expected unspecified shuffle option, but got "
+                f"shuffle={shuffle} ({type(dataset).__name__} orders itself)"
+            )
+        return dataset
+    changes: dict[str, Any] = {"rank": rank, "world_size": world}
+    if shuffle is False:
+        changes.update(shuffle_buffer=0, shuffle_shards=False)
+    elif shuffle and dataset.shuffle_buffer <= 1 and not dataset.shuffle_shards:
+        changes.update(shuffle_buffer=TarShardDataset.DEFAULT_SHUFFLE_BUFFER, shuffle_shards=True)
+    return dataset.replace(**changes)
+
+
+def _dataloader_options(in_order: bool, pin_memory_device: str) -> dict[str, Any]:
+    """DataLoader options passed only when set: torch before 2.6 has no ``in_order``."""
+    import inspect
+
+    options: dict[str, Any] = {}
+    if pin_memory_device:
+        options["pin_memory_device"] = pin_memory_device
+    if not in_order:
+        if "in_order" not in inspect.signature(DataLoader).parameters:
+            raise ValueError(f"in_order=False needs torch >= 2.6 (this is {torch.__version__})")
+        options["in_order"] = False
+    return options
+
+
 def make_loader(
     dataset,
-    batch_size: int,
-    *,
-    shuffle: bool = True,
-    num_workers: int | str = "auto",
-    pin_memory: bool | str = "auto",
-    persistent_workers: bool = True,
-    prefetch_factor: int | None = None,
-    drop_last: bool = False,
-    seed: int = 0,
-    multiprocessing_context: str | None = None,
+    batch_size: int = 1,
+    shuffle: bool | None = None,
     sampler=None,
+    batch_sampler=None,
+    num_workers: int | str = "auto",
+    collate_fn: Callable | None = None,
+    pin_memory: bool | str = "auto",
+    drop_last: bool = False,
+    timeout: float = 0,
+    worker_init_fn: Callable | None = None,
+    multiprocessing_context: str | None = None,
+    generator: torch.Generator | None = None,
+    *,
+    prefetch_factor: int | None = None,
+    persistent_workers: bool = True,
+    pin_memory_device: str = "",
+    in_order: bool = True,
+    seed: int | None = None,
     block_size: int | str = "auto",
     buffer_blocks: int = DEFAULT_BUFFER_BLOCKS,
     sorted_batches: bool | str = "auto",
@@ -902,45 +1082,69 @@ def make_loader(
     rank: int | None = None,
     world_size: int | None = None,
     settings: str | os.PathLike | Mapping | None = None,
-    collate_fn: Callable | None = None,
-    worker_init_fn: Callable | None = None,
-    timeout: float = 0,
     probe_budget_s: float = 1.5,
     shm_path: str = "/dev/shm",
     check_shm: bool = True,
 ) -> GpufeedLoader:
-    """A loader for ``dataset`` (map-style or iterable) with measured defaults.
+    """``DataLoader``'s arguments, names, order and defaults, with measured settings, block
+    shuffle, sharding by rank and mid-epoch resumption (see :class:`GpufeedLoader`).
 
-    - ``num_workers``: ``"auto"`` measures in-process loading against workers on this dataset
-      and batch size (about ``probe_budget_s`` seconds, once per dataset and batch size per
-      process; see :func:`plan_workers`); an int is used as given.
-    - ``pin_memory``: ``"auto"`` pins when CUDA is available.
-    - ``persistent_workers``: keep workers across epochs (only meaningful with workers).
+    ``DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4)`` and
+    ``make_loader(dataset, 32, True, num_workers=4)`` read the same samples each epoch.
+    Where the two differ, and why:
+
+    - ``num_workers="auto"`` (DataLoader: 0): measures in-process loading against workers on
+      this dataset and batch size (about ``probe_budget_s`` seconds, once per dataset and
+      batch size per process; see :func:`plan_workers`); for cheap samples the worker IPC
+      costs more than it saves. An int is used as given.
+    - ``pin_memory="auto"`` (DataLoader: False): pins when CUDA is available.
+    - ``persistent_workers=True`` (DataLoader: False): workers start once, not every epoch
+      (seconds each under spawn); only meaningful with workers.
+    - ``multiprocessing_context=None``: fork on Linux unless CUDA is initialised, then spawn
+      (:func:`default_multiprocessing_context`); DataLoader leaves it to Python.
+    - ``collate_fn=None``: the fast path. gpufeed datasets hand over a whole batch at once
+      (``get_batch``/``iter_batches``: one stacked tensor, one shared-memory segment per
+      batch from a worker); batches are :class:`~gpufeed.batch.Batch` ``(samples, labels)``
+      named tuples, which unpack as DataLoader's ``[samples, labels]`` do. Other datasets'
+      samples go through :func:`gpufeed.batch.collate`. A ``collate_fn`` of yours gets the
+      list of samples, as with DataLoader.
+    - ``shuffle`` (default None, as DataLoader: off) shuffles map-style datasets in blocks
+      (:class:`~gpufeed.samplers.BlockShuffleSampler`: random order read in long runs);
+      ``block_size=1`` is a uniform permutation. gpufeed's tar stream takes it as its own
+      option (False: storage order; None: as the dataset was opened); any other
+      IterableDataset with ``shuffle=True`` is an error, as in DataLoader.
+    - the order is a function of ``seed`` (default 0) and the epoch, the same on every rank
+      and after a restart (what resumption needs); ``generator`` (DataLoader: the source of
+      the random order), when given instead of ``seed``, draws the seed once.
+    - ``in_order=False`` hands out batches as workers finish them; resumption is then not
+      exact. ``pin_memory_device`` is passed on (deprecated by torch).
+
+    gpufeed's own arguments (keyword only):
+
+    - ``sampler``/``batch_sampler``: yours replace the block shuffle, and distributed
+      sharding is then yours too; gpufeed still sorts the indices inside each batch of your
+      ``sampler`` when ``sorted_batches`` (not those of your ``batch_sampler``).
     - ``prefetch_factor``: batches in flight per worker; None gives torch's 2.
-    - ``multiprocessing_context``: ``"fork"``, ``"spawn"`` or ``"forkserver"``; None gives
-      :func:`default_multiprocessing_context` (fork on Linux unless CUDA is initialised).
-    - ``sampler``: your own index sampler for a map-style dataset (replaces the block
-      shuffle; distributed sharding is then yours too).
-    - ``block_size``/``buffer_blocks``: the block shuffle (see
-      :mod:`gpufeed.samplers`); ``"auto"`` takes the dataset's ``preferred_block_size``
-      attribute if it has one, else 256.
+    - ``block_size``/``buffer_blocks``: the block shuffle (see :mod:`gpufeed.samplers`);
+      ``"auto"`` takes the dataset's ``preferred_block_size`` attribute if it has one, else
+      256.
     - ``sorted_batches``: sort indices inside each batch (cheaper HDF5/mmap reads);
       ``"auto"`` follows the dataset's ``prefers_sorted_reads`` attribute.
-    - ``distributed``: ``"auto"`` shards map-style datasets by rank when the world size
-      (``torch.distributed`` or env ``RANK``/``WORLD_SIZE``) is above 1. Iterable datasets
-      shard themselves (see :func:`gpufeed.distributed.split_shards`).
+    - ``distributed``, ``rank``, ``world_size``: ``"auto"`` shards by rank when the world
+      size (the explicit arguments, else ``torch.distributed``, else env ``RANK`` /
+      ``WORLD_SIZE``) is above 1: map-style datasets by
+      :class:`~gpufeed.distributed.DistributedBlockSampler`, gpufeed's tar stream by whole
+      shards; ``False`` reads everything on every rank.
     - ``settings``: a dict or a JSON file with any of :data:`SETTINGS_KEYS` (what ``gpufeed
       tune`` writes), default the file named by env ``GPUFEED_LOADER_SETTINGS``. A setting
       applies where the argument was left at its default; explicit arguments win.
-    - ``collate_fn``: default :func:`gpufeed.datasets.collate` (passes a ``Batch`` from
-      ``__getitems__`` through, else ``default_collate``).
     - ``worker_init_fn``: runs in each worker after gpufeed seeds python, numpy and torch
       from ``(seed, epoch, rank, worker id)``.
     - ``check_shm``: warn (:class:`ShmBudgetWarning`) when ``/dev/shm`` cannot hold
       workers x prefetch_factor batches.
     """
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    _check_dataloader_args(batch_size, shuffle, sampler, batch_sampler, drop_last, prefetch_factor)
+    seed = _seed_from(seed, generator)
     iterable = isinstance(dataset, IterableDataset)
     args = dict(
         num_workers=num_workers,
@@ -972,67 +1176,54 @@ def make_loader(
         args["sorted_batches"] = bool(getattr(dataset, "prefers_sorted_reads", False))
     if args["pin_memory"] == "auto":
         args["pin_memory"] = torch.cuda.is_available()
+    batched = fast_path(dataset, collate_fn)
     collate = collate_fn or default_collate
+    dataloader_options = _dataloader_options(in_order, pin_memory_device)
 
+    yours = sampler if sampler is not None else batch_sampler  # an order of your own
     rank_, world = rank_and_world(rank, world_size)
-    batch_sampler = None
-    if not iterable and sampler is not None and world > 1 and distributed is not False:
-        if not hasattr(sampler, "num_replicas"):
-            warnings.warn(
-                f"world size {world} but the sampler {type(sampler).__name__} is not "
-                f"distributed: every rank reads the same samples. Leave sampler=None (gpufeed "
-                f"shards by rank) or pass a DistributedSampler / DistributedBlockSampler",
-                stacklevel=2,
-            )
-    if not iterable:
-        if sampler is None:
-            use_dist = distributed is True or (distributed == "auto" and world > 1)
-            if use_dist:
-                sampler = DistributedBlockSampler(
-                    len(dataset),
-                    num_replicas=world,
-                    rank=rank_,
-                    block_size=args["block_size"],
-                    buffer_blocks=args["buffer_blocks"],
-                    seed=seed,
-                    shuffle=shuffle,
-                    drop_last=drop_last,
-                )
-            else:
-                sampler = BlockShuffleSampler(
-                    len(dataset),
-                    block_size=args["block_size"],
-                    buffer_blocks=args["buffer_blocks"],
-                    seed=seed,
-                    shuffle=shuffle,
-                )
-        batch_sampler = SortedBatchSampler(
-            sampler, batch_size, drop_last=drop_last, sort=args["sorted_batches"]
+    use_dist = distributed is True or (distributed == "auto" and world > 1)
+    if iterable:
+        if batch_sampler is not None or sampler is not None:
+            raise ValueError("DataLoader with IterableDataset: expected unspecified sampler option")
+        dataset = _iterable_for_rank(dataset, shuffle, *((rank_, world) if use_dist else (0, 1)))
+    elif batch_sampler is None:
+        batch_sampler = _batches(
+            dataset,
+            batch_size,
+            bool(shuffle),
+            sampler,
+            drop_last,
+            seed,
+            args,
+            use_dist,
+            rank_,
+            world,
         )
+    if yours is not None and world > 1 and distributed is not False:
+        _warn_unsharded(yours, world)
 
-    budget = sysinfo.usable_cpus()
-    cpus = max(1, budget.count // _local_world_size())
-    cpu_source = budget.source + (
-        f", / LOCAL_WORLD_SIZE={_local_world_size()}" if _local_world_size() > 1 else ""
-    )
+    cpus, cpu_source = loader_cpus()
     measured: dict[str, float] = {}
     batch_bytes = None
     nw = args["num_workers"]
     if nw == "auto":
         probe_indices = None
-        if batch_sampler is not None:
+        if isinstance(batch_sampler, SortedBatchSampler):
             batch_sampler.set_epoch(0)
+        if batch_sampler is not None:
             probe_indices = iter(batch_sampler)
         nw, reason, measured, batch_bytes = plan_workers(
             dataset,
             batch_size,
             batch_indices=probe_indices,
-            collate_fn=collate,
+            collate_fn=collate_fn,
             cpus=cpus,
             multiprocessing_context=args["multiprocessing_context"],
             budget_s=probe_budget_s,
+            batched=batched,
         )
-    elif isinstance(nw, int) and nw >= 0:
+    elif isinstance(nw, int) and not isinstance(nw, bool) and nw >= 0:
         reason = "from settings" if "num_workers" in from_settings else "as requested"
     else:
         raise ValueError(f"num_workers must be 'auto' or an int >= 0, got {nw!r}")
@@ -1043,7 +1234,7 @@ def make_loader(
     shm_free = None
     if check_shm and nw > 0:
         if batch_bytes is None:
-            batch_bytes = _sample_bytes(dataset, batch_size, collate)
+            batch_bytes = _sample_bytes(dataset, batch_size, collate, batched)
         if batch_bytes:
             shm_free = _check_shm(nw, prefetch, batch_bytes, shm_path)
 
@@ -1052,7 +1243,7 @@ def make_loader(
     lookahead = 0
     reader = getattr(dataset, "reader", None)
     if (
-        batch_sampler is not None
+        isinstance(batch_sampler, SortedBatchSampler)
         and hasattr(reader, "mean_sample_bytes")
         and reader.mean_sample_bytes() >= PREFETCH_MIN_BYTES
     ):
@@ -1089,4 +1280,38 @@ def make_loader(
         world_size=world,
         worker_init_fn=worker_init_fn,
         timeout=timeout,
+        batched=batched,
+        dataloader_options=dataloader_options,
     )
+
+
+def _batches(dataset, batch_size, shuffle, sampler, drop_last, seed, args, use_dist, rank, world):
+    """gpufeed's batch sampler for a map-style dataset: block-shuffled (or in order), split
+    by rank when distributed, over ``sampler`` when you gave one; indices sorted inside each
+    batch when ``sorted_batches``."""
+    if sampler is None:
+        common = dict(block_size=args["block_size"], buffer_blocks=args["buffer_blocks"])
+        if use_dist:
+            sampler = DistributedBlockSampler(
+                len(dataset),
+                num_replicas=world,
+                rank=rank,
+                seed=seed,
+                shuffle=shuffle,
+                drop_last=drop_last,
+                **common,
+            )
+        else:
+            sampler = BlockShuffleSampler(len(dataset), seed=seed, shuffle=shuffle, **common)
+    return SortedBatchSampler(sampler, batch_size, drop_last=drop_last, sort=args["sorted_batches"])
+
+
+def _warn_unsharded(sampler, world: int) -> None:
+    inner = getattr(sampler, "sampler", sampler)
+    if not hasattr(sampler, "num_replicas") and not hasattr(inner, "num_replicas"):
+        warnings.warn(
+            f"world size {world} but the sampler {type(sampler).__name__} is not "
+            f"distributed: every rank reads the same samples. Leave sampler=None (gpufeed "
+            f"shards by rank) or pass a DistributedSampler / DistributedBlockSampler",
+            stacklevel=3,
+        )
