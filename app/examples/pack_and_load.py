@@ -52,11 +52,11 @@ def main() -> None:
     #    an iterable shard stream (with a shuffle buffer) for tar.
     dataset = gpufeed.open_dataset(dest)
 
-    # 3. Load: make_loader picks workers, pinning and prefetch from the machine, and passes
-    #    whole batches through __getitems__ (one read + one collate per batch).
-    #    A plain DataLoader works too:
-    #    DataLoader(dataset, batch_size=64, collate_fn=gpufeed.collate)
-    loader = gpufeed.make_loader(dataset, batch_size=32)
+    # 3. Load: a plain DataLoader works as with any Dataset:
+    #    DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4, pin_memory=True)
+    #    make_loader takes the same arguments, picks workers and pinning from the machine and
+    #    reads whole batches in one go (dataset.get_batch: one read, no collate per sample).
+    loader = gpufeed.make_loader(dataset, batch_size=32, shuffle=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for epoch in range(2):
         if hasattr(loader, "set_epoch"):

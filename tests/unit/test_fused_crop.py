@@ -38,9 +38,7 @@ def test_whole_image_crop_is_the_antialiased_resize(jpeg_pack, backend, size):
     idx = [0, 5, 12]
     x, y = fused.get_batch(idx)
     assert x.shape == (3, 3, *size) and x.dtype == torch.uint8
-    # torch: NCHW as torchvision gives it; opencv: the decoder's HWC memory, channels_last
-    layout = torch.contiguous_format if backend == "torch" else torch.channels_last
-    assert x.is_contiguous(memory_format=layout)
+    assert x.is_contiguous(memory_format=torch.channels_last)  # the default, either backend
     assert torch.equal(y, plain.get_batch(idx).labels)
     for j, i in enumerate(idx):
         img = plain[i][0]  # 20x24 images: ratio 1.2, so scale 1 crops the whole picture
@@ -62,9 +60,9 @@ def test_flip_mirrors_the_same_crop(jpeg_pack, backend):
     assert torch.equal(batch(1.0), batch(0.0).flip(-1))
     random.seed(3)
     torch.manual_seed(3)
-    half = gpufeed.open_dataset(
-        jpeg_pack, decode=RandomResizedCrop(8, backend=backend)
-    ).get_batch(list(range(13)))
+    half = gpufeed.open_dataset(jpeg_pack, decode=RandomResizedCrop(8, backend=backend)).get_batch(
+        list(range(13))
+    )
     same = [torch.equal(a, b) for a, b in zip(half.samples, batch(0.0), strict=True)]
     assert 0 < sum(same) < 13  # some flipped, some not
 
@@ -153,6 +151,29 @@ def test_backends_give_the_same_pixels_for_the_same_boxes(jpeg_pack):
     diff = (fast.int() - exact.int()).abs()
     assert diff.max() <= 1, diff.max()  # uint8 rounding, never another filter
     assert torch.equal(fast.contiguous(), fast.contiguous(memory_format=torch.contiguous_format))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", [torch.channels_last, torch.contiguous_format])
+def test_memory_format_is_the_same_whatever_backend(jpeg_pack, backend, layout):
+    """One layout rule for both backends (it was channels_last with opencv, NCHW without),
+    and dataset[i] / __getitems__ are the samples of the batch get_batch returns."""
+
+    def dataset():
+        # the whole 20x24 picture, unflipped: the same pixels whatever else is in the batch
+        decode = RandomResizedCrop(
+            7, scale=(1, 1), ratio=(1.2, 1.2), flip=0, backend=backend, memory_format=layout
+        )
+        return gpufeed.open_dataset(jpeg_pack, decode=decode)
+
+    batch = dataset().get_batch([2, 0, 9])
+    assert batch.samples.is_contiguous(memory_format=layout)
+    assert f"memory_format={layout}" in repr(dataset().decode)
+    samples = dataset().__getitems__([2, 0, 9])
+    assert torch.equal(torch.stack([s for s, _ in samples]), batch.samples)
+    assert [label for _, label in samples] == batch.labels.tolist()
+    one = dataset()[2]
+    assert one[0].shape == (3, 7, 7) and torch.equal(one[0], batch.samples[0])
 
 
 def test_opencv_backend_takes_png_and_grayscale(tmp_path, make_images):

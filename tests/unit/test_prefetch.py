@@ -4,6 +4,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
+from gpufeed.formats.common import UsageError
 from gpufeed.loader import make_loader
 from gpufeed.prefetch import DevicePrefetcher
 
@@ -40,6 +41,28 @@ def test_cpu_passthrough_without_conversion_keeps_objects():
     assert got[0].samples is batches[0].samples and got[0].labels is batches[0].labels
     assert got[1]["a"] is batches[1]["a"]
     assert got[2] == ["text", 3]
+
+
+@pytest.mark.parametrize("device", [None, "auto"])
+def test_auto_device_is_cuda_when_there_else_a_cpu_passthrough(device):
+    p = DevicePrefetcher([Batch(images(), torch.arange(4))], device, dtype=None)
+    assert p.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    (out,) = list(p)
+    assert out.samples.device.type == p.device.type
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", 0, torch.device("cuda")])
+def test_an_explicit_device_that_is_not_there_is_a_clear_error(device):
+    with pytest.raises(UsageError, match="torch sees no CUDA device.*device=None or 'auto'"):
+        DevicePrefetcher([Batch(images(), torch.arange(4))], device)
+
+
+def test_an_unknown_or_missing_gpu_is_named():
+    with pytest.raises(UsageError, match="'bogus' is not a device torch knows"):
+        DevicePrefetcher([], "bogus")
+    with pytest.raises(UsageError, match="cuda:99"):
+        DevicePrefetcher([], "cuda:99")
 
 
 def test_batch_uint8_scaled_normalized_labels_untouched():

@@ -145,13 +145,19 @@ class RandomResizedCrop:
       simplejpeg, then the box resized straight into the batch: by ``cv2.resize`` bilinear
       when it is enlarged (torchvision's antialiased bilinear is the same filter there), by
       torchvision's antialiasing kernel when it is shrunk. Pixels match torchvision's to
-      within 1 (uint8 rounding). The batch stays in the decoder's HWC layout: a
-      [B, 3, H, W] tensor in ``channels_last`` memory format, the layout convolutions on the
-      GPU prefer; ``memory_format=torch.contiguous_format`` transposes it (about 5 us per
-      56x56 image). 1.7x the torch backend on 64x64 JPEGs (58 vs 96 us on one core).
+      within 1 (uint8 rounding). 1.7x the torch backend on 64x64 JPEGs (58 vs 96 us on one
+      core).
     - ``"torch"``: torchvision's ``decode_jpeg`` and its bilinear antialiased resize, the
       same pixels as ``transforms.v2.RandomResizedCrop`` + ``RandomHorizontalFlip`` for the
-      same box; contiguous NCHW batches.
+      same box.
+
+    Memory format, the same with either backend: a batch is a [B, 3, H, W] tensor in
+    ``memory_format``, by default ``torch.channels_last`` (the layout GPU convolutions
+    prefer, and the decoder's own HWC: no transpose); ``torch.contiguous_format`` gives
+    NCHW. ``dataset.get_batch`` and ``make_loader`` hand that batch out as it is;
+    ``dataset[i]`` and ``__getitems__`` give each sample as a [3, H, W] view of it (values
+    equal, strides of the batch's layout), and a plain DataLoader's ``default_collate``
+    stacks those into a contiguous NCHW batch.
     """
 
     def __init__(
@@ -192,10 +198,9 @@ class RandomResizedCrop:
         self._log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
 
     def __repr__(self) -> str:
-        layout = "" if self.backend == "torch" else f", memory_format={self.memory_format}"
         return (
             f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, "
-            f"flip={self.flip}, backend={self.backend!r}{layout})"
+            f"flip={self.flip}, backend={self.backend!r}, memory_format={self.memory_format})"
         )
 
     def crop_boxes(self, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
@@ -264,8 +269,12 @@ class RandomResizedCrop:
     def _resize_opencv(self, images: list[np.ndarray], boxes: list[list[int]]) -> torch.Tensor:
         cv2 = opencv_backend()[0]
         height, width = self.size
-        out_nhwc = _batch_tensor((len(images), height, width, 3))
-        out, out_nchw = out_nhwc.numpy(), out_nhwc.permute(0, 3, 1, 2)  # channels_last
+        # cv2 writes HWC: into the batch itself when it is channels_last, else into a
+        # scratch image copied into the NCHW batch (about 5 us per 56x56 image)
+        out_nchw = self._out_batch(len(images))
+        nhwc = self.memory_format == torch.channels_last
+        out = out_nchw.permute(0, 2, 3, 1).numpy() if nhwc else None
+        scratch = None if nhwc else np.empty((height, width, 3), dtype=np.uint8)
         shrink_aa = torch.ops.aten._upsample_bilinear2d_aa.out
         size, linear = [height, width], cv2.INTER_LINEAR
         for n, (img, (top, left, h, w)) in enumerate(zip(images, boxes, strict=True)):
@@ -274,17 +283,34 @@ class RandomResizedCrop:
                 # shrinking needs the antialiasing filter: torchvision's own kernel
                 src = torch.from_numpy(box).permute(2, 0, 1)[None]
                 shrink_aa(src, size, False, out=out_nchw[n : n + 1])
-            else:
+            elif nhwc:
                 cv2.resize(box, (width, height), dst=out[n], interpolation=linear)
-        if self.memory_format == torch.contiguous_format:
-            return out_nchw.contiguous()
+            else:
+                cv2.resize(box, (width, height), dst=scratch, interpolation=linear)
+                out_nchw[n].copy_(torch.from_numpy(scratch).permute(2, 0, 1))
         return out_nchw
 
     def _resize_torch(self, images: list[torch.Tensor], boxes: list[list[int]]) -> torch.Tensor:
-        out = _batch_tensor((len(images), 3, *self.size))
+        out = self._out_batch(len(images))
         resize = torch.ops.aten._upsample_bilinear2d_aa.out
         size = list(self.size)
+        # the uint8 kernel writes the layout it reads (CHW here): into the batch when that is
+        # NCHW, else into a scratch image copied into the channels_last batch
+        nchw = self.memory_format == torch.contiguous_format
+        scratch = None if nchw else torch.empty((1, 3, *self.size), dtype=torch.uint8)
         for n, (img, (top, left, h, w)) in enumerate(zip(images, boxes, strict=True)):
             crop = img[None, :, top : top + h, left : left + w]
-            resize(crop, size, False, out=out[n : n + 1])
+            if nchw:
+                resize(crop, size, False, out=out[n : n + 1])
+            else:
+                resize(crop, size, False, out=scratch)
+                out[n].copy_(scratch[0])
         return out
+
+    def _out_batch(self, n: int) -> torch.Tensor:
+        """The [n, 3, H, W] uint8 batch, laid out in ``memory_format`` from the start, so
+        neither backend transposes afterwards."""
+        height, width = self.size
+        if self.memory_format == torch.channels_last:
+            return _batch_tensor((n, height, width, 3)).permute(0, 3, 1, 2)
+        return _batch_tensor((n, 3, height, width))

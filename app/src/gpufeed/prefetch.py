@@ -17,11 +17,39 @@ from typing import Any
 
 import torch
 
-__all__ = ["DevicePrefetcher"]
+from gpufeed.batch import is_batch
+
+__all__ = ["DevicePrefetcher", "resolve_device"]
 
 
-def _is_batch(obj) -> bool:
-    return isinstance(obj, tuple) and getattr(obj, "_fields", None) == ("samples", "labels")
+def resolve_device(device: torch.device | str | int | None) -> torch.device:
+    """``None``/``"auto"``: the current CUDA device, else the CPU. Anything else is a device
+    that must be there (a clear :class:`~gpufeed.UsageError` when it is not)."""
+    from gpufeed.formats.common import UsageError
+
+    cuda = torch.cuda.is_available()
+    if device is None or device == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    try:
+        # an int is a CUDA device index, as torch.cuda takes it (torch.device(0) asks for the
+        # "current accelerator", an error of its own wording without one)
+        dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise UsageError(f"device {device!r} is not a device torch knows: {e}") from None
+    if dev.type != "cuda":
+        return dev
+    if not cuda:
+        raise UsageError(
+            f"device {device!r} was asked for, but torch sees no CUDA device (torch "
+            f"{torch.__version__}, CUDA build {torch.version.cuda}); pass device=None or "
+            f"'auto' to fall back to the CPU, or check the driver and --gpus with gpufeed doctor"
+        )
+    count = torch.cuda.device_count()
+    if dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if dev.index >= count:
+        raise UsageError(f"device {device!r}: torch sees {count} CUDA device(s), 0..{count - 1}")
+    return dev
 
 
 class DevicePrefetcher:
@@ -40,9 +68,13 @@ class DevicePrefetcher:
        (in the [0, 1] units of step 1 for uint8 input, like torchvision's ``Normalize``);
     3. is made ``channels_last`` when asked and 4-D.
 
-    Without CUDA, or with a CPU ``device``, batches pass through with no copy and no
-    look-ahead, and the same conversions are applied on the CPU, so code written for the GPU
-    runs unchanged (and tests can check the conversions).
+    ``device``: ``None`` or ``"auto"`` is the current CUDA device when torch sees one, else
+    the CPU: there batches pass through with no copy and no look-ahead, and the same
+    conversions are applied on the CPU, so code written for the GPU runs unchanged (and tests
+    can check the conversions). An explicit device is used as given, and one that is not
+    there (``"cuda"`` on a machine without CUDA, ``"cuda:3"`` with two GPUs) raises
+    :class:`~gpufeed.UsageError` at once, naming what torch sees: a training job meant for
+    the GPU does not quietly run on the CPU.
 
     ``state_dict()`` is the loader's, minus the batch held in look-ahead: resuming from it
     does not skip the batch the prefetcher had copied but not yet handed out.
@@ -60,12 +92,8 @@ class DevicePrefetcher:
         scale: bool = True,
         channel_dim: int = 1,
     ) -> None:
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
         self.loader = loader
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = resolve_device(device)
         self.dtype = dtype
         self.channels_last = channels_last
         self.non_blocking = non_blocking
@@ -134,7 +162,7 @@ class DevicePrefetcher:
             x = self._move(obj)
             convert = sample if sample is not None else obj.dtype == torch.uint8
             return self._convert(x) if convert else x
-        if _is_batch(obj):
+        if is_batch(obj):
             samples = obj.samples
             if isinstance(samples, list):  # differently shaped samples, one tensor each
                 samples = [

@@ -130,7 +130,7 @@ def _measure(
     with warnings.catch_warnings():
         # more workers than CPUs is a deliberate trial here, not a mistake to warn about
         warnings.filterwarnings("ignore", message=".*DataLoader will create.*")
-        loader = make_loader(dataset, batch_size, check_shm=False, **settings)
+        loader = make_loader(dataset, batch_size, True, check_shm=False, **settings)
     step = None
     if to_device:
 
@@ -337,7 +337,7 @@ def _default_workers(dataset, batch_size: int, costs: _TrialCosts) -> int:
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*DataLoader will create.*")
-        loader = make_loader(dataset, batch_size, check_shm=False)
+        loader = make_loader(dataset, batch_size, True, check_shm=False)
     _shutdown(loader)
     return loader.plan.num_workers
 
