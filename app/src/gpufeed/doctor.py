@@ -683,6 +683,29 @@ def _meminfo_total() -> int | None:
     return None
 
 
+def _worker_plan(budget, workers: int | None):
+    """(text, WorkerOutlook, a WARN check when the settings file is unusable): what
+    make_loader will do about workers here, from the same code make_loader runs."""
+    from gpufeed.settings import SETTINGS_ENV, worker_outlook
+
+    problem = None
+    try:
+        outlook = worker_outlook(budget=budget)
+    except (OSError, ValueError, TypeError) as e:
+        outlook = worker_outlook(settings={}, budget=budget)
+        problem = Check(
+            "cpu",
+            "loader_settings",
+            WARN,
+            f"make_loader cannot read its settings: {e}",
+            f"fix the file or unset {SETTINGS_ENV}; make_loader raises the same error",
+        )
+    text = outlook.describe()
+    if workers is not None:
+        text = f"sized for --workers {workers}; {text}"
+    return text, outlook, problem
+
+
 def _host_checks(
     limits: Mapping[str, str],
     workers: int | None,
@@ -692,7 +715,6 @@ def _host_checks(
     self_cgroup: str,
     shm_path: str,
 ) -> tuple[list[Check], int]:
-    import sys
     import warnings
 
     checks = []
@@ -702,18 +724,11 @@ def _host_checks(
         mem_limit = sysinfo.cgroup_memory_limit(cgroup_root, self_cgroup)
     host_cpus = os.cpu_count() or budget.affinity
     quota = f"{budget.quota:g} CPUs" if budget.quota is not None else "none"
-    if workers is not None:
-        chosen = workers
-    elif "torch" in sys.modules:  # the loader's own rule; importing it needs torch
-        from gpufeed.loader import worker_count_for
-
-        chosen = worker_count_for(budget.count)
-    else:
-        chosen = budget.count
+    plan_text, outlook, settings_problem = _worker_plan(budget, workers)
+    chosen = workers if workers is not None else outlook.most
     cpu_msg = (
         f"{budget.count} usable CPU(s) (decided by {budget.source}; affinity "
-        f"{budget.affinity} of {host_cpus}, cgroup quota {quota}); loaders plan "
-        f"{chosen} worker(s)"
+        f"{budget.affinity} of {host_cpus}, cgroup quota {quota}); {plan_text}"
     )
     status, fix = OK, None
     if budget.count < 4:
@@ -729,9 +744,16 @@ def _host_checks(
             status,
             cpu_msg,
             fix,
-            {**budget._asdict(), "host": host_cpus, "workers": chosen},
+            {
+                **budget._asdict(),
+                "host": host_cpus,
+                "workers": chosen,
+                "worker_plan": asdict(outlook),
+            },
         )
     )
+    if settings_problem is not None:
+        checks.append(settings_problem)
     for w in caught:
         checks.append(Check("cpu", "cgroup_files", WARN, str(w.message), None))
 

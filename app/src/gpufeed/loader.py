@@ -19,7 +19,6 @@ What it decides, and from what:
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import multiprocessing
 import os
@@ -30,7 +29,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,6 +44,15 @@ from gpufeed.samplers import (
     DEFAULT_BUFFER_BLOCKS,
     BlockShuffleSampler,
     SortedBatchSampler,
+)
+from gpufeed.settings import (
+    SETTINGS_ENV,
+    SETTINGS_KEYS,
+    WorkerOutlook,
+    load_settings,
+    loader_cpus,
+    worker_count_for,
+    worker_outlook,
 )
 
 __all__ = [
@@ -67,18 +74,6 @@ __all__ = [
     "worker_seed",
 ]
 
-SETTINGS_ENV = "GPUFEED_LOADER_SETTINGS"
-# The keys a settings file (what `gpufeed tune` writes) may set; each is a make_loader argument.
-SETTINGS_KEYS = (
-    "num_workers",
-    "pin_memory",
-    "persistent_workers",
-    "prefetch_factor",
-    "multiprocessing_context",
-    "block_size",
-    "buffer_blocks",
-    "sorted_batches",
-)
 _STATE_FORMAT = "gpufeed.loader/1"
 # Workers must beat in-process loading by this factor to be chosen: in-process loading needs no
 # shared memory, no startup and no extra copies of the dataset's state.
@@ -160,13 +155,6 @@ def default_multiprocessing_context() -> str | None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return "spawn"
     return "fork"
-
-
-def _local_world_size() -> int:
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
 
 
 def _fingerprint(dataset) -> tuple:
@@ -332,64 +320,6 @@ def _measure_workers(make_dl: Callable[[], DataLoader], workers: int, budget_s: 
     if span <= 0:
         return None, startup
     return span / (len(arrivals) - 1 - half), startup
-
-
-def worker_count_for(cpus: int) -> int:
-    """Workers to try on ``cpus`` usable CPUs: all of them on small machines, one left for the
-    main (training) process from 4 CPUs up."""
-    return max(1, cpus - 1) if cpus >= 4 else max(1, cpus)
-
-
-def loader_cpus() -> tuple[int, str]:
-    """The CPUs one loader may use, and how that was decided: the usable CPUs (affinity and
-    cgroup quota, :func:`gpufeed.sysinfo.usable_cpus`) shared by the ``LOCAL_WORLD_SIZE``
-    ranks of this node."""
-    budget = sysinfo.usable_cpus()
-    local = _local_world_size()
-    source = budget.source + (f", / LOCAL_WORLD_SIZE={local}" if local > 1 else "")
-    return max(1, budget.count // local), source
-
-
-@dataclass(frozen=True)
-class WorkerOutlook:
-    """What ``make_loader`` will do about workers on this machine before it sees a dataset:
-    the one answer that ``gpufeed doctor``, ``gpufeed.watch`` and ``gpufeed tune`` give.
-
-    ``fixed``: the ``num_workers`` a settings file sets (``GPUFEED_LOADER_SETTINGS``, what
-    ``gpufeed tune --write`` makes), used as is. Else ``num_workers="auto"`` measures
-    in-process loading against ``candidate`` workers for each dataset and takes the faster,
-    so the count is 0 or ``candidate``."""
-
-    cpus: int
-    cpu_source: str
-    candidate: int
-    fixed: int | None = None
-    settings_source: str = ""
-
-    @property
-    def most(self) -> int:
-        """The most workers make_loader starts here (what /dev/shm must hold)."""
-        return self.fixed if self.fixed is not None else self.candidate
-
-    def describe(self) -> str:
-        if self.fixed is not None:
-            return f"make_loader uses num_workers={self.fixed} (from {self.settings_source})"
-        return (
-            f"make_loader measures in-process loading against {self.candidate} worker(s) per "
-            f"dataset (num_workers='auto') and takes the faster"
-        )
-
-
-def worker_outlook(settings: str | os.PathLike | Mapping | None = None) -> WorkerOutlook:
-    """:class:`WorkerOutlook` for ``settings`` (default: the file env
-    ``GPUFEED_LOADER_SETTINGS`` names, as make_loader reads it)."""
-    cpus, source = loader_cpus()
-    tuned, where = _load_settings(settings)
-    fixed = tuned.get("num_workers")
-    fixed = fixed if isinstance(fixed, int) and not isinstance(fixed, bool) else None
-    return WorkerOutlook(
-        cpus, source, worker_count_for(cpus), fixed, where if fixed is not None else ""
-    )
 
 
 def plan_workers(
@@ -894,37 +824,6 @@ class GpufeedLoader:
 # --------------------------------------------------------------- settings
 
 
-def _load_settings(settings) -> tuple[dict[str, Any], str]:
-    source = "settings"
-    if settings is None:
-        path = os.environ.get(SETTINGS_ENV)
-        if not path:
-            return {}, ""
-        settings, source = path, f"{SETTINGS_ENV}={path}"
-    if isinstance(settings, (str, os.PathLike)):
-        path = Path(settings)
-        source = source if source != "settings" else str(path)
-        try:
-            settings = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"loader settings file {path} does not exist; run `gpufeed tune` to write it "
-                f"or unset {SETTINGS_ENV}"
-            ) from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"loader settings file {path} is not valid JSON: {exc}") from None
-    if not isinstance(settings, Mapping):
-        raise TypeError(f"settings must be a path or a dict, got {type(settings).__name__}")
-    values = {k: v for k, v in settings.items() if not k.startswith("_") and k != "measured"}
-    unknown = sorted(set(values) - set(SETTINGS_KEYS))
-    if unknown:
-        raise ValueError(
-            f"unknown loader setting(s) {', '.join(unknown)} in {source}; "
-            f"known: {', '.join(SETTINGS_KEYS)}"
-        )
-    return values, source
-
-
 def _check_shm(workers: int, prefetch: int, batch_bytes: int, shm_path: str) -> int | None:
     info = sysinfo.shm_info(shm_path)
     if info is None or workers == 0:
@@ -1156,7 +1055,7 @@ def make_loader(
         buffer_blocks=buffer_blocks,
         sorted_batches=sorted_batches,
     )
-    tuned, _ = _load_settings(settings)
+    tuned, _ = load_settings(settings)
     from_settings = []
     for key, value in tuned.items():
         if args[key] == _DEFAULTS[key] and type(args[key]) is type(_DEFAULTS[key]):

@@ -175,14 +175,13 @@ def tune(
     import torch
     from torch.utils.data import IterableDataset
 
-    from gpufeed import sysinfo
-    from gpufeed.loader import worker_count_for
     from gpufeed.samplers import DEFAULT_BLOCK_SIZE
+    from gpufeed.settings import loader_cpus, worker_count_for
 
     t_start = time.perf_counter()
     # 3% kept back: shutdowns vary more than start-ups, and the budget is a promise
     deadline = t_start + budget_s * 0.97
-    cpus = cpus or sysinfo.usable_cpus().count
+    cpus = cpus or loader_cpus()[0]  # the CPUs make_loader plans with (per local rank)
     iterable = isinstance(dataset, IterableDataset)
     cuda = bool(device) and str(device).startswith("cuda") and torch.cuda.is_available()
     to_device = device if cuda else None

@@ -170,9 +170,57 @@ def _unwrap(loader: Any) -> tuple[Any, bool]:
     return loader, prefetched
 
 
-def _advice(loader: Any, fraction: float, waits: list[float], uses_cuda: bool) -> list[str]:
-    from gpufeed.sysinfo import usable_cpus
+_CHEAPER = (
+    "make each sample cheaper (gpufeed pack --encode raw --resize HxW decodes once, at pack "
+    "time; move augmentation to the GPU) or give the container more CPUs"
+)
 
+
+def _worker_tip(inner: Any, workers: int | None) -> str:
+    """What to do about workers, from the same plan make_loader made (a gpufeed loader's
+    ``plan``) or, for any other loader, the rule make_loader would apply here
+    (:func:`gpufeed.settings.worker_outlook`): watch never advises a count make_loader
+    measured and turned down."""
+    from gpufeed.settings import worker_count_for, worker_outlook
+
+    plan = getattr(inner, "plan", None)
+    if plan is not None and hasattr(plan, "reason"):
+        candidate = worker_count_for(plan.cpus)
+        if workers == 0 and "num_workers" in plan.from_settings:
+            return (
+                f"num_workers=0 comes from the loader settings (gpufeed tune measured it): "
+                f"run gpufeed tune again if the data or the machine changed, or {_CHEAPER}"
+            )
+        if workers == 0 and plan.measured:
+            return (
+                f"make_loader measured loading here and kept it in-process ({plan.reason}): "
+                f"more workers would not help; {_CHEAPER}"
+            )
+        if workers is not None and workers < candidate and plan.reason == "as requested":
+            return (
+                f"num_workers={workers} as requested: try num_workers='auto' (make_loader "
+                f"measures {candidate} workers against in-process loading on {plan.cpus} "
+                f"usable CPUs)"
+            )
+        return f"{workers} worker(s) on {plan.cpus} usable CPUs ({plan.reason}): {_CHEAPER}"
+    outlook = worker_outlook(settings={})
+    target, cpus = outlook.candidate, outlook.cpus
+    if workers == 0:
+        return (
+            f"num_workers=0 loads in the training process: try num_workers={target} "
+            f"({cpus} usable CPUs; make_loader(num_workers='auto') measures it)"
+        )
+    if workers is not None and workers < target:
+        return f"raise num_workers from {workers} to {target} ({cpus} usable CPUs)"
+    if workers is None:
+        return (
+            f"load with worker processes: gpufeed.make_loader(dataset, batch_size) measures "
+            f"how many of the {cpus} usable CPUs help"
+        )
+    return f"{workers} workers already use the {cpus} usable CPUs: {_CHEAPER}"
+
+
+def _advice(loader: Any, fraction: float, waits: list[float], uses_cuda: bool) -> list[str]:
     if fraction < PARTLY:
         return [
             "the step is the bottleneck, so faster loading will not help: look at the model "
@@ -180,27 +228,7 @@ def _advice(loader: Any, fraction: float, waits: list[float], uses_cuda: bool) -
         ]
     inner, prefetched = _unwrap(loader)
     workers = getattr(inner, "num_workers", None)
-    cpus = usable_cpus().count
-    target = max(1, cpus - 1) if cpus >= 4 else cpus  # the loader's worker_count_for rule
-    tips: list[str] = []
-    if workers == 0:
-        tips.append(
-            f"num_workers=0 loads in the training process: try num_workers={target} "
-            f"({cpus} usable CPUs; make_loader(num_workers='auto') measures it)"
-        )
-    elif workers is not None and workers < target:
-        tips.append(f"raise num_workers from {workers} to {target} ({cpus} usable CPUs)")
-    elif workers is None:
-        tips.append(
-            f"load with worker processes: gpufeed.make_loader(dataset, batch_size) measures "
-            f"how many of the {cpus} usable CPUs help"
-        )
-    else:
-        tips.append(
-            f"{workers} workers already use the {cpus} usable CPUs: make each sample cheaper "
-            "(gpufeed pack --encode raw --resize HxW decodes once, at pack time; move "
-            "augmentation to the GPU) or give the container more CPUs"
-        )
+    tips = [_worker_tip(inner, workers)]
     median, p90 = _quantile(waits, 0.5), _quantile(waits, 0.9)
     if workers and p90 > 5 * max(median, 1e-4):
         factor = getattr(inner, "prefetch_factor", None) or 2
