@@ -74,10 +74,10 @@ def test_exit_codes_and_one_line_errors(tmp_path, python_env, make_images):
     r = run_cli(["pack", str(tmp_path), str(tmp_path / "o")], python_env)
     assert r.returncode == 2 and "--format" in r.stderr  # argparse usage error
     r = run_cli(["verify", str(tmp_path / "missing")], python_env)
-    assert r.returncode == 1
-    assert r.stderr.strip().splitlines() == [
-        f"gpufeed verify: error: {tmp_path / 'missing'}: does not exist"
-    ]
+    assert r.returncode == 2  # a path that is not there is a usage error, named
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"gpufeed verify: error: argument DEST: {tmp_path / 'missing'}: no such file or directory"
+    )
     files = make_images(tmp_path / "src", {"a": 2}, ext=".jpg")
     files[0].write_bytes(b"\xff\xd8\xff garbage")
     r = run_cli(
@@ -104,8 +104,14 @@ def test_exit_codes_and_one_line_errors(tmp_path, python_env, make_images):
     assert r.returncode == 0, r.stderr
     r = run_cli(["pack", str(tmp_path / "src"), str(tmp_path / "o"), "-f", "tar"], python_env)
     assert r.returncode == 2 and "already exists; pass --overwrite" in r.stderr
-    debug = run_cli(["verify", str(tmp_path / "missing")], {**python_env, "GPUFEED_DEBUG": "1"})
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    r = run_cli(["verify", str(plain)], python_env)  # there, but not a pack: a data problem
+    assert r.returncode == 1 and "Traceback" not in r.stderr and str(plain) in r.stderr
+    debug = run_cli(["verify", str(plain)], {**python_env, "GPUFEED_DEBUG": "1"})
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+    verbose = run_cli(["verify", str(plain), "-v"], python_env)
+    assert verbose.returncode == 1 and "Traceback" in verbose.stderr
 
 
 def test_skip_is_reported(tmp_path, capsys, make_arrays):

@@ -470,3 +470,71 @@ def test_tar_stream_plan_measured_once_per_pack_not_per_seed(array_folder, tmp_p
     measured = len(loader_mod._PLAN_CACHE)
     make_loader(b, 4)
     assert len(loader_mod._PLAN_CACHE) == measured
+
+
+def test_arguments_are_dataloaders_in_order_and_default():
+    import inspect
+
+    from torch.utils.data import DataLoader
+
+    theirs = inspect.signature(DataLoader).parameters
+    ours = inspect.signature(make_loader).parameters
+    positional = [n for n, p in theirs.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert list(ours)[: len(positional)] == positional  # shuffle is the third, as there
+    # where the defaults differ, the docstring says why
+    differ = {"num_workers", "pin_memory", "persistent_workers"}
+    for name, p in theirs.items():
+        assert name in ours, name
+        assert ours[name].kind == p.kind, name
+        if name not in differ and name != "self":
+            assert ours[name].default == p.default, name
+    for name in differ:
+        assert f"``{name}=" in make_loader.__doc__
+
+
+def test_shuffle_is_off_by_default_as_in_dataloader():
+    ds = MemDataset(50)
+    assert epoch_indices(make_loader(ds, 8, num_workers=0)) == list(range(50))
+    assert epoch_indices(make_loader(ds, 8, True, num_workers=0)) != list(range(50))
+
+
+def test_batch_sampler_generator_and_dataloaders_argument_rules():
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    ds = MemDataset(30)
+    bs = BatchSampler(SequentialSampler(range(30)), 7, drop_last=False)
+    dl = make_loader(ds, batch_sampler=bs, num_workers=0)
+    assert [labels_of(b) for b in dl] == [list(range(i, min(i + 7, 30))) for i in range(0, 30, 7)]
+    assert len(dl) == 5
+    it = iter(dl)
+    first = labels_of(next(it))
+    state = dl.state_dict()
+    resumed = make_loader(ds, batch_sampler=bs, num_workers=0)
+    resumed.load_state_dict(state)
+    assert first + epoch_indices(resumed) == list(range(30))  # replayed, not repeated
+    with pytest.raises(ValueError, match="batch_sampler option is mutually exclusive"):
+        make_loader(ds, 8, batch_sampler=bs)
+    with pytest.raises(ValueError, match="sampler option is mutually exclusive with shuffle"):
+        make_loader(ds, 8, True, sampler=range(30))
+    with pytest.raises(ValueError, match="prefetch_factor"):
+        make_loader(ds, 8, num_workers=1, prefetch_factor=0)
+
+    def order(gen):
+        return epoch_indices(make_loader(ds, 8, True, num_workers=0, generator=gen))
+
+    g = torch.Generator
+    assert order(g().manual_seed(1)) == order(g().manual_seed(1)) != order(g().manual_seed(2))
+    with pytest.raises(ValueError, match="seed or generator"):
+        make_loader(ds, 8, seed=1, generator=g())
+
+
+def test_in_order_false_still_reads_every_sample_once():
+    dl = make_loader(MemDataset(64), 8, True, num_workers=2, in_order=False)
+    assert dl.dataloader.in_order is False
+    assert sorted(epoch_indices(dl)) == list(range(64))
+
+
+def test_iterable_shuffle_follows_dataloader():
+    with pytest.raises(ValueError, match="expected unspecified shuffle option"):
+        make_loader(EpochIterable(10), 2, True, num_workers=0)
+    assert len(epoch_indices(make_loader(EpochIterable(10), 2, False, num_workers=0))) == 10

@@ -464,9 +464,105 @@ def run_bench(
     return report
 
 
+def compare_plain(
+    path,
+    *,
+    batch_size: int = 32,
+    workers: tuple[int, ...] = (0, 2),
+    seconds: float = 3.0,
+    rounds: int = 3,
+    pin_memory: bool | None = None,
+    dataset_options: Mapping[str, Any] | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
+    """samples/s of the tutorial's plain ``DataLoader(dataset, batch_size, shuffle=True,
+    num_workers=N, pin_memory=...)`` (``__getitems__`` then torch's default_collate) and of
+    ``make_loader`` with the same arguments (``get_batch``: one stacked read per batch), on
+    the same pack, for each worker count: every loader built and warmed first, then
+    ``rounds`` interleaved rounds of ``seconds`` each, the median per loader, so the ratios
+    come from the same minutes of a shared machine. Workers are persistent in both, so the
+    rates are steady state. A tar stream is read unshuffled by the DataLoader (PyTorch
+    refuses shuffle=True for an IterableDataset) and by its own shuffle buffer."""
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from gpufeed.datasets import open_dataset
+    from gpufeed.loader import make_loader
+
+    dataset = open_dataset(path, **dict(dataset_options or {}))
+    shuffle = None if isinstance(dataset, IterableDataset) else True
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    loaders: dict[tuple[str, int], Iterable] = {}
+    for w in workers:
+        kw = dict(num_workers=w, pin_memory=pin, persistent_workers=w > 0)
+        loaders["plain", w] = DataLoader(dataset, batch_size, shuffle, **kw)
+        loaders["make_loader", w] = make_loader(dataset, batch_size, shuffle, **kw)
+
+    def passes(loader):
+        while True:  # epoch after epoch, as training reads
+            n = 0
+            for batch in loader:
+                n += 1
+                yield batch
+            if n == 0:
+                return
+
+    rates: dict[tuple[str, int], list[float]] = {k: [] for k in loaders}
+    try:
+        for loader in loaders.values():  # start workers, open files, warm the page cache
+            time_batches(passes(loader), max_seconds=min(1.0, seconds))
+        for r in range(rounds):
+            for key, loader in loaders.items():
+                rates[key].append(time_batches(passes(loader), max_seconds=seconds).samples_per_s)
+            log(
+                f"round {r + 1}/{rounds}: "
+                + ", ".join(f"{k[0]}/{k[1]} {v[-1]:,.0f}" for k, v in rates.items())
+            )
+    finally:
+        for loader in loaders.values():
+            _shutdown(loader)
+    out: dict[str, Any] = {
+        "path": str(path),
+        "dataset": repr(dataset),
+        "batch_size": batch_size,
+        "pin_memory": pin,
+        "rounds": rounds,
+        "seconds_per_round": seconds,
+        "workers": {},
+    }
+    for w in workers:
+        plain = statistics.median(rates["plain", w])
+        fast = statistics.median(rates["make_loader", w])
+        out["workers"][w] = {
+            "plain_samples_per_s": plain,
+            "make_loader_samples_per_s": fast,
+            "make_loader_vs_plain": fast / plain if plain > 0 else None,
+        }
+    return out
+
+
+def format_compare(result: Mapping[str, Any]) -> str:
+    lines = [
+        f"{result['dataset']}, batch_size={result['batch_size']}, pin_memory="
+        f"{result['pin_memory']}: median of {result['rounds']} interleaved rounds of "
+        f"{result['seconds_per_round']:g} s",
+        f"{'workers':>7}  {'DataLoader':>12}  {'make_loader':>12}  ratio",
+    ]
+    for w, row in result["workers"].items():
+        ratio = row["make_loader_vs_plain"]
+        lines.append(
+            f"{w:>7}  {row['plain_samples_per_s']:>12,.0f}  "
+            f"{row['make_loader_samples_per_s']:>12,.0f}  "
+            + (f"{ratio:.2f}x" if ratio is not None else "-")
+        )
+    lines.append("(samples/s; ratio: make_loader over the plain DataLoader, same pack, same run)")
+    return "\n".join(lines)
+
+
 def _shutdown(loader) -> None:
-    """Stop a loader's persistent workers now rather than at garbage collection."""
-    dl = getattr(loader, "_dl", None)
+    """Stop a loader's persistent workers now rather than at garbage collection (a
+    GpufeedLoader or a torch DataLoader)."""
+    dl = getattr(loader, "_dl", loader)
     it = getattr(dl, "_iterator", None) if dl is not None else None
     stop = getattr(it, "_shutdown_workers", None)
     if stop is not None:
@@ -475,26 +571,12 @@ def _shutdown(loader) -> None:
         dl._iterator = None
 
 
-def _int_or_auto(text: str):
-    if text == "auto":
-        return "auto"
-    try:
-        value = int(text)
-    except ValueError:
-        import argparse
-
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer or 'auto'") from None
-    if value < 0:
-        import argparse
-
-        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 0")
-    return value
-
-
 def add_crop_argument(p) -> None:
+    from gpufeed import cliargs
+
     p.add_argument(
         "--crop",
-        type=int,
+        type=cliargs.integer(1, 4096, "--crop"),
         metavar="N",
         help="encoded images: decode with gpufeed.RandomResizedCrop(N) (decode, crop, resize, "
         "flip: ImageNet's training augmentation) instead of the plain decode",
@@ -511,49 +593,74 @@ def crop_options(crop: int | None) -> dict[str, Any]:
 
 
 def add_arguments(p) -> None:
-    """The ``gpufeed bench`` options (cli.py registers the subcommand)."""
-    p.add_argument("path", metavar="PATH", help="a packed dataset (gpufeed pack)")
-    p.add_argument("--batch-size", "-b", type=int, default=256)
+    """The ``gpufeed bench`` options (cli.py registers the subcommand; -q/-v/--json are
+    common to every subcommand)."""
+    from gpufeed import cliargs
+    from gpufeed.cli import existing_path
+
+    p.add_argument("path", metavar="PATH", type=existing_path, help="a packed dataset")
+    p.add_argument("--batch-size", "-b", type=cliargs.batch_size, default=256)
     p.add_argument(
         "--workers",
         "-j",
-        type=_int_or_auto,
+        type=cliargs.workers_or_auto,
         default="auto",
         help="DataLoader workers (default auto: make_loader measures)",
     )
-    p.add_argument("--prefetch-factor", type=int, default=None)
+    p.add_argument("--prefetch-factor", type=cliargs.prefetch_factor, default=None)
     p.add_argument("--pin-memory", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--block-size", type=int, default=None, help="block-shuffle block size")
+    p.add_argument(
+        "--block-size",
+        type=cliargs.integer(1, 1 << 24, "--block-size"),
+        default=None,
+        help="block-shuffle block size",
+    )
     p.add_argument(
         "--settings",
         metavar="FILE",
+        type=cliargs.settings_file,
         help="loader settings JSON (what `gpufeed tune --write` makes)",
     )
     p.add_argument(
         "--seconds",
-        type=float,
-        default=10.0,
-        help="time cap per pass, from the first batch (default 10; 0: no cap)",
+        type=cliargs.seconds(0, 86400),
+        default=None,
+        help="time cap per pass, from the first batch (default 10; 0: no cap); with "
+        "--compare-plain, per loader and round (default 3)",
     )
-    p.add_argument("--max-samples", type=int, default=None, help="sample cap per pass")
-    p.add_argument("--epochs", type=int, default=1, help="passes (default 1)")
+    p.add_argument(
+        "--max-samples",
+        type=cliargs.integer(1, None, "--max-samples"),
+        default=None,
+        help="sample cap per pass",
+    )
+    p.add_argument(
+        "--epochs", type=cliargs.integer(1, 10000, "--epochs"), default=1, help="passes (default 1)"
+    )
     p.add_argument(
         "--step-ms",
-        type=float,
+        type=cliargs.seconds(0, 60000),
         default=0.0,
         help="simulate a model step of this many ms per batch and report the "
         "fraction of time it waited for data",
     )
     p.add_argument(
         "--device",
+        type=cliargs.device,
         default="cpu",
         help="cpu, or cuda[:N]: batches go through DevicePrefetcher and the GPU "
         "measurements run (bandwidth, overlap, uint8 vs float)",
     )
     p.add_argument("--sequential", action="store_true", help="storage order, no shuffle")
+    p.add_argument(
+        "--compare-plain",
+        action="store_true",
+        help="instead: read the pack through a plain torch DataLoader (the tutorial line: "
+        "__getitems__ and default_collate) and through make_loader with the same arguments, "
+        "0 and 2 workers, interleaved rounds of --seconds (default here 3), and print the "
+        "ratios",
+    )
     add_crop_argument(p)
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
 
 def _loader_kwargs(args) -> dict[str, Any]:
@@ -647,19 +754,31 @@ def main(args) -> int:
                 file=sys.stderr,
             )
             return 1
-    log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr))
+    quiet = args.json or args.quiet
+    log = (lambda s: None) if quiet else (lambda s: print(s, file=sys.stderr))
+    if args.compare_plain:
+        result = compare_plain(
+            args.path,
+            batch_size=args.batch_size,
+            seconds=args.seconds or 3.0,  # 0 or unset
+            pin_memory=None if args.pin_memory == "auto" else args.pin_memory == "on",
+            dataset_options=crop_options(args.crop),
+            log=log,
+        )
+        print(json.dumps(result, indent=2) if args.json else format_compare(result))
+        return 0
     report = run_bench(
         args.path,
         batch_size=args.batch_size,
         settings=args.settings,
         loader_kwargs=_loader_kwargs(args),
-        seconds=args.seconds or None,
+        seconds=10.0 if args.seconds is None else (args.seconds or None),
         max_samples=args.max_samples,
-        epochs=max(1, args.epochs),
+        epochs=args.epochs,
         step_ms=args.step_ms,
         device=args.device,
         shuffle=not args.sequential,
-        progress=not (args.quiet or args.json) and sys.stderr.isatty(),
+        progress=not quiet and sys.stderr.isatty(),
         log=log,
         dataset_options=crop_options(args.crop),
     )

@@ -1,16 +1,22 @@
-"""The `gpufeed` command.
+"""The `gpufeed` command (also `python -m gpufeed`).
 
   gpufeed pack SOURCE DEST --format {hdf5,lmdb,tar,mmap} [options]
-  gpufeed verify DEST [--decode] [--json]
-  gpufeed inspect DEST [--json]
-  gpufeed doctor [DATA_DIR] [--json]     (gpufeed.doctor)
-  gpufeed bench PATH [--step-ms MS] [--device cuda] [--json]   (gpufeed.bench)
-  gpufeed tune PATH [--budget S] [--write FILE] [--json]      (gpufeed.tune)
+  gpufeed verify DEST [--decode]
+  gpufeed inspect DEST
+  gpufeed doctor [DATA_DIR]              (gpufeed.doctor)
+  gpufeed bench PATH [--step-ms MS] [--device cuda]   (gpufeed.bench)
+  gpufeed tune PATH [--budget S] [--write FILE]      (gpufeed.tune)
   gpufeed synth PATH [--count N]         (gpufeed.synth)
 
+Every subcommand takes -q/--quiet (no progress bars or messages: the result, warnings and
+errors only), -v/--verbose (more detail, and the traceback of an error, as GPUFEED_DEBUG=1)
+and --json (the result as JSON on stdout). Option values are checked before anything runs
+(gpufeed.cliargs).
+
 Exit codes: 0 ok, 1 data problem (unreadable source, corrupt pack, failed verification),
-2 usage error. Errors are one line naming the file and sample; GPUFEED_DEBUG=1 shows the
-traceback.
+2 usage error (a bad option or value, a path that does not exist), 130 interrupted, 141 the
+reader of the output went away (`gpufeed inspect --json | head`), quietly, as for SIGPIPE.
+Errors are one line naming the file and sample.
 """
 
 from __future__ import annotations
@@ -20,66 +26,68 @@ import json
 import os
 import sys
 
-from gpufeed import __version__
+from gpufeed import __version__, cliargs
 
 FORMATS = ("hdf5", "lmdb", "tar", "mmap")
-EXIT_OK, EXIT_DATA, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+EXIT_OK, EXIT_DATA, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
 
 
 def parse_bytes(text: str) -> int:
-    """'256M', '1.5G', '4096' -> bytes (binary units; an optional trailing B or iB)."""
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    unit = t[-1] if t and t[-1] in _UNITS else ""
-    try:
-        value = float(t[: len(t) - len(unit)] if unit else t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 512M or 2G") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: size must be positive")
-    return int(value * _UNITS[unit])
+    """'256M', '1.5G', '4096' -> bytes (binary units); see :func:`gpufeed.cliargs.bytes_size`."""
+    return cliargs.bytes_size(text)
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be positive")
-    return value
+def existing_path(text: str) -> str:
+    if not os.path.lexists(text):
+        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
+    return text
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gpufeed",
-        description="Pack small files into HDF5/LMDB/tar/mmap, verify and inspect them.",
+def _common() -> argparse.ArgumentParser:
+    """-q/-v/--json, the same on every subcommand."""
+    common = argparse.ArgumentParser(add_help=False)
+    loud = common.add_mutually_exclusive_group()
+    loud.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress bars or messages: results only"
     )
-    parser.add_argument("--version", action="version", version=f"gpufeed {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    loud.add_argument(
+        "--verbose", "-v", action="store_true", help="more detail, and an error's traceback"
+    )
+    common.add_argument("--json", action="store_true", help="print the result as JSON")
+    return common
 
+
+def _add_pack(sub, common) -> None:
     p = sub.add_parser(
         "pack",
+        parents=[common],
         help="pack an image folder, a folder of .npy/.pt files or a list file",
         description="Pack SOURCE (image-folder tree with class subfolders, a folder of .npy/.pt "
         "files, or a list file of `path label` lines) into DEST. The pack is written under "
         "DEST.partial and renamed to DEST when complete; an interrupted pack continues with "
         "--resume.",
     )
-    p.add_argument("source", metavar="SOURCE")
+    p.add_argument("source", metavar="SOURCE", type=existing_path)
     p.add_argument("dest", metavar="DEST")
     p.add_argument("--format", "-f", choices=FORMATS, required=True)
     p.add_argument(
         "--workers",
         "-j",
-        type=int,
+        type=cliargs.workers,
         default=None,
         help="processes reading and encoding (default: CPUs, at most 8, started only when the "
-        "first items read in-process show they pay off; 0 or 1: in-process)",
+        "first items read in-process show they pay off; 0 or 1: in-process; at most "
+        f"{cliargs.WORKERS_PER_CPU} per usable CPU)",
     )
-    p.add_argument("--shard-size", type=positive_int, help="tar: max samples per shard (10000)")
-    p.add_argument("--shard-bytes", type=parse_bytes, help="tar: max bytes per shard (256M)")
-    p.add_argument("--compression", help="hdf5: none, lzf or gzip[:1-9] (default none)")
+    p.add_argument(
+        "--shard-size",
+        type=cliargs.integer(1, 10**8, "--shard-size"),
+        help="tar: max samples per shard (10000)",
+    )
+    p.add_argument("--shard-bytes", type=cliargs.bytes_size, help="tar: max bytes per shard (256M)")
+    p.add_argument(
+        "--compression", type=cliargs.compression, help="hdf5: none, lzf or gzip[:1-9] (none)"
+    )
     p.add_argument(
         "--encode",
         choices=("keep", "raw"),
@@ -87,7 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="images: keep the encoded bytes (decode when read) or store decoded uint8 CHW "
         "arrays (default keep)",
     )
-    p.add_argument("--resize", metavar="HxW", help="with --encode raw: resize images to HxW")
+    p.add_argument(
+        "--resize",
+        metavar="HxW",
+        type=cliargs.resize,
+        help="with --encode raw: resize images to HxW (each side at most 16384)",
+    )
     p.add_argument(
         "--container",
         choices=("npy", "pt"),
@@ -104,31 +117,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--part-size",
-        type=positive_int,
+        type=cliargs.integer(1, 10**7, "--part-size"),
         help="source items per committed part (crash-safety granularity, default 1024)",
     )
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or messages")
 
-    v = sub.add_parser("verify", help="re-read every sample and check checksums")
-    v.add_argument("dest", metavar="DEST")
-    v.add_argument("--decode", action="store_true", help="also decode every encoded image")
-    v.add_argument("--json", action="store_true", help="print the report as JSON")
-    v.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
-    i = sub.add_parser("inspect", help="format, count, classes, shapes, size on disk")
-    i.add_argument("dest", metavar="DEST")
-    i.add_argument("--json", action="store_true", help="print JSON")
-
-    from gpufeed import doctor, synth  # each module owns its arguments
-
-    doctor.add_arguments(
-        sub.add_parser("doctor", help="check driver, GPUs, torch, CPUs, shm, limits and data")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpufeed",
+        description="Pack small files into HDF5/LMDB/tar/mmap, verify and inspect them.",
     )
-    synth.add_arguments(sub.add_parser("synth", help="write a small demo image-folder dataset"))
-    from gpufeed import bench, tune
+    parser.add_argument("--version", action="version", version=f"gpufeed {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    common = _common()
+    _add_pack(sub, common)
 
-    bench.add_arguments(sub.add_parser("bench", help="measure how fast a pack delivers batches"))
-    tune.add_arguments(sub.add_parser("tune", help="find the fastest loader settings here"))
+    v = sub.add_parser("verify", parents=[common], help="re-read every sample and check checksums")
+    v.add_argument("dest", metavar="DEST", type=existing_path)
+    v.add_argument("--decode", action="store_true", help="also decode every encoded image")
+
+    i = sub.add_parser(
+        "inspect", parents=[common], help="format, count, classes, shapes, size on disk"
+    )
+    i.add_argument("dest", metavar="DEST", type=existing_path)
+
+    from gpufeed import bench, doctor, synth, tune  # each module owns its arguments
+
+    commands = (
+        ("doctor", doctor, "check driver, GPUs, torch, CPUs, shm, limits and data"),
+        ("synth", synth, "write a small demo image-folder dataset"),
+        ("bench", bench, "measure how fast a pack delivers batches"),
+        ("tune", tune, "find the fastest loader settings here"),
+    )
+    for name, module, text in commands:
+        module.add_arguments(sub.add_parser(name, parents=[common], help=text))
     return parser
 
 
@@ -143,6 +165,7 @@ def _human(n: float) -> str:
 def _cmd_pack(args) -> int:
     from gpufeed.pack import pack
 
+    log = (lambda m: print(m, file=sys.stderr)) if args.verbose else None
     manifest = pack(
         args.source,
         args.dest,
@@ -157,10 +180,13 @@ def _cmd_pack(args) -> int:
         resume=args.resume,
         overwrite=args.overwrite,
         on_error=args.on_error,
-        quiet=args.quiet,
+        quiet=args.quiet or args.json,
         part_size=args.part_size,
+        log=log,
     )
-    if not args.quiet:
+    if args.json:
+        print(json.dumps(manifest, indent=2, default=str))
+    elif not args.quiet:
         skipped = manifest.get("skipped", [])
         line = f"packed {manifest['count']} samples into {args.dest} ({manifest['format']})"
         if skipped:
@@ -192,6 +218,8 @@ def _cmd_inspect(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return EXIT_OK
+    if args.quiet:  # the exit status says it is a readable pack
+        return EXIT_OK
     s = info["sample"]
     sample = (
         f"{s['dtype_name']} {'x'.join(map(str, s['shape']))}" if s["kind"] == "array" else "encoded"
@@ -221,23 +249,26 @@ def _cmd_inspect(args) -> int:
     return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return EXIT_OK
-    from gpufeed import doctor, synth
+def _handlers():
+    from gpufeed import bench, doctor, synth, tune
+
+    return {
+        "pack": _cmd_pack,
+        "verify": _cmd_verify,
+        "inspect": _cmd_inspect,
+        "doctor": doctor.main,
+        "synth": synth.main,
+        "bench": bench.main,
+        "tune": tune.main,
+    }
+
+
+def _run(args) -> int:
     from gpufeed.formats.common import GpufeedError
 
-    handlers = {"pack": _cmd_pack, "verify": _cmd_verify, "inspect": _cmd_inspect}
-    handlers.update(doctor=doctor.main, synth=synth.main)
-    from gpufeed import bench, tune
-
-    handlers.update(bench=bench.main, tune=tune.main)
-    debug = os.environ.get("GPUFEED_DEBUG", "") not in ("", "0")
+    debug = args.verbose or os.environ.get("GPUFEED_DEBUG", "") not in ("", "0")
     try:
-        return handlers[args.command](args)
+        return _handlers()[args.command](args)
     except GpufeedError as e:
         if debug:
             raise
@@ -249,12 +280,32 @@ def main(argv: list[str] | None = None) -> int:
         hint = "; continue with --resume" if args.command == "pack" else ""
         print(f"gpufeed {args.command}: interrupted{hint}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        raise
     except (OSError, ValueError, RuntimeError) as e:
         if debug:
             raise
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
         print(f"gpufeed {args.command}: error: {where}{type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_DATA
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_OK
+    try:
+        code = _run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # the reader went away (`| head`): stop quietly, as tools killed by SIGPIPE do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE
 
 
 if __name__ == "__main__":

@@ -108,18 +108,24 @@ class DoctorReport:
             "checks": [asdict(c) for c in self.checks],
         }
 
-    def format(self) -> str:
+    def format(self, only_problems: bool = False, data: bool = False) -> str:
+        """The report as text: every check (``only_problems``: the warnings and failures and
+        the verdict line), with each check's numbers when ``data``."""
         from gpufeed import __version__
 
         tags = {OK: " OK ", WARN: "WARN", FAIL: "FAIL", INFO: "INFO"}
-        lines, section = [f"gpufeed doctor ({__version__})"], None
+        lines, section = [] if only_problems else [f"gpufeed doctor ({__version__})"], None
         for c in self.checks:
+            if only_problems and c.status not in (WARN, FAIL):
+                continue
             if c.section != section:
                 section = c.section
                 lines.append(f"{section}")
             lines.append(f"  [{tags[c.status]}] {c.message}")
             if c.fix and c.status in (WARN, FAIL):
                 lines.append(f"         fix: {c.fix}")
+            if data and c.data:
+                lines.append(f"         data: {json.dumps(c.data, default=str)}")
         n = self.counts()
         verdict = "hard requirement failed" if not self.ok else "ready"
         lines.append(
@@ -1177,22 +1183,26 @@ def add_arguments(parser) -> None:
         metavar="DATA_DIR",
         help="dataset folder to check (default $GPUFEED_DATA_DIR, else /data)",
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    from gpufeed import cliargs
+
     parser.add_argument(
         "--workers",
-        type=int,
+        type=cliargs.workers,
         default=None,
         help="DataLoader workers to size /dev/shm for (default: as make_loader plans here)",
     )
     parser.add_argument(
         "--batch-mb",
-        type=float,
+        type=cliargs.mebibytes,
         default=None,
         help="MiB of one batch in shared memory (default 36.8: 256 uint8 224x224 RGB images)",
     )
     parser.add_argument("--no-dataset", action="store_true", help="skip the dataset checks")
     parser.add_argument(
-        "--probe-seconds", type=float, default=2.0, help="time for the read-speed probe (default 2)"
+        "--probe-seconds",
+        type=cliargs.seconds(0, 600, above=True),
+        default=2.0,
+        help="time for the read-speed probe (default 2)",
     )
     parser.add_argument(
         "--allow-cpu", action="store_true", help="no driver is a warning, as GPUFEED_ALLOW_CPU=1"
@@ -1214,5 +1224,5 @@ def main(args) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=2, default=str))
     else:
-        print(report.format())
+        print(report.format(only_problems=args.quiet, data=args.verbose))
     return report.exit_code

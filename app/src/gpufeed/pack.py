@@ -331,7 +331,12 @@ def _spec_text(spec: dict) -> str:
     return "x".join(str(s) for s in spec["shape"]) + " " + np.dtype(spec["dtype"]).name
 
 
-def _parse_resize(resize) -> tuple[int, int] | None:
+# The largest --resize side: one uint8 RGB sample of 16384x16384 is already 768 MiB.
+MAX_RESIZE = 16384
+
+
+def parse_resize(resize) -> tuple[int, int] | None:
+    """'HxW' (or 'N', or a pair) -> (height, width), each side 1..MAX_RESIZE."""
     if resize is None:
         return None
     if isinstance(resize, str):
@@ -346,6 +351,8 @@ def _parse_resize(resize) -> tuple[int, int] | None:
         vals = vals * 2
     if len(vals) != 2 or min(vals) <= 0:
         raise UsageError(f"resize {resize!r}: expected HEIGHTxWIDTH with positive sizes")
+    if max(vals) > MAX_RESIZE:
+        raise UsageError(f"resize {resize!r}: each side must be at most {MAX_RESIZE} pixels")
     return vals[0], vals[1]
 
 
@@ -380,7 +387,7 @@ class _PartBuilder:
         )
 
 
-def _progress(total: int, initial: int, quiet: bool, desc: str):
+def _progress(total: int, initial: int, quiet: bool, desc: str, unit: str = "sample"):
     from tqdm import tqdm
 
     disable = quiet or not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
@@ -388,7 +395,7 @@ def _progress(total: int, initial: int, quiet: bool, desc: str):
         total=total,
         initial=initial,
         desc=desc,
-        unit="sample",
+        unit=unit,
         unit_scale=True,
         file=sys.stderr,
         disable=disable,
@@ -428,7 +435,7 @@ def pack(
     opts = _check_options(
         format, encode, on_error, compression, container, shard_size, shard_bytes, part_size
     )
-    resize_hw = _parse_resize(resize)
+    resize_hw = parse_resize(resize)
     if resize_hw is not None and encode != "raw":
         raise UsageError("--resize needs --encode raw (encoded images are stored as they are)")
     src = scan_source(source)
@@ -647,7 +654,7 @@ def _assemble(src: Source, dest: Path, partial: Path, nparts: int, state: dict, 
         "sample_sizes": sizes_all,
     }
     writer = writer_class(fmt)(out, spec, count, int(sizes_all.sum()), options)
-    bar = _progress(len(paths), 0, quiet, f"write {fmt}")
+    bar = _progress(len(paths), 0, quiet, f"write {fmt}", unit="part")
     for path in paths:
         writer.add(Part.load(path))
         bar.update(1)

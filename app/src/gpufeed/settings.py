@@ -61,14 +61,24 @@ def load_settings(settings) -> tuple[dict[str, Any], str]:
         path = Path(settings)
         source = source if source != "settings" else str(path)
         try:
-            settings = json.loads(path.read_text())
+            settings = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise FileNotFoundError(
                 f"loader settings file {path} does not exist; run `gpufeed tune` to write it "
                 f"or unset {SETTINGS_ENV}"
             ) from None
+        except UnicodeDecodeError:
+            raise ValueError(
+                f"loader settings file {path} is not valid JSON (not UTF-8 text); give the "
+                f"file `gpufeed tune --write` made"
+            ) from None
         except json.JSONDecodeError as exc:
             raise ValueError(f"loader settings file {path} is not valid JSON: {exc}") from None
+        if not isinstance(settings, Mapping):
+            raise ValueError(
+                f"loader settings file {path} holds a JSON {type(settings).__name__}, not an "
+                f"object of settings"
+            )
     if not isinstance(settings, Mapping):
         raise TypeError(f"settings must be a path or a dict, got {type(settings).__name__}")
     values = {k: v for k, v in settings.items() if not k.startswith("_") and k != "measured"}

@@ -156,32 +156,33 @@ def synth_image_folder(
 
 
 def add_arguments(parser) -> None:
+    from gpufeed import cliargs
+
     parser.add_argument("path", metavar="PATH", help="folder to create (may exist if empty)")
     parser.add_argument(
         "--count",
         "-n",
-        type=int,
+        type=cliargs.integer(1, 10**7, "--count"),
         default=DEFAULT_COUNT,
         help=f"JPEG files in all (default {DEFAULT_COUNT})",
     )
     parser.add_argument(
         "--classes",
-        type=int,
+        type=cliargs.integer(1, len(CLASS_NAMES), "--classes"),
         default=len(CLASS_NAMES),
         help=f"class folders, at most {len(CLASS_NAMES)} (default all)",
     )
     parser.add_argument(
         "--size",
-        type=int,
+        type=cliargs.integer(8, 4096, "--size"),
         default=DEFAULT_SIZE,
-        help=f"image height and width in pixels (default {DEFAULT_SIZE})",
+        help=f"image height and width in pixels, 8 to 4096 (default {DEFAULT_SIZE})",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=cliargs.integer(0, 2**63 - 1, "--seed"), default=0)
     parser.add_argument(
-        "--workers", "-j", type=int, default=None, help="processes (default: usable CPUs)"
+        "--workers", "-j", type=cliargs.workers, default=None, help="processes (default: CPUs)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty PATH")
-    parser.add_argument("--quiet", "-q", action="store_true")
 
 
 def main(args) -> int:
@@ -194,7 +195,9 @@ def main(args) -> int:
         workers=args.workers,
         overwrite=args.overwrite,
     )
-    if not args.quiet:
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+    elif not args.quiet:
         print(
             f"wrote {info['count']} JPEGs ({info['size'][0]}x{info['size'][1]}) in "
             f"{len(info['classes'])} classes to {info['path']} in {info['seconds']:.1f} s"

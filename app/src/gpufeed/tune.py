@@ -444,24 +444,37 @@ def write_settings(result: TuneResult, path: str | Path) -> Path:
 
 
 def add_arguments(p) -> None:
-    """The ``gpufeed tune`` options (cli.py registers the subcommand)."""
-    p.add_argument("path", metavar="PATH", help="a packed dataset (gpufeed pack)")
+    """The ``gpufeed tune`` options (cli.py registers the subcommand; -q/-v/--json are common
+    to every subcommand)."""
+    from gpufeed import cliargs
+    from gpufeed.cli import existing_path
+
+    p.add_argument("path", metavar="PATH", type=existing_path, help="a packed dataset")
     p.add_argument(
         "--batch-size",
         "-b",
-        type=int,
+        type=cliargs.batch_size,
         default=256,
         help="the batch size to start from (half and double are tried)",
     )
     p.add_argument(
         "--batch-sizes",
         metavar="LIST",
+        type=cliargs.batch_sizes,
         help="comma-separated batch sizes to try instead of half/double; give the "
         "start alone to keep it fixed",
     )
-    p.add_argument("--budget", type=float, default=60.0, help="seconds to spend (default 60)")
     p.add_argument(
-        "--device", default=None, help="cuda[:N]: include the copy to the GPU and tune pin_memory"
+        "--budget",
+        type=cliargs.seconds(1, 86400),
+        default=60.0,
+        help="seconds to spend (default 60)",
+    )
+    p.add_argument(
+        "--device",
+        type=cliargs.device,
+        default=None,
+        help="cuda[:N]: include the copy to the GPU and tune pin_memory",
     )
     p.add_argument(
         "--no-compare",
@@ -469,7 +482,6 @@ def add_arguments(p) -> None:
         help="skip the side-by-side check against the defaults and 1-2x cores",
     )
     p.add_argument("--write", metavar="FILE", help="write the settings file make_loader reads")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
     from gpufeed.bench import add_crop_argument
 
     add_crop_argument(p)
@@ -479,10 +491,16 @@ def main(args) -> int:
     from gpufeed.bench import crop_options
     from gpufeed.datasets import open_dataset
 
-    log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr))
-    sizes = None
-    if args.batch_sizes:
-        sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+    quiet = args.json or args.quiet
+    log = (lambda s: None) if quiet else (lambda s: print(s, file=sys.stderr))
+    sizes = args.batch_sizes
+    if args.device and args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():  # said, never silently left out
+            print(
+                "gpufeed tune: no CUDA device: the copy to the GPU is not measured", file=sys.stderr
+            )
     dataset = open_dataset(args.path, **crop_options(args.crop))
     log(f"tuning {dataset!r} for about {args.budget:.0f} s")
     result = tune(

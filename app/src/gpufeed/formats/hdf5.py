@@ -44,6 +44,8 @@ def compression_args(compression: str | None) -> dict[str, Any]:
         return {}
     name, _, level = compression.partition(":")
     if name == "gzip":
+        if level and not (level.isdigit() and 1 <= int(level) <= 9):
+            raise UsageError(f"gzip level {level!r}: use gzip:1 (fast) to gzip:9 (small)")
         return {
             "compression": "gzip",
             "compression_opts": int(level or 4),

@@ -1,0 +1,7 @@
+"""``python -m gpufeed``: the `gpufeed` command."""
+
+import sys
+
+from gpufeed.cli import main
+
+sys.exit(main())

@@ -1,0 +1,179 @@
+"""The types and bounds of every ``gpufeed`` command-line option, in one place.
+
+Each is an argparse ``type=``: a bad value is a usage error (exit status 2) whose message
+names the option, what was given and what is accepted, before anything runs. Bounds:
+
+- worker counts: 0 .. ``WORKERS_PER_CPU`` x the usable CPUs (at least ``MIN_WORKER_LIMIT``);
+  more processes than that only thrash, and a typo such as 100000 would fork-bomb the host;
+- batch sizes: 1 .. ``MAX_BATCH``; prefetch factor: 1 .. ``MAX_PREFETCH``;
+- sizes in bytes (``--shard-bytes``): finite, 1 B .. ``MAX_BYTES``; MiB (``--batch-mb``): finite,
+  above 0, at most ``MAX_BYTES``;
+- seconds: finite (no ``nan``/``inf``), within each option's range;
+- ``--resize HxW``: each side 1 .. ``gpufeed.pack.MAX_RESIZE``;
+- ``--device``: ``cpu``, ``cuda`` or ``cuda:N`` (never silently the CPU);
+- ``--settings FILE``: a readable loader settings file (what ``gpufeed tune --write`` makes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable
+
+__all__ = [
+    "MAX_BATCH",
+    "MAX_BYTES",
+    "MAX_PREFETCH",
+    "MIN_WORKER_LIMIT",
+    "WORKERS_PER_CPU",
+    "batch_size",
+    "batch_sizes",
+    "bytes_size",
+    "compression",
+    "device",
+    "integer",
+    "mebibytes",
+    "resize",
+    "seconds",
+    "settings_file",
+    "worker_limit",
+    "workers",
+    "workers_or_auto",
+]
+
+WORKERS_PER_CPU = 16
+MIN_WORKER_LIMIT = 64
+MAX_BATCH = 1 << 16
+MAX_PREFETCH = 64
+MAX_BYTES = 1 << 50  # 1 PiB
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+Error = argparse.ArgumentTypeError
+
+
+def integer(lo: int, hi: int | None = None, what: str = "") -> Callable[[str], int]:
+    """An int in [lo, hi]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise Error(f"{text!r} is not an integer") from None
+        if value < lo or (hi is not None and value > hi):
+            span = f">= {lo}" if hi is None else f"from {lo} to {hi}"
+            raise Error(f"{value} is out of range: {what or 'it'} must be {span}")
+        return value
+
+    return parse
+
+
+def worker_limit() -> int:
+    from gpufeed.sysinfo import usable_cpus
+
+    return max(MIN_WORKER_LIMIT, WORKERS_PER_CPU * usable_cpus().count)
+
+
+def workers(text: str) -> int:
+    """Worker processes: 0 (in-process) up to :func:`worker_limit`."""
+    return integer(0, worker_limit(), f"workers ({WORKERS_PER_CPU} per usable CPU at most)")(text)
+
+
+def workers_or_auto(text: str) -> int | str:
+    return "auto" if text == "auto" else workers(text)
+
+
+batch_size = integer(1, MAX_BATCH, "a batch size")
+prefetch_factor = integer(1, MAX_PREFETCH, "prefetch_factor")
+
+
+def batch_sizes(text: str) -> list[int]:
+    """A comma-separated list of batch sizes."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise Error(f"{text!r}: expected batch sizes like 128,256")
+    return [batch_size(p) for p in parts]
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise Error(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise Error(f"{text!r}: must be a finite number")
+    return value
+
+
+def seconds(lo: float = 0.0, hi: float = 86400.0, *, above: bool = False) -> Callable[[str], float]:
+    """Seconds in [lo, hi] (``above``: strictly more than lo)."""
+
+    def parse(text: str) -> float:
+        value = _finite(text)
+        if value < lo or (above and value == lo) or value > hi:
+            low = f"more than {lo:g}" if above else f"at least {lo:g}"
+            raise Error(f"{text!r}: must be {low} and at most {hi:g}")
+        return value
+
+    return parse
+
+
+def bytes_size(text: str) -> int:
+    """'256M', '1.5G', '4096' -> bytes (binary units; an optional trailing B or iB)."""
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = t[-1] if t and t[-1] in _UNITS and not t[-1].isdigit() else ""
+    number = t[: len(t) - len(unit)] if unit else t
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        raise Error(f"{text!r} is not a size like 512M or 2G") from None
+    if not math.isfinite(value) or not 1 <= value <= MAX_BYTES:
+        raise Error(f"{text!r}: a size must be finite, from 1 B to {MAX_BYTES >> 50} PiB")
+    return int(value)
+
+
+def mebibytes(text: str) -> float:
+    value = _finite(text)
+    if not 0 < value <= MAX_BYTES / 2**20:
+        raise Error(f"{text!r}: MiB must be above 0 and at most {MAX_BYTES >> 20}")
+    return value
+
+
+def compression(text: str) -> str:
+    """HDF5 compression: none, lzf or gzip[:1-9] (checked by the HDF5 writer's own parser)."""
+    from gpufeed.formats.common import UsageError
+    from gpufeed.formats.hdf5 import compression_args
+
+    try:
+        compression_args(text)
+    except UsageError as e:
+        raise Error(str(e)) from None
+    return text
+
+
+def resize(text: str) -> tuple[int, int]:
+    from gpufeed.formats.common import UsageError
+    from gpufeed.pack import parse_resize
+
+    try:
+        return parse_resize(text)
+    except UsageError as e:
+        raise Error(str(e)) from None
+
+
+def device(text: str) -> str:
+    if not _DEVICE.match(text):
+        raise Error(f"{text!r}: expected cpu, cuda or cuda:N")
+    return text
+
+
+def settings_file(text: str) -> str:
+    """A loader settings file make_loader can read (the same reader, so the same verdict)."""
+    from gpufeed.settings import load_settings
+
+    try:
+        load_settings(text)
+    except (OSError, ValueError, TypeError) as e:
+        raise Error(str(e)) from None
+    return text
