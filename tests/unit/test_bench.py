@@ -231,3 +231,18 @@ def test_suite_perfile_dataset_and_augment(suite, tmp_path):
     x, y = ds[3]
     assert x.shape == (3, 56, 56) and x.dtype == torch.uint8 and y == int(labels[3])
     assert 500 < case.sample_bytes() < 12288  # a JPEG, smaller than the raw pixels
+
+
+def test_compare_plain_reads_both_loaders_side_by_side(mmap_pack, capsys):
+    """The measuring harness behind README's ratio (the numbers themselves are not checked:
+    speed is judged by running it, not by a test)."""
+    code = cli.main(["bench", str(mmap_pack), "-b", "4", "--compare-plain", "--seconds", "0.05"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "DataLoader" in out and "make_loader" in out and "ratio" in out
+    result = bench.compare_plain(mmap_pack, batch_size=4, workers=(0,), seconds=0.05, rounds=2)
+    row = result["workers"][0]
+    assert row["plain_samples_per_s"] > 0 and row["make_loader_samples_per_s"] > 0
+    assert row["make_loader_vs_plain"] == pytest.approx(
+        row["make_loader_samples_per_s"] / row["plain_samples_per_s"]
+    )

@@ -31,6 +31,9 @@ __all__ = [
     "add_arguments",
     "batch_nbytes",
     "batch_size_of",
+    "compare_plain",
+    "epoch_after_epoch",
+    "format_compare",
     "gpu_report",
     "main",
     "run_bench",
@@ -464,6 +467,18 @@ def run_bench(
     return report
 
 
+def epoch_after_epoch(loader):
+    """The batches of pass after pass over ``loader``, as training reads it (so a timing
+    counts the turnover between epochs, and a small dataset's short passes)."""
+    while True:
+        n = 0
+        for batch in loader:
+            n += 1
+            yield batch
+        if n == 0:
+            return
+
+
 def compare_plain(
     path,
     *,
@@ -498,22 +513,15 @@ def compare_plain(
         loaders["plain", w] = DataLoader(dataset, batch_size, shuffle, **kw)
         loaders["make_loader", w] = make_loader(dataset, batch_size, shuffle, **kw)
 
-    def passes(loader):
-        while True:  # epoch after epoch, as training reads
-            n = 0
-            for batch in loader:
-                n += 1
-                yield batch
-            if n == 0:
-                return
-
     rates: dict[tuple[str, int], list[float]] = {k: [] for k in loaders}
     try:
         for loader in loaders.values():  # start workers, open files, warm the page cache
-            time_batches(passes(loader), max_seconds=min(1.0, seconds))
+            time_batches(epoch_after_epoch(loader), max_seconds=min(1.0, seconds))
         for r in range(rounds):
             for key, loader in loaders.items():
-                rates[key].append(time_batches(passes(loader), max_seconds=seconds).samples_per_s)
+                rates[key].append(
+                    time_batches(epoch_after_epoch(loader), max_seconds=seconds).samples_per_s
+                )
             log(
                 f"round {r + 1}/{rounds}: "
                 + ", ".join(f"{k[0]}/{k[1]} {v[-1]:,.0f}" for k, v in rates.items())

@@ -1,5 +1,8 @@
 """``make_loader()``: a DataLoader with measured defaults, block-shuffled order, distributed
-sharding and mid-epoch resumption.
+sharding and mid-epoch resumption. It takes DataLoader's arguments under DataLoader's names,
+in its order and with its defaults, except where its docstring says why not; it reads gpufeed
+datasets through their batched fast path (``get_batch``/``iter_batches``), any other dataset
+as DataLoader does.
 
 What it decides, and from what:
 

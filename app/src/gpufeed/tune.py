@@ -124,7 +124,7 @@ def _measure(
     after), and the seconds to its first batch."""
     import torch
 
-    from gpufeed.bench import _shutdown, time_batches
+    from gpufeed.bench import _shutdown, epoch_after_epoch, time_batches
     from gpufeed.loader import make_loader
 
     with warnings.catch_warnings():
@@ -138,20 +138,10 @@ def _measure(
             batch[0].to(to_device, non_blocking=True)
             torch.cuda.synchronize()
 
-    def epochs():
-        # epoch after epoch: the turnover (and a small dataset's short passes) counts too
-        while True:
-            n = 0
-            for batch in loader:
-                n += 1
-                yield batch
-            if n == 0:
-                return
-
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*DataLoader will create.*")
-            r = time_batches(epochs(), max_seconds=seconds, step=step)
+            r = time_batches(epoch_after_epoch(loader), max_seconds=seconds, step=step)
         return r.samples_per_s, r.first_batch_s
     finally:
         _shutdown(loader)
