@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import default_collate
+from torch.utils.data import default_collate, get_worker_info
 
 __all__ = ["Batch", "collate", "is_batch", "stack", "to_batch", "to_samples"]
 
@@ -50,7 +50,13 @@ def stack(samples: Sequence[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
         isinstance(s, torch.Tensor) and s.shape == first.shape and s.dtype == first.dtype
         for s in samples
     ):
-        return torch.stack(samples)
+        if get_worker_info() is None:
+            return torch.stack(samples)
+        # in a DataLoader worker, stacked straight into shared memory (as torch's
+        # default_collate does): handing the batch to the main process then moves a handle
+        # instead of copying the batch once more
+        out = torch.empty((len(samples), *first.shape), dtype=first.dtype).share_memory_()
+        return torch.stack(samples, out=out)
     return samples
 
 
