@@ -394,3 +394,15 @@ def test_make_loader_distributed_false_reads_everything(contract_packs, referenc
     ds = open_type(contract_packs, "tar-stream")
     loader = make_loader(ds, 4, num_workers=0, rank=1, world_size=2, distributed=False)
     assert sorted(epoch(loader)) == sorted(reference)
+
+
+def test_make_loader_shuffle_on_the_tar_stream(contract_packs):
+    """shuffle=False reads the stream in storage order (the dataset opened shuffling is left
+    as it is); None keeps the dataset's own shuffle buffer."""
+    stream = open_type(contract_packs, "tar-stream")
+    in_order = [k for b in make_loader(stream, 4, False, num_workers=0) for k in keys(b)]
+    storage = gpufeed.open_dataset(contract_packs["mmap"])
+    assert in_order == [bytes(storage[i][0].numpy()) for i in range(N)]
+    assert stream.shuffle_buffer > 1 and stream.shuffle_shards
+    shuffled = [k for b in make_loader(stream, 4, num_workers=0) for k in keys(b)]
+    assert shuffled != in_order and sorted(shuffled) == sorted(in_order)
