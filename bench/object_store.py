@@ -209,18 +209,29 @@ def object_sizes(quick: bool) -> list[int]:
     return [int(MIB * 2 ** rng.uniform(0, 6)) for _ in range(n)]
 
 
-def prepare(server: S3Server, work: Path, quick: bool, list_count: int) -> dict:
-    """Write the objects straight into rclone's folder (what an upload would leave)."""
-    server.make_bucket(BUCKET)
-    root = server.data_dir / BUCKET
+def prepare(servers: list[S3Server], work: Path, quick: bool, list_count: int) -> dict:
+    """The same objects on every server, put through its S3 API."""
+    import obstore
+    from obstore.store import S3Store
+
     sizes = object_sizes(quick)
     keys = [f"objs/{i:03d}.bin" for i in range(len(sizes))]
-    for key, size in zip(keys, sizes, strict=True):
-        (root / key).parent.mkdir(parents=True, exist_ok=True)
-        (root / key).write_bytes(os.urandom(size))
-    for i in range(list_count):
-        (root / "many").mkdir(exist_ok=True)
-        (root / "many" / f"{i:05d}").write_bytes(b"x")
+    blobs = [os.urandom(size) for size in sizes]
+    for server in servers:
+        server.make_bucket(BUCKET)
+        store = S3Store(
+            BUCKET,
+            endpoint=server.endpoint,
+            access_key_id=server.env()["AWS_ACCESS_KEY_ID"],
+            secret_access_key=server.env()["AWS_SECRET_ACCESS_KEY"],
+            region=server.env()["AWS_REGION"],
+            client_options={"allow_http": True},
+        )
+        for key, data in zip(keys, blobs, strict=True):
+            obstore.put(store, key, data)
+        for i in range(list_count if server.kind == "rclone" else 0):
+            obstore.put(store, f"many/{i:05d}", b"x")
+    root = servers[0].data_dir / BUCKET  # rclone's folder: the files local-disk reads use
     upload = []
     for i in range(2 if quick else 4):
         p = work / f"upload-{i}.bin"
@@ -263,9 +274,7 @@ def run_all(tmp: Path, args) -> dict:
     list_count = 300 if args.quick else 2000
     rounds = {}
     with S3Server("rclone", tmp / "rclone") as rclone, S3Server("moto", tmp / "moto") as moto:
-        data = prepare(rclone, tmp, args.quick, list_count)
-        moto.make_bucket(BUCKET)
-        _copy_to_moto(moto, data)
+        data = prepare([rclone, moto], tmp, args.quick, list_count)
         cfg = {
             "keys": data["keys"],
             "sizes": data["sizes"],
@@ -290,21 +299,6 @@ def run_all(tmp: Path, args) -> dict:
                     rounds.setdefault(name, {}).setdefault(client, []).append(res)
             rounds.setdefault("disk", []).append(_disk_vs_fetch(rclone, data, args.concurrency))
     return {"rounds": rounds, "sizes": data["sizes"], "concurrency": args.concurrency}
-
-
-def _copy_to_moto(moto: S3Server, data: dict) -> None:
-    import boto3
-
-    env = moto.env()
-    c = boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=env["AWS_REGION"],
-    )
-    for key, path in zip(data["keys"], data["paths"], strict=True):
-        c.upload_file(path, BUCKET, key)
 
 
 def _disk_vs_fetch(server: S3Server, data: dict, concurrency: int) -> dict:

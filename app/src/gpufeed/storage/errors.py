@@ -13,6 +13,10 @@ class ObjectNotFoundError(StorageError):
     """The object (or the bucket) is not there."""
 
 
+class BucketNotFoundError(ObjectNotFoundError):
+    """The bucket (or container) itself is not there."""
+
+
 class CredentialsError(StorageError):
     """The store refused the credentials, or found none."""
 

@@ -11,7 +11,7 @@ from gpufeed.formats.common import MANIFEST_NAME, DataError, NotPackedError, Usa
 from gpufeed.manifest import FORMATS
 from gpufeed.storage.cache import Cache, FileEntry, Pin
 from gpufeed.storage.download import download
-from gpufeed.storage.errors import ObjectNotFoundError
+from gpufeed.storage.errors import BucketNotFoundError, ObjectNotFoundError
 from gpufeed.storage.prefetch import DEFAULT_AHEAD, DEFAULT_WORKERS, Prefetcher
 from gpufeed.storage.retry import RetryPolicy, with_retries
 from gpufeed.storage.stats import StorageStats
@@ -45,7 +45,9 @@ class RemotePack:
         where = self.url.child(MANIFEST_NAME)
         try:
             raw = with_retries(lambda: self.store.read_bytes(MANIFEST_NAME), self.retry, self.stats)
-        except ObjectNotFoundError:
+        except ObjectNotFoundError as e:
+            if isinstance(e, BucketNotFoundError):
+                raise
             raise NotPackedError(
                 f"{self.url}: no {MANIFEST_NAME}; not a gpufeed pack, or its upload is unfinished "
                 "(the manifest is uploaded last)"

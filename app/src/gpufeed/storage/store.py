@@ -26,7 +26,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from gpufeed.storage.errors import CredentialsError, ObjectNotFoundError, StorageError
+from gpufeed.storage.errors import (
+    BucketNotFoundError,
+    CredentialsError,
+    ObjectNotFoundError,
+    StorageError,
+)
 from gpufeed.storage.urls import RemoteURL
 
 STREAM_CHUNK = 64 << 10  # bytes per read; larger ones cost obstore more CPU (8 MiB: 2x)
@@ -221,8 +226,10 @@ def translate(exc: BaseException, where: str) -> StorageError | None:
 
     text = str(exc).split("\n\nDebug source:")[0]
     status, code = _status(text)
+    if code == " NoSuchBucket":
+        return BucketNotFoundError(f"{where}: the bucket does not exist (NoSuchBucket)")
     if isinstance(exc, ox.NotFoundError | FileNotFoundError) or status == 404:
-        return ObjectNotFoundError(f"{where}: no such object (or bucket) in the store{code}")
+        return ObjectNotFoundError(f"{where}: no such object in the store{code}")
     if isinstance(exc, ox.PermissionDeniedError | ox.UnauthenticatedError) or status in (401, 403):
         return CredentialsError(
             f"{where}: the store refused the credentials ({status}{code}); {CREDENTIAL_HELP}"
