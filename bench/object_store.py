@@ -3,9 +3,9 @@
     python -m bench.object_store [--quick] [--concurrency 8] [--rounds 3] [--out FILE.json]
 
 One run starts a real S3-compatible server on 127.0.0.1 (bench/s3server.py: rclone, and moto
-for ranged reads, whose 206 answers obstore needs), uploads the same objects once, then runs
-each (client, task) in its own process, rounds interleaved, and prints each client's median
-as a ratio to the fastest. Tasks:
+for ranged reads, whose 206 answers obstore needs), uploads the same objects once, reads them
+once untimed, then runs each (client, task) in its own process, rounds interleaved with each
+client leading one in turn, and prints each client's median as a ratio to the best. Tasks:
   get      many objects of 1-64 MiB, whole-object GETs streamed in 1 MiB chunks to nowhere,
            --concurrency requests at a time (MiB/s; peak RSS added by the task)
   range    small ranged reads (4 KiB at random offsets), one at a time (p50 and p95 latency)
@@ -290,8 +290,10 @@ def run_all(tmp: Path, args) -> dict:
             ("list", rclone),
             ("upload", rclone),
         ]
+        for server in (rclone, moto):  # untimed: the servers' first reads warm them up
+            spawn("boto3", "get", cfg, {**os.environ, **server.env()})
         for r in range(args.rounds):
-            order = CLIENTS if r % 2 == 0 else tuple(reversed(CLIENTS))
+            order = CLIENTS[r % 3 :] + CLIENTS[: r % 3]  # each client leads a round in turn
             for name, server in plan:
                 for client in order:
                     env = {**os.environ, **server.env()}

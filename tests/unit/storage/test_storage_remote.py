@@ -5,6 +5,7 @@ a changed object, a missing object and bad credentials."""
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import subprocess
 import sys
@@ -49,6 +50,17 @@ def test_upload_then_fetch_through_the_cache(s3, tar_pack, tmp_path, rclone_serv
     for name in names:
         again.fetch(name).release()
     assert (again.stats.hits, again.stats.misses, again.stats.bytes_fetched) == (len(names), 0, 0)
+
+
+def test_a_pack_crosses_to_a_spawned_worker(s3, tar_pack, tmp_path):
+    """What a DataLoader worker gets: the pack pickled; its client is made again there."""
+    upload_pack(tar_pack, f"{s3}/train")
+    pack = open_pack(f"{s3}/train", tmp_path / "cache")
+    pack.fetch("index.npz").release()
+    clone = pickle.loads(pickle.dumps(pack))
+    with clone.fetch("shard-000004.tar") as pin:
+        assert pin.path.read_bytes() == (tar_pack / "shard-000004.tar").read_bytes()
+    assert clone.stats.misses == 2  # the counts travel with it
 
 
 def test_the_manifest_goes_last_and_foreign_prefixes_are_refused(s3, tar_pack, rclone_server):

@@ -225,8 +225,8 @@ class Cache:
                 continue
             for f in os.scandir(sub.path):
                 part = f.name.endswith(PART)
-                if part and _remove_if_orphan(Path(f.path)):
-                    continue
+                if part and _unlink_unpinned(Path(f.path)):
+                    continue  # nobody holds it: its download died
                 try:
                     st = f.stat()
                 except FileNotFoundError:
@@ -308,7 +308,8 @@ class _CachedFile:
 
 
 def _unlink_unpinned(path: Path) -> bool:
-    """Unlink `path` if no one holds a lock on it (a pin); True when unlinked."""
+    """Unlink `path` unless someone holds a lock on it (a pin, or a live download's .part);
+    True when unlinked."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -332,25 +333,6 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
     fst = os.fstat(fd)
     return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
-
-
-def _remove_if_orphan(part: Path) -> bool:
-    """A .part file nobody holds (its downloader died) is removed; True if it was."""
-    try:
-        fd = os.open(part, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return False
-    try:
-        part.unlink()
-    except FileNotFoundError:
-        pass
-    os.close(fd)
-    return True
 
 
 def _unlink(path: Path) -> None:

@@ -70,13 +70,6 @@ class ObjectStore:
             self._pid = os.getpid()
         return self._store
 
-    def head(self, name: str) -> int:
-        """The object's size in bytes."""
-        import obstore
-
-        with _errors(self.url.child(name)):
-            return int(obstore.head(self.store, name)["size"])
-
     def read_bytes(self, name: str) -> bytes:
         import obstore
 
