@@ -88,7 +88,11 @@ class S3Server:
         else:
             with open(self.log_path, "ab") as log:
                 self._proc = subprocess.Popen(
-                    self._command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    self._command(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
         self._wait_until_answering()
         return self
@@ -185,3 +189,12 @@ class S3Server:
 def _split(url: str) -> tuple[str, str]:
     bucket, _, key = url.removeprefix("s3://").partition("/")
     return bucket, key
+
+
+def _die_with_parent() -> None:
+    """In the server's process: end it when the process that started it dies, so a test run
+    killed before its teardown (a timeout, kill -9) leaves no server behind (Linux prctl)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -21,6 +21,7 @@ drops a dead process's locks):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -132,10 +133,11 @@ class Cache:
             if not _same_file(fd, path):  # evicted between open and lock
                 os.close(fd)
                 return None
-            os.utime(fd)  # most recently used
         except OSError:
             os.close(fd)
             raise
+        with contextlib.suppress(PermissionError):  # another user's file: LRU order only
+            os.utime(fd)  # most recently used
         return Pin(path, fd)
 
     def get(self, entry: FileEntry, fetch: Fetch) -> Pin:
@@ -162,9 +164,15 @@ class Cache:
                 fetch(entry, out)
                 f.flush()
                 _verify(entry, out)
-                self._sync(f.fileno(), entry)
+                os.fsync(f.fileno())
             os.rename(part, final)
             fsync_dir(final.parent)
+        except OSError as e:
+            _unlink(part)
+            full = self._full(entry, e)
+            if full is e:
+                raise
+            raise full from None
         except BaseException:
             _unlink(part)
             raise
@@ -174,12 +182,6 @@ class Cache:
         if pin is None:  # only the download lock (held) lets a fresh file be evicted
             raise AssertionError(f"{final}: vanished right after landing")
         return pin
-
-    def _sync(self, fd: int, entry: FileEntry) -> None:
-        try:
-            os.fsync(fd)
-        except OSError as e:
-            raise self._full(entry, e) from None
 
     # ------------------------------------------------------------------ space
     def _reserve(self, entry: FileEntry) -> tuple[int, Path]:
