@@ -27,7 +27,7 @@ class RemoteURL:
     """scheme://bucket/prefix, normalised: no trailing slash, no empty path segments."""
 
     scheme: str
-    bucket: str  # the bucket, container (az://account/container: the account) or host
+    bucket: str  # the URL's first part: bucket, container or account, or the host
     prefix: str  # key prefix inside the bucket, "" for the bucket's root
 
     @property
