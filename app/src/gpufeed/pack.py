@@ -49,6 +49,7 @@ from gpufeed.formats.common import (
     fsync_dir,
 )
 from gpufeed.manifest import MANIFEST_SCHEMA, read_manifest, write_manifest
+from gpufeed.storage.urls import require_local
 
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"})
 ARRAY_EXTS = frozenset({".npy", ".pt"})
@@ -432,6 +433,8 @@ def pack(
     workers: reader processes; None reads the first items in-process and starts
     default_workers() processes only when the rest would take longer than starting them.
     """
+    # A URL is never a local folder (s3://b/x would become ./s3:/b/x); uploading is phase 2.
+    require_local(dest, "pack into a local folder, then gpufeed.storage.upload_pack(it, URL)")
     opts = _check_options(
         format, encode, on_error, compression, container, shard_size, shard_bytes, part_size
     )

@@ -1,0 +1,113 @@
+"""A pack in object storage, read through the local cache: its manifest, then its files."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from typing import Any, BinaryIO
+
+from gpufeed.formats.common import MANIFEST_NAME, DataError, NotPackedError, UsageError
+from gpufeed.manifest import FORMATS
+from gpufeed.storage.cache import Cache, FileEntry, Pin
+from gpufeed.storage.download import download
+from gpufeed.storage.errors import BucketNotFoundError, ObjectNotFoundError
+from gpufeed.storage.prefetch import DEFAULT_AHEAD, DEFAULT_WORKERS, Prefetcher
+from gpufeed.storage.retry import RetryPolicy, with_retries
+from gpufeed.storage.stats import StorageStats
+from gpufeed.storage.store import ObjectStore
+from gpufeed.storage.urls import RemoteURL, parse_location
+
+
+class RemotePack:
+    """The pack at `url`: `manifest`, and its data files as pinned local paths."""
+
+    def __init__(
+        self,
+        url: RemoteURL,
+        cache: Cache,
+        *,
+        store: ObjectStore | None = None,
+        retry: RetryPolicy | None = None,
+    ):
+        self.url = url
+        self.cache = cache
+        self.store = store or ObjectStore(url)
+        self.retry = retry or RetryPolicy()
+        self.manifest = self._read_manifest()
+        self.entries = _entries(self.manifest, url)
+
+    @property
+    def stats(self) -> StorageStats:
+        return self.cache.stats
+
+    def _read_manifest(self) -> dict[str, Any]:
+        where = self.url.child(MANIFEST_NAME)
+        try:
+            raw = with_retries(lambda: self.store.read_bytes(MANIFEST_NAME), self.retry, self.stats)
+        except ObjectNotFoundError as e:
+            if isinstance(e, BucketNotFoundError):
+                raise
+            raise NotPackedError(
+                f"{self.url}: no {MANIFEST_NAME}; not a gpufeed pack, or its upload is unfinished "
+                "(the manifest is uploaded last)"
+            ) from None
+        try:
+            manifest = json.loads(raw)
+        except ValueError as e:
+            raise DataError(f"{where}: unreadable manifest: {e}") from None
+        if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS:
+            raise DataError(f"{where}: not a gpufeed manifest (format is not one of {FORMATS})")
+        return manifest
+
+    def entry(self, name: str) -> FileEntry:
+        try:
+            return self.entries[name]
+        except KeyError:
+            raise UsageError(f"{self.url}: the manifest lists no file {name!r}") from None
+
+    def fetch(self, name: str) -> Pin:
+        """The pack's file `name` as a pinned local file (fetched on a miss)."""
+        return self.cache.get(self.entry(name), self._download)
+
+    def prefetch(
+        self, names: Iterable[str], *, workers: int = DEFAULT_WORKERS, ahead: int = DEFAULT_AHEAD
+    ) -> Prefetcher:
+        """Pins of `names` in that order, fetched ahead by a bounded pool (see Prefetcher)."""
+        entries = [self.entry(n) for n in names]
+        return Prefetcher(
+            lambda e: self.cache.get(e, self._download), entries, workers=workers, ahead=ahead
+        )
+
+    def _download(self, entry: FileEntry, out: BinaryIO) -> None:
+        download(self.store, entry.name, out, entry.size, retry=self.retry, stats=self.stats)
+
+
+def _entries(manifest: dict[str, Any], url: RemoteURL) -> dict[str, FileEntry]:
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise DataError(f"{url.child(MANIFEST_NAME)}: lists no files")
+    try:
+        return {
+            n: FileEntry(n, int(f["bytes"]), str(f["sha256"]), url.child(n))
+            for n, f in files.items()
+        }
+    except (KeyError, TypeError, ValueError) as e:
+        raise DataError(
+            f"{url.child(MANIFEST_NAME)}: a files entry lacks bytes/sha256: {e}"
+        ) from None
+
+
+def open_pack(
+    url: str,
+    cache_dir: str | os.PathLike,
+    cache_limit: int | str | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+    stats: StorageStats | None = None,
+) -> RemotePack:
+    """The pack at `url` (s3://bucket/prefix, ...), its files cached under `cache_dir`."""
+    loc = parse_location(url)
+    if not isinstance(loc, RemoteURL):
+        raise UsageError(f"{url}: open_pack reads object storage (s3://, gs://, az://, https://)")
+    return RemotePack(loc, Cache(cache_dir, cache_limit, stats=stats), retry=retry)

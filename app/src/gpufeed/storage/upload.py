@@ -1,0 +1,87 @@
+"""Upload a finished local pack to object storage, the manifest last."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from gpufeed.formats.common import MANIFEST_NAME, UsageError
+from gpufeed.manifest import manifest_path, read_manifest
+from gpufeed.storage.errors import StorageError
+from gpufeed.storage.retry import RetryPolicy, with_retries
+from gpufeed.storage.stats import StorageStats
+from gpufeed.storage.store import ObjectStore
+from gpufeed.storage.urls import RemoteURL, parse_location, require_local
+
+
+def upload_pack(
+    src: str | os.PathLike,
+    url: str,
+    *,
+    overwrite: bool = False,
+    retry: RetryPolicy | None = None,
+    stats: StorageStats | None = None,
+) -> dict[str, Any]:
+    """Upload the finished pack `src` to `url`; returns its manifest.
+
+    Readers never see a partial pack as complete: the data files go first (multipart when
+    large), their sizes are checked in a listing, and manifest.json is written last. Replacing
+    a pack (overwrite=True) removes its manifest first and its stale files last. A prefix that
+    holds objects but no manifest is not ours, and is refused."""
+    root = require_local(src, "upload_pack's SRC is the local pack folder")
+    manifest = read_manifest(root)  # a finished pack, or NotPackedError saying why not
+    loc = parse_location(url)
+    if not isinstance(loc, RemoteURL):
+        raise UsageError(f"{url}: upload_pack writes to object storage (s3://bucket/prefix)")
+    store = ObjectStore(loc)
+    retry, stats = retry or RetryPolicy(), stats or StorageStats()
+
+    def again(call):
+        return with_retries(call, retry, stats)
+
+    existing = again(store.list)
+    _check_destination(loc, existing, overwrite)
+    if MANIFEST_NAME in existing:
+        again(lambda: store.delete(MANIFEST_NAME))
+    names = _pack_files(root)
+    for name in names:
+        again(lambda name=name: store.put_file(name, root / name))
+    _check_uploaded(loc, root, names, again(store.list))
+    again(lambda: store.put_bytes(MANIFEST_NAME, manifest_path(root).read_bytes()))
+    for stale in sorted(set(existing) - set(names) - {MANIFEST_NAME}):
+        again(lambda stale=stale: store.delete(stale))
+    return manifest
+
+
+def _check_destination(loc: RemoteURL, existing: dict[str, int], overwrite: bool) -> None:
+    if not existing:
+        return
+    if MANIFEST_NAME not in existing:
+        raise UsageError(
+            f"{loc}: holds {len(existing)} objects and no {MANIFEST_NAME}: not a gpufeed pack, "
+            "so gpufeed will not write into it; upload to an empty prefix"
+        )
+    if not overwrite:
+        raise UsageError(f"{loc}: already holds a pack; pass overwrite=True to replace it")
+
+
+def _pack_files(root: Path) -> list[str]:
+    """Every file of the pack folder but the manifest, as /-separated relative names."""
+    names = []
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            rel = (Path(dirpath) / f).relative_to(root).as_posix()
+            if rel != MANIFEST_NAME:
+                names.append(rel)
+    return sorted(names)
+
+
+def _check_uploaded(loc: RemoteURL, root: Path, names: list[str], listed: dict[str, int]) -> None:
+    for name in names:
+        want = (root / name).stat().st_size
+        if listed.get(name) != want:
+            raise StorageError(
+                f"{loc.child(name)}: the store lists {listed.get(name)} bytes after the upload, "
+                f"the local file has {want}; the manifest was not written: upload again"
+            )
