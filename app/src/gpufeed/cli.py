@@ -95,7 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="mmap: samples.npy (numpy memmap) or samples.pt (torch.load mmap=True)",
     )
     p.add_argument("--resume", action="store_true", help="continue an interrupted pack")
-    p.add_argument("--overwrite", action="store_true", help="replace DEST / discard a partial")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace DEST if it is a gpufeed pack (anything else is refused) / discard a partial",
+    )
+    p.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="follow symbolic links to folders in SOURCE (loops and second links to a folder "
+        "are reported, never packed twice); by default such links are reported, not followed",
+    )
     p.add_argument(
         "--on-error",
         choices=("stop", "skip"),
@@ -159,6 +169,7 @@ def _cmd_pack(args) -> int:
         on_error=args.on_error,
         quiet=args.quiet,
         part_size=args.part_size,
+        follow_symlinks=args.follow_symlinks,
     )
     if not args.quiet:
         skipped = manifest.get("skipped", [])
@@ -166,7 +177,8 @@ def _cmd_pack(args) -> int:
         if skipped:
             line += f"; skipped {len(skipped)}: " + ", ".join(s["path"] for s in skipped[:5])
             line += " ..." if len(skipped) > 5 else ""
-        print(line)
+        # file names that are not UTF-8 (kept byte for byte) print as \x escapes
+        print(line.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
     return EXIT_OK
 
 
