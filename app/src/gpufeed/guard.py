@@ -81,14 +81,19 @@ def source_clash(path: Path, source: Source | None) -> str | None:
     return None
 
 
+def holds_cwd(path: Path) -> bool:
+    """Whether `path` is the current folder or one of its parents."""
+    real, cwd = os.path.realpath(path), os.path.realpath(os.getcwd())
+    return cwd == real or cwd.startswith(real + os.sep)
+
+
 def why_not_removable(path: Path, source: Source | None = None) -> str | None:
     """The reason gpufeed must not delete `path`, or None when it may (see the module)."""
     if path.is_symlink():
         return "it is a symbolic link (gpufeed replaces real folders only)"
     if not path.is_dir():
         return "it is not a folder"
-    real, cwd = os.path.realpath(path), os.path.realpath(os.getcwd())
-    if cwd == real or cwd.startswith(real + os.sep):
+    if holds_cwd(path):
         return "it is the current folder or holds it"
     clash = source_clash(path, source)
     if clash:

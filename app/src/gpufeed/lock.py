@@ -68,6 +68,7 @@ class PackLock:
         self.created_file = False
 
     def __enter__(self) -> PackLock:
+        self.partial.parent.mkdir(parents=True, exist_ok=True)  # DEST's folder, as mkdir -p
         for _ in range(_RETRIES):
             try:
                 self.partial.mkdir()

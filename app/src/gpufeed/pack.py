@@ -62,6 +62,7 @@ from gpufeed.guard import (
     STATE_NAME,
     check_removable,
     clear_partial,
+    holds_cwd,
     is_pack,
     remove_partial,
     remove_tree,
@@ -427,11 +428,21 @@ def _check_destination(dest: Path, src: Source, resume: bool, overwrite: bool) -
     clash = source_clash(dest, src)
     if clash:
         raise UsageError(f"{dest}: cannot pack into it: {clash}; choose a destination elsewhere")
-    exists = dest.exists() or dest.is_symlink()
+    exists = _occupied(dest)
     if exists and overwrite:
         check_removable(dest, "replace it (--overwrite)", src)
     elif exists and not resume:
         raise UsageError(_exists_message(dest))
+
+
+def _occupied(dest: Path) -> bool:
+    """Whether something is at DEST. An empty folder is not (the finished pack is renamed over
+    it, which deletes nothing), unless it is the current folder or holds it."""
+    if dest.is_symlink():
+        return True
+    if not dest.exists():
+        return False
+    return not (dest.is_dir() and not any(dest.iterdir()) and not holds_cwd(dest))
 
 
 def _exists_message(dest: Path) -> str:
@@ -446,7 +457,7 @@ def _exists_message(dest: Path) -> str:
 def _finished_pack(dest: Path, state: dict, resume: bool, overwrite: bool, say):
     """With --resume, a DEST finished by an earlier run of this very pack (the run was
     stopped after its final rename): its manifest. Another DEST is refused."""
-    if overwrite or not (dest.exists() or dest.is_symlink()):
+    if overwrite or not _occupied(dest):
         return None
     if not resume or not is_pack(dest):
         raise UsageError(_exists_message(dest))
@@ -736,7 +747,7 @@ def _swap_into_place(out: Path, dest: Path, partial: Path, src: Source) -> None:
     """out/ becomes DEST. A DEST there (a pack gpufeed made: checked again now) is first moved
     into DEST.partial, which is deleted with it afterwards: a crash in between leaves either
     the old pack or the new one at DEST, and a resumable DEST.partial."""
-    if dest.exists() or dest.is_symlink():
+    if _occupied(dest):
         check_removable(dest, "replace it (--overwrite)", src)
         replaced = partial / REPLACED_DIR
         if replaced.exists():

@@ -307,7 +307,12 @@ def _check_kinds(root: Path, files: list[str]) -> str:
 def _scan_list_file(path: Path) -> Source:
     base = path.parent
     paths, rel, labels = [], [], []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        msg = f"{path}: list file is not UTF-8 text ({e.reason} at byte {e.start})"
+        raise UsageError(msg) from None
+    for lineno, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue

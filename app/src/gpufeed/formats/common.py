@@ -102,11 +102,15 @@ def free_bytes(path: str | os.PathLike) -> int:
 
 
 def is_disk_full(exc: BaseException, path: str | os.PathLike, need: int = 0) -> bool:
-    """Whether a failed write ran out of space. errno says so for plain writes; LMDB reports
-    ENOSPC as "Input/output error" and HDF5 only in its message, so for those the free space
-    left where `path` lives decides (under `need` bytes, or under 1 MiB)."""
-    if getattr(exc, "errno", None) in _NO_SPACE or "No space left on device" in str(exc):
+    """Whether a failed write ran out of space. errno says so for plain writes and HDF5; for
+    errors without one (LMDB reports ENOSPC as "Input/output error", torch.save as "file
+    write failed") the free space left where `path` lives decides (under `need` bytes, or
+    under 1 MiB)."""
+    code = getattr(exc, "errno", None)
+    if code in _NO_SPACE or "No space left on device" in str(exc):
         return True
+    if code is not None and code != errno.EIO:
+        return False
     try:
         return free_bytes(path) < max(int(need), 1 << 20)
     except OSError:
@@ -163,13 +167,18 @@ def pack_file(root: str | os.PathLike, name: str) -> Path:
         raise UnsafePathError(path, "leads outside the pack; it is not read")
     if any(part in ("", ".") for part in parts):
         raise UnsafePathError(path, "is not a plain file name inside the pack; it is not read")
-    real, top = os.path.realpath(path), os.path.realpath(root)
-    if os.path.commonpath([real, top]) != top:
-        raise UnsafePathError(path, f"leads outside the pack (to {real}); it is not read")
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except FileNotFoundError:
         return path
+    if "/" in name or stat.S_ISLNK(st.st_mode):  # a link on the way: where does it lead?
+        real, top = os.path.realpath(path), os.path.realpath(root)
+        if os.path.commonpath([real, top]) != top:
+            raise UnsafePathError(path, f"leads outside the pack (to {real}); it is not read")
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return path
     if not stat.S_ISREG(st.st_mode):
         raise UnsafePathError(path, "is not a regular file (a pack holds regular files only)")
     return path
