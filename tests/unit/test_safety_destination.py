@@ -209,3 +209,34 @@ def test_a_source_file_changed_before_resume_is_read_again(tmp_path, make_arrays
     ds = gpufeed.open_dataset(tmp_path / "d")
     assert ds[0][0].tolist() == [7] * 8
     assert any("a00000.npy: changed since it was read" in line for line in lines), lines
+
+
+# ------------------------------------------------------------------------------ synth
+def test_synth_overwrite_replaces_only_what_synth_made(tmp_path):
+    from gpufeed.synth import synth_image_folder
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "holiday.jpg").write_bytes(b"mine")
+    with pytest.raises(UsageError, match="photos: refusing to replace it.*gpufeed synth made"):
+        synth_image_folder(photos, count=4, classes=2, size=16, workers=1, overwrite=True)
+    assert tree(photos) == {"holiday.jpg": b"mine"}
+    made = tmp_path / "made"
+    synth_image_folder(made, count=4, classes=2, size=16, workers=1)
+    again = synth_image_folder(made, count=6, classes=3, size=16, workers=1, overwrite=True)
+    assert again["count"] == len(list(made.rglob("*.jpg"))) == 6
+
+
+def test_synth_clears_only_its_own_leftover_partial(tmp_path):
+    from gpufeed.synth import CLASS_NAMES, synth_image_folder
+
+    (tmp_path / "a.partial").mkdir()
+    (tmp_path / "a.partial" / "notes.txt").write_text("not synth's")
+    with pytest.raises(UsageError, match="a.partial: refusing to start over"):
+        synth_image_folder(tmp_path / "a", count=4, classes=2, size=16, workers=1)
+    assert (tmp_path / "a.partial" / "notes.txt").read_text() == "not synth's"
+    crashed = tmp_path / "b.partial" / CLASS_NAMES[0]  # what a crash mid-synth leaves
+    crashed.mkdir(parents=True)
+    (crashed / "000000.jpg").write_bytes(b"half")
+    info = synth_image_folder(tmp_path / "b", count=4, classes=2, size=16, workers=1)
+    assert info["count"] == 4 and not (tmp_path / "b.partial").exists()

@@ -3,7 +3,9 @@
 gpufeed deletes or replaces only what it made:
 - a finished pack: a folder holding a gpufeed manifest.json (`pack --overwrite` replaces it);
 - its own unfinished DEST.partial: a folder holding gpufeed's state.json, or nothing but the
-  pieces a pack makes before that file (the lock file, an empty parts/ folder).
+  pieces a pack makes before that file (the lock file, parts/ of part files, out/);
+- a dataset `gpufeed synth` made (its synth.json; a crash's PATH.partial holds only its class
+  folders of JPEGs), which only `synth --overwrite` replaces.
 Never, whatever it holds: a symbolic link, the current folder or a folder holding it, a folder
 that is or holds the pack's source (or lies inside a source folder). Anything else is refused
 with a UsageError naming the folder and the reason.
@@ -62,6 +64,39 @@ def is_partial(path: Path) -> bool:
         return False
 
 
+def is_synth_output(path: Path) -> bool:
+    """A folder `gpufeed synth` made: its synth.json, or (the PATH.partial a crash left)
+    nothing but synth's class folders of JPEGs."""
+    from gpufeed.synth import CLASS_NAMES, INFO_FILE, MADE_BY
+
+    if not path.is_dir() or path.is_symlink():
+        return False
+    try:
+        if json.loads((path / INFO_FILE).read_text(encoding="utf-8")).get("made_by") == MADE_BY:
+            return True
+    except (OSError, ValueError, AttributeError):
+        pass
+    if not path.name.endswith(PARTIAL_SUFFIX):
+        return False
+    try:
+        folders = os.listdir(path)
+        return set(folders) <= set(CLASS_NAMES) and all(
+            name.endswith(".jpg") for f in folders for name in os.listdir(path / f)
+        )
+    except OSError:
+        return False
+
+
+# what gpufeed made, by the command that may replace it: (test, what it is, for messages)
+OWNERS = {
+    "pack": (
+        lambda p: is_pack(p) or is_partial(p),
+        f"a gpufeed pack (no gpufeed {MANIFEST_NAME} in it)",
+    ),
+    "synth": (is_synth_output, "a dataset gpufeed synth made (no synth.json from it in it)"),
+}
+
+
 def source_clash(path: Path, source: Source | None) -> str | None:
     """Why `path` must not be written or deleted for this source, or None."""
     if source is None:
@@ -87,7 +122,7 @@ def holds_cwd(path: Path) -> bool:
     return cwd == real or cwd.startswith(real + os.sep)
 
 
-def why_not_removable(path: Path, source: Source | None = None) -> str | None:
+def why_not_removable(path: Path, source: Source | None = None, owner: str = "pack") -> str | None:
     """The reason gpufeed must not delete `path`, or None when it may (see the module)."""
     if path.is_symlink():
         return "it is a symbolic link (gpufeed replaces real folders only)"
@@ -98,16 +133,18 @@ def why_not_removable(path: Path, source: Source | None = None) -> str | None:
     clash = source_clash(path, source)
     if clash:
         return clash
-    if path.name.endswith(PARTIAL_SUFFIX) and not is_partial(path):
+    made_by_us, made = OWNERS[owner]
+    if made_by_us(path):
+        return None
+    if owner == "pack" and path.name.endswith(PARTIAL_SUFFIX):
         return "it holds files an unfinished gpufeed pack does not make"
-    if not (is_pack(path) or is_partial(path)):
-        return f"it is not a gpufeed pack (no gpufeed {MANIFEST_NAME} in it)"
-    return None
+    return f"it is not {made}"
 
 
-def check_removable(path: Path, what: str, source: Source | None = None) -> None:
-    """UsageError unless gpufeed may delete `path`; `what` says why it would."""
-    reason = why_not_removable(path, source)
+def check_removable(path: Path, what: str, source: Source | None = None, owner="pack") -> None:
+    """UsageError unless gpufeed may delete `path`; `what` says why it would; `owner`: which
+    command's output it must be (OWNERS)."""
+    reason = why_not_removable(path, source, owner)
     if reason:
         raise UsageError(
             f"{path}: refusing to {what}: {reason}. gpufeed deletes only packs it made; "
@@ -115,16 +152,16 @@ def check_removable(path: Path, what: str, source: Source | None = None) -> None
         )
 
 
-def remove_tree(path: Path, what: str, source: Source | None = None) -> None:
-    """The one way gpufeed deletes a folder: a pack it made or its own DEST.partial (checked
-    here, every time), or an entry of such a DEST.partial (its parts, output, or the pack it
-    replaces)."""
+def remove_tree(path: Path, what: str, source: Source | None = None, owner="pack") -> None:
+    """The one way gpufeed deletes a folder: what it made (OWNERS: a pack or its own
+    DEST.partial, a synth dataset; checked here, every time), or an entry of its own
+    DEST.partial (its parts, output, or the pack it replaces)."""
     parent = path.parent
-    if is_partial(parent) and path.name in PARTIAL_ENTRIES | {REPLACED_DIR}:
+    if owner == "pack" and is_partial(parent) and path.name in PARTIAL_ENTRIES:
         if path.is_symlink() or not path.is_dir():
             raise UsageError(f"{path}: refusing to {what}: expected gpufeed's own folder")
     else:
-        check_removable(path, what, source)
+        check_removable(path, what, source, owner)
     shutil.rmtree(path)
 
 
