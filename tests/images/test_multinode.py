@@ -52,14 +52,33 @@ def job(tmp_path_factory, ssh_image):
             ]
             logs = [
                 subprocess.run(
-                    ["docker", "logs", name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+                    ["docker", "logs", "--timestamps", name],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
                 ).stdout.decode(errors="replace")
                 for name in names
             ]
+            states = [_state(name) for name in names]
         finally:
             subprocess.run(["docker", "rm", "--force", *names], capture_output=True)
-    assert codes == ["0", "0"], "\n\n".join(log[-3000:] for log in logs)
+    # a failure keeps both nodes' whole logs (a rank's abort is rarely in the last lines)
+    kept = [root / f"node{i}.log" for i in range(len(names))]
+    for path, log in zip(kept, logs, strict=True):
+        path.write_text(log)
+    assert codes == ["0", "0"], "\n\n".join(
+        f"node{i}: exit {code} ({state}); whole log: {path}\n{log[-3000:]}"
+        for i, (code, state, path, log) in enumerate(zip(codes, states, kept, logs, strict=True))
+    )
     return {"logs": logs, "ranks": read_log(out / "log"), "out": out}
+
+
+def _state(name: str) -> str:
+    """The container's end as Docker saw it (an OOM kill reads like a crash otherwise)."""
+    return subprocess.run(
+        ["docker", "inspect", "-f", "OOMKilled={{.State.OOMKilled}} {{.State.Error}}", name],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def test_one_job_of_world_two_across_two_containers(job):

@@ -165,7 +165,9 @@ def test_refuses_existing_dest_and_partial(array_folder, tmp_path):
     m = gpufeed.pack(array_folder, dest, format="lmdb", workers=1, quiet=True, overwrite=True)
     assert gpufeed.inspect(dest)["format"] == "lmdb" == m["format"]
     assert not (tmp_path / "d.old").exists()
+    state = {"gpufeed": "0", "source_digest": "0"}  # an unfinished pack of another run
     (tmp_path / "e.partial").mkdir()
+    (tmp_path / "e.partial" / "state.json").write_text(json.dumps(state))
     with pytest.raises(UsageError, match="pass --resume to continue it or --overwrite"):
         gpufeed.pack(array_folder, tmp_path / "e", format="mmap", workers=1, quiet=True)
 

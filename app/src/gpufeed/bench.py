@@ -604,9 +604,9 @@ def add_arguments(p) -> None:
     """The ``gpufeed bench`` options (cli.py registers the subcommand; -q/-v/--json are
     common to every subcommand)."""
     from gpufeed import cliargs
-    from gpufeed.cli import existing_path
+    from gpufeed.cli import pack_path
 
-    p.add_argument("path", metavar="PATH", type=existing_path, help="a packed dataset")
+    p.add_argument("path", metavar="PATH", type=pack_path, help="a packed dataset")
     p.add_argument("--batch-size", "-b", type=cliargs.batch_size, default=256)
     p.add_argument(
         "--workers",

@@ -27,6 +27,7 @@ import os
 import sys
 
 from gpufeed import __version__, cliargs
+from gpufeed.formats.common import PARTIAL_SUFFIX
 
 FORMATS = ("hdf5", "lmdb", "tar", "mmap")
 EXIT_OK, EXIT_DATA, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
@@ -41,6 +42,14 @@ def existing_path(text: str) -> str:
     if not os.path.lexists(text):
         raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
     return text
+
+
+def pack_path(text: str) -> str:
+    """A pack's path: it exists, or a pack into it is unfinished or being written
+    (DEST.partial), which the command then explains (a usage error would hide that)."""
+    if os.path.lexists(text.rstrip("/") + PARTIAL_SUFFIX):
+        return text
+    return existing_path(text)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -108,7 +117,17 @@ def _add_pack(sub, common) -> None:
         help="mmap: samples.npy (numpy memmap) or samples.pt (torch.load mmap=True)",
     )
     p.add_argument("--resume", action="store_true", help="continue an interrupted pack")
-    p.add_argument("--overwrite", action="store_true", help="replace DEST / discard a partial")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace DEST if it is a gpufeed pack (anything else is refused) / discard a partial",
+    )
+    p.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="follow symbolic links to folders in SOURCE (loops and second links to a folder "
+        "are reported, never packed twice); by default such links are reported, not followed",
+    )
     p.add_argument(
         "--on-error",
         choices=("stop", "skip"),
@@ -133,13 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pack(sub, common)
 
     v = sub.add_parser("verify", parents=[common], help="re-read every sample and check checksums")
-    v.add_argument("dest", metavar="DEST", type=existing_path)
+    v.add_argument("dest", metavar="DEST", type=pack_path)
     v.add_argument("--decode", action="store_true", help="also decode every encoded image")
 
     i = sub.add_parser(
         "inspect", parents=[common], help="format, count, classes, shapes, size on disk"
     )
-    i.add_argument("dest", metavar="DEST", type=existing_path)
+    i.add_argument("dest", metavar="DEST", type=pack_path)
 
     from gpufeed import bench, doctor, synth, tune  # each module owns its arguments
 
@@ -183,6 +202,7 @@ def _cmd_pack(args) -> int:
         quiet=args.quiet or args.json,
         part_size=args.part_size,
         log=log,
+        follow_symlinks=args.follow_symlinks,
     )
     if args.json:
         print(json.dumps(manifest, indent=2, default=str))
@@ -192,7 +212,8 @@ def _cmd_pack(args) -> int:
         if skipped:
             line += f"; skipped {len(skipped)}: " + ", ".join(s["path"] for s in skipped[:5])
             line += " ..." if len(skipped) > 5 else ""
-        print(line)
+        # file names that are not UTF-8 (kept byte for byte) print as \x escapes
+        print(line.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
     return EXIT_OK
 
 

@@ -14,6 +14,8 @@ import math
 import numpy as np
 import torch
 
+from gpufeed.pixels import tensor_to_uint8, to_8bit
+
 NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -43,13 +45,13 @@ def decode_image(data, mode: str = "RGB") -> torch.Tensor:
         buf = torch.from_numpy(np.frombuffer(_as_bytes(data), dtype=np.uint8).copy())
         read_mode = ImageReadMode.RGB if mode == "RGB" else ImageReadMode.GRAY
         try:
-            return tv_decode(buf, mode=read_mode)
+            return tensor_to_uint8(tv_decode(buf, mode=read_mode))
         except RuntimeError:
             pass  # formats torchvision does not decode (BMP, TIFF, ...) fall through to PIL
     from PIL import Image
 
     with Image.open(io.BytesIO(_as_bytes(data))) as img:
-        arr = np.asarray(img.convert(mode))
+        arr = np.asarray(to_8bit(img).convert(mode))
     if arr.ndim == 2:
         arr = arr[:, :, None]
     return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))

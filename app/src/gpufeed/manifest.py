@@ -8,11 +8,15 @@ Fields:
   classes            class names, label i is classes[i] (null when the source had none)
   sample             {"kind": "array", "dtype": "uint8", "shape": [3, 64, 64]} or
                      {"kind": "encoded"} (JPEG/PNG bytes decoded on read)
-  files              {name: {"bytes": n, "sha256": hex}} for every data file
+  files              {name: {"bytes": n, "sha256": hex}} for every data file: plain names of
+                     regular files inside the pack (readers refuse anything else)
   layout             format details (dataset names, key format, shard pattern, ...)
-  source             {"path": ..., "kind": imagefolder | arrays | listfile, "items": n}
-  options            pack options that shaped the bytes (encode, compression, shard sizes)
-  skipped            [{"item": i, "path": ..., "error": ...}] source items left out
+  source             {"path": ..., "kind": imagefolder | arrays | listfile, "items": n,
+                      "digest": sha256 of the listing}
+  options            pack options that shaped the bytes (encode, compression, shard sizes,
+                     follow_symlinks when set)
+  skipped            [{"item": i, "path": ..., "error": ...}] source items left out ("item"
+                     null: a folder, link or name left out while listing the source)
   created_by         "gpufeed <version>"
 """
 
@@ -29,7 +33,9 @@ from gpufeed.formats.common import (
     DataError,
     NotPackedError,
     atomic_write_json,
+    pack_file,
 )
+from gpufeed.lock import busy_message
 
 FORMATS = ("hdf5", "lmdb", "tar", "mmap")
 MANIFEST_SCHEMA = 1
@@ -47,15 +53,17 @@ def read_manifest(dest: str | Path) -> dict[str, Any]:
     path = manifest_path(dest)
     if not path.exists():
         if dest.name.endswith(PARTIAL_SUFFIX) or (dest / "state.json").exists():
-            final = str(dest).removesuffix(PARTIAL_SUFFIX)
+            final = Path(str(dest).removesuffix(PARTIAL_SUFFIX))
             raise NotPackedError(
-                f"{dest}: unfinished pack (no {MANIFEST_NAME}); finish it with "
+                busy_message(final, dest)
+                or f"{dest}: unfinished pack (no {MANIFEST_NAME}); finish it with "
                 f"`gpufeed pack SOURCE {final} --resume`"
             )
         partial = dest.with_name(dest.name + PARTIAL_SUFFIX)
         if partial.exists():
             raise NotPackedError(
-                f"{dest}: no {MANIFEST_NAME}; a pack into it is unfinished ({partial}); "
+                busy_message(dest, partial)
+                or f"{dest}: no {MANIFEST_NAME}; a pack into it is unfinished ({partial}); "
                 f"finish it with `gpufeed pack SOURCE {dest} --resume`"
             )
         if not dest.exists():
@@ -64,9 +72,11 @@ def read_manifest(dest: str | Path) -> dict[str, Any]:
             f"{dest}: no {MANIFEST_NAME}; not a gpufeed dataset (make one with `gpufeed pack`)"
         )
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(pack_file(dest, MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: unreadable manifest: {e}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
+        raise DataError(f"{path}: not a gpufeed manifest (expected a JSON object with files)")
     fmt = manifest.get("format")
     if fmt not in FORMATS:
         raise DataError(f"{path}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")

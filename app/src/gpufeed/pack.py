@@ -12,15 +12,19 @@ How a pack survives a crash at any point (kill -9 included):
      from scratch (HDF5 is not crash-safe while written, so it is only ever written in one
      pass from committed parts), then the manifest is written last and out/ is renamed to
      DEST. A DEST without manifest.json never exists.
+  4. One pack at a time per DEST: the run holds a lock on DEST.partial (gpufeed.lock) until
+     DEST.partial is gone. --overwrite replaces only a pack gpufeed made (gpufeed.guard): an
+     old DEST is moved into DEST.partial, the new one renamed into place, then DEST.partial
+     (with the old pack) deleted.
 """
 
 from __future__ import annotations
 
-import hashlib
+import ctypes
 import io
 import json
 import os
-import shutil
+import signal
 import sys
 import time
 from collections import deque
@@ -35,10 +39,10 @@ from gpufeed._version import __version__
 from gpufeed.formats import FORMATS, writer_class
 from gpufeed.formats.common import (
     FORMAT_VERSION,
-    MANIFEST_NAME,
     PARTIAL_SUFFIX,
     SOURCES_NAME,
     DataError,
+    DiskFullError,
     Part,
     SampleSpec,
     SourceError,
@@ -47,13 +51,31 @@ from gpufeed.formats.common import (
     crc32,
     file_entry,
     fsync_dir,
+    is_disk_full,
+    no_space_is_an_error,
+    write_sources,
 )
+from gpufeed.guard import (
+    OUT_DIR,
+    PARTS_DIR,
+    REPLACED_DIR,
+    STATE_NAME,
+    check_removable,
+    clear_partial,
+    holds_cwd,
+    is_pack,
+    remove_partial,
+    remove_tree,
+    source_clash,
+)
+from gpufeed.lock import PackLock
 from gpufeed.manifest import MANIFEST_SCHEMA, read_manifest, write_manifest
+from gpufeed.pixels import to_8bit
+from gpufeed.scan import ARRAY_EXTS, IMAGE_EXTS, SUPPORTED_EXTS, Source, scan_source
 from gpufeed.storage.urls import require_local
 
-IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"})
-ARRAY_EXTS = frozenset({".npy", ".pt"})
-SUPPORTED_EXTS = IMAGE_EXTS | ARRAY_EXTS
+__all__ = ["ARRAY_EXTS", "IMAGE_EXTS", "SUPPORTED_EXTS", "Source", "pack", "scan_source"]
+
 ENCODE_MODES = ("keep", "raw")
 ON_ERROR = ("stop", "skip")
 DEFAULT_PART_SIZE = 1024
@@ -64,125 +86,16 @@ PROBE_S = 0.25
 # spawning a pack worker that imports numpy, PIL and torch: 2.0-2.3 s measured on the bench
 # machine (100 samples of 432 KiB: 0.24 s in-process, 2.28 s with 2 workers)
 WORKER_START_S = 2.0
-STATE_NAME = "state.json"
-PARTS_DIR = "parts"
-OUT_DIR = "out"
-
-
-# --------------------------------------------------------------------------- sources
-@dataclass
-class Source:
-    """A listing of source files: parallel lists, fixed before any is read."""
-
-    path: Path
-    kind: str  # imagefolder | arrays | listfile
-    paths: list[str]  # absolute
-    rel: list[str]  # as reported (relative to the source root)
-    labels: np.ndarray  # int64, -1 when unknown
-    classes: list[str] | None
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def digest(self) -> str:
-        h = hashlib.sha256()
-        h.update(json.dumps([self.kind, self.classes]).encode())
-        for rel, label in zip(self.rel, self.labels.tolist(), strict=True):
-            h.update(f"{rel}\t{label}\n".encode("utf-8", "surrogateescape"))
-        return h.hexdigest()
-
-
-def _walk_files(root: Path) -> list[Path]:
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames.sort()
-        for name in sorted(filenames):
-            if Path(name).suffix.lower() in SUPPORTED_EXTS:
-                found.append(Path(dirpath) / name)
-    return found
-
-
-def _sidecar_label(path: Path) -> int:
-    side = path.with_suffix(".cls")
-    if not side.exists():
-        return -1
-    text = side.read_text().strip()
-    try:
-        return int(text)
-    except ValueError:
-        raise SourceError(f"{side}: label sidecar holds {text!r}, expected an integer") from None
-
-
-def _check_kinds(root: Path, files: list[Path]) -> str:
-    images = sum(1 for f in files if f.suffix.lower() in IMAGE_EXTS)
-    if images and images != len(files):
-        raise UsageError(
-            f"{root}: mixes images and .npy/.pt arrays; pack them separately "
-            "or list them in a list file"
-        )
-    return "imagefolder" if images else "arrays"
-
-
-def scan_source(source: str | os.PathLike) -> Source:
-    """List a source: an image-folder tree (class subfolders), a folder of .npy/.pt files
-    (class subfolders, or flat with optional NAME.cls label sidecars), or a list file of
-    `path label` lines (relative paths resolve against the list file's folder)."""
-    root = Path(source).absolute()
-    if not root.exists():
-        raise UsageError(f"{root}: source does not exist")
-    if root.is_file():
-        return _scan_list_file(root)
-    top = sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in SUPPORTED_EXTS)
-    class_dirs = [p for p in sorted(root.iterdir()) if p.is_dir() and _walk_files(p)]
-    if top and class_dirs:
-        raise UsageError(
-            f"{root}: has files at the top level ({top[0].name}) and class subfolders "
-            f"({class_dirs[0].name}/); put every file in a class subfolder or none"
-        )
-    paths: list[str] = []
-    labels: list[int] = []
-    if class_dirs:
-        classes = [p.name for p in class_dirs]
-        files = []
-        for label, d in enumerate(class_dirs):
-            for f in _walk_files(d):
-                files.append(f)
-                labels.append(label)
-    else:
-        classes = None
-        files = top
-        labels = [_sidecar_label(f) for f in files]
-    if not files:
-        raise UsageError(
-            f"{root}: no source files found (looked for {', '.join(sorted(SUPPORTED_EXTS))})"
-        )
-    kind = _check_kinds(root, files)
-    paths = [str(f) for f in files]
-    rel = [str(f.relative_to(root)) for f in files]
-    return Source(root, kind, paths, rel, np.asarray(labels, dtype=np.int64), classes)
-
-
-def _scan_list_file(path: Path) -> Source:
-    base = path.parent
-    paths, rel, labels = [], [], []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, sep, label = line.rpartition(" ")
-        if not sep:
-            name, label = label, "-1"
-        try:
-            labels.append(int(label))
-        except ValueError:
-            raise UsageError(f"{path}:{lineno}: expected `path label`, found {line!r}") from None
-        name = name.strip()
-        p = Path(name)
-        paths.append(str(p if p.is_absolute() else base / p))
-        rel.append(name)
-    if not paths:
-        raise UsageError(f"{path}: list file has no `path label` lines")
-    return Source(path, "listfile", paths, rel, np.asarray(labels, dtype=np.int64), None)
+# the pack options a manifest records (they shaped its bytes or its listing)
+MANIFEST_OPTIONS = (
+    "encode",
+    "resize",
+    "compression",
+    "shard_size",
+    "shard_bytes",
+    "container",
+    "follow_symlinks",
+)
 
 
 # --------------------------------------------------------------------------- reading items
@@ -192,12 +105,24 @@ class LoadOptions:
     resize: tuple[int, int] | None = None  # (height, width)
 
 
+def stamp(path: str) -> tuple[int, int]:
+    """(size, mtime_ns) of a source file, (-1, -1) when it cannot be stat'ed: what a resume
+    compares to notice a file changed since its part was committed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (-1, -1)
+    return (st.st_size, st.st_mtime_ns)
+
+
 def load_item(path: str, opts: LoadOptions) -> tuple:
-    """Read one source file. Returns ("ok", payload, spec_json, ext, crc) or ("error", msg).
+    """Read one source file. Returns ("ok", stamp, payload, spec_json, ext, crc) or
+    ("error", stamp, msg); stamp is the file's (size, mtime_ns) before it was read.
 
     Runs in pack worker processes: no exception escapes, so one bad file cannot take the
     pool down, and the parent decides whether it stops the pack or is skipped.
     """
+    before = stamp(path)
     try:
         ext = Path(path).suffix.lower()
         if ext in IMAGE_EXTS:
@@ -209,11 +134,11 @@ def load_item(path: str, opts: LoadOptions) -> tuple:
             payload, spec = _array_payload(_load_pt(path))
             ext = ".npy"
         else:
-            return ("error", f"unsupported file type {ext!r}")
-        return ("ok", payload, spec, ext.lstrip("."), crc32(payload))
+            return ("error", before, f"unsupported file type {ext!r}")
+        return ("ok", before, payload, spec, ext.lstrip("."), crc32(payload))
     except Exception as e:  # noqa: BLE001 - reported with the file name by the parent
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return ("error", f"{type(e).__name__}: {msg}" if msg else type(e).__name__)
+        return ("error", before, f"{type(e).__name__}: {msg}" if msg else type(e).__name__)
 
 
 def _load_image(path: str, ext: str, opts: LoadOptions):
@@ -225,7 +150,7 @@ def _load_image(path: str, ext: str, opts: LoadOptions):
         img.load()  # a full decode: truncated or corrupt files fail here, not at train time
         if opts.encode == "keep":
             return data, {"kind": "encoded"}, ext
-        rgb = img.convert("RGB")
+        rgb = to_8bit(img).convert("RGB")  # 16-bit scaled, never clipped (gpufeed.pixels)
         if opts.resize is not None:
             h, w = opts.resize
             rgb = rgb.resize((w, h), Image.BILINEAR)
@@ -253,6 +178,22 @@ def _array_payload(arr: np.ndarray):
 
 def _run_chunk(paths: list[str], opts: LoadOptions) -> list[tuple]:
     return [load_item(p, opts) for p in paths]
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """Pack worker initializer: the kernel kills this worker when the pack process dies,
+    however it dies (kill -9 included), so no worker outlives it holding the caller's
+    stdout or the resource tracker's pipe. Linux only (prctl); elsewhere a no-op."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
 
 
 def ordered_map(
@@ -295,7 +236,12 @@ def ordered_map(
     from concurrent.futures.process import BrokenProcessPool
 
     # spawn: the parent may hold torch threads or h5py state that must not be forked
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+    with ProcessPoolExecutor(
+        workers,
+        mp_context=mp.get_context("spawn"),
+        initializer=_die_with_parent,
+        initargs=(os.getpid(),),
+    ) as ex:
         pending = deque(ex.submit(_run_chunk, c, opts) for c in islice(chunks, workers * 4))
         while pending:
             try:
@@ -366,6 +312,7 @@ class _PartBuilder:
         self.exts: list[str] = []
         self.skip_items: list[int] = []
         self.skip_errors: list[str] = []
+        self.stamps: list[tuple[int, int]] = []
         self.spec: dict | None = None
 
     def build(self) -> Part:
@@ -385,6 +332,7 @@ class _PartBuilder:
             skip_items=np.asarray(self.skip_items, dtype=np.int64),
             skip_errors=np.asarray(self.skip_errors, dtype=str),
             spec=SampleSpec.from_json(self.spec) if self.spec else None,
+            stamps=np.asarray(self.stamps, dtype=np.int64).reshape(-1, 2),
         )
 
 
@@ -423,15 +371,22 @@ def pack(
     quiet: bool = False,
     part_size: int | None = None,
     log: Callable[[str], None] | None = None,
+    follow_symlinks: bool = False,
 ) -> dict[str, Any]:
     """Pack SOURCE into DEST (a folder) in `format`; returns the manifest.
 
     encode: "keep" stores images as their encoded bytes (decoded when read), "raw" stores
-    decoded uint8 CHW arrays (all images must share a size, or pass resize="HxW").
+    decoded uint8 CHW arrays (all images must share a size, or pass resize="HxW"; 16-bit
+    images are scaled to 8 bits, see gpufeed.pixels).
     on_error: "stop" raises SourceError naming the file (the partial stays resumable);
-    "skip" leaves the file out and lists it in manifest["skipped"].
+    "skip" leaves the file (or unreadable folder, or link not followed) out and lists it in
+    manifest["skipped"].
     workers: reader processes; None reads the first items in-process and starts
     default_workers() processes only when the rest would take longer than starting them.
+    overwrite: replace DEST if it is a pack gpufeed made (anything else is refused, see
+    gpufeed.guard), or discard an unfinished DEST.partial.
+    follow_symlinks: follow symbolic links to folders in SOURCE (loops and second links to a
+    folder are problems, see gpufeed.scan); by default they are problems themselves.
     """
     # A URL is never a local folder (s3://b/x would become ./s3:/b/x); uploading is phase 2.
     require_local(dest, "pack into a local folder, then gpufeed.storage.upload_pack(it, URL)")
@@ -441,17 +396,12 @@ def pack(
     resize_hw = parse_resize(resize)
     if resize_hw is not None and encode != "raw":
         raise UsageError("--resize needs --encode raw (encoded images are stored as they are)")
-    src = scan_source(source)
+    src = scan_source(source, follow_symlinks=follow_symlinks)
     dest = Path(dest).absolute()
     partial = dest.with_name(dest.name + PARTIAL_SUFFIX)
     say = log or (lambda msg: None if quiet else print(msg, file=sys.stderr))
-
-    if (dest / MANIFEST_NAME).exists() and resume and not overwrite and partial.exists():
-        shutil.rmtree(partial)  # the previous run finished: only its cleanup was cut short
-        return read_manifest(dest)
-    if dest.exists() and not overwrite:
-        raise UsageError(f"{dest}: already exists; pass --overwrite to replace it")
-
+    _check_destination(dest, src, resume, overwrite)
+    src.check(on_error)
     state = {
         "gpufeed": __version__,
         "source": str(src.path),
@@ -461,14 +411,86 @@ def pack(
         "encode": encode,
         "resize": list(resize_hw) if resize_hw else None,
         "on_error": on_error,
+        **({"follow_symlinks": True} if follow_symlinks else {}),
         **opts,
     }
-    _prepare_partial(partial, state, resume, overwrite, say)
-    parts_dir = partial / PARTS_DIR
-    load_opts = LoadOptions(encode=encode, resize=resize_hw)
-    nparts = max(1, -(-len(src) // state["part_size"]))
-    _commit_parts(src, parts_dir, nparts, state["part_size"], load_opts, workers, on_error, quiet)
-    return _assemble(src, dest, partial, nparts, state, quiet)
+    with PackLock(dest, partial) as lock:
+        finished = _finished_pack(dest, state, resume, overwrite, say)
+        if finished is not None:
+            remove_partial(partial, lock)  # only its cleanup was cut short
+            return finished
+        _prepare_partial(partial, state, resume, overwrite, say)
+        parts_dir = partial / PARTS_DIR
+        load_opts = LoadOptions(encode=encode, resize=resize_hw)
+        nparts = max(1, -(-len(src) // state["part_size"]))
+        _drop_changed_parts(src, parts_dir, nparts, state["part_size"], say)
+        _commit_parts(
+            src, parts_dir, nparts, state["part_size"], load_opts, workers, on_error, quiet
+        )
+        manifest = _assemble(src, dest, partial, nparts, state, quiet)
+        remove_partial(partial, lock)
+    return manifest
+
+
+def _check_destination(dest: Path, src: Source, resume: bool, overwrite: bool) -> None:
+    """Refusals that need no lock: DEST is or holds the source or lies inside it; DEST exists
+    and may not be replaced."""
+    clash = source_clash(dest, src)
+    if clash:
+        raise UsageError(f"{dest}: cannot pack into it: {clash}; choose a destination elsewhere")
+    exists = _occupied(dest)
+    if exists and overwrite:
+        check_removable(dest, "replace it (--overwrite)", src)
+    elif exists and not resume:
+        raise UsageError(_exists_message(dest))
+
+
+def _occupied(dest: Path) -> bool:
+    """Whether something is at DEST. An empty folder is not (the finished pack is renamed over
+    it, which deletes nothing), unless it is the current folder or holds it."""
+    if dest.is_symlink():
+        return True
+    if not dest.exists():
+        return False
+    return not (dest.is_dir() and not any(dest.iterdir()) and not holds_cwd(dest))
+
+
+def _exists_message(dest: Path) -> str:
+    if is_pack(dest):
+        return f"{dest}: already exists; pass --overwrite to replace it"
+    return (
+        f"{dest}: already exists and is not a gpufeed pack; choose another destination "
+        "(gpufeed replaces only packs it made)"
+    )
+
+
+def _finished_pack(dest: Path, state: dict, resume: bool, overwrite: bool, say):
+    """With --resume, a DEST finished by an earlier run of this very pack (the run was
+    stopped after its final rename): its manifest. Another DEST is refused."""
+    if overwrite or not _occupied(dest):
+        return None
+    if not resume or not is_pack(dest):
+        raise UsageError(_exists_message(dest))
+    manifest = read_manifest(dest)
+    if not _made_by(manifest, state):
+        raise UsageError(
+            f"{dest}: already exists, packed from other sources or with other settings; "
+            "pass --overwrite to replace it"
+        )
+    say(f"{dest}: already complete (finished by an earlier run)")
+    return manifest
+
+
+def _made_by(manifest: dict, state: dict) -> bool:
+    source = manifest.get("source", {})
+    same_source = source.get("digest", state["source_digest"]) == state["source_digest"]
+    options = manifest.get("options", {})
+    return (
+        same_source
+        and manifest.get("format") == state["format"]
+        and source.get("items") == state["items"]
+        and all(options.get(k) == state.get(k) for k in MANIFEST_OPTIONS if k in options)
+    )
 
 
 def _check_options(fmt, encode, on_error, compression, container, shard_size, shard_bytes, part):
@@ -505,45 +527,42 @@ def _check_options(fmt, encode, on_error, compression, container, shard_size, sh
 
 
 def _prepare_partial(partial: Path, state: dict, resume: bool, overwrite: bool, say) -> None:
+    """DEST.partial, locked and ours, made ready: continued (resume), emptied (overwrite, or
+    fresh), or refused. No other pack can be running: this one holds the lock."""
     state_path = partial / STATE_NAME
-    if partial.exists():
-        if resume:
-            try:
-                old = json.loads(state_path.read_text())
-            except (OSError, ValueError):
-                old = None
-            if old is None:
-                say(f"{partial}: no readable {STATE_NAME}; starting over")
-                shutil.rmtree(partial)
-            else:
-                if old.get("on_error") == "stop" and state["on_error"] == "skip":
-                    # parts committed under "stop" hold no skips, so they are valid under
-                    # "skip" too: stop at a bad file, then resume skipping it, is allowed
-                    old["on_error"] = "skip"
-                    atomic_write_json(state_path, {**old, "on_error": "skip"})
-                diff = sorted(
-                    k
-                    for k in set(old) | set(state)
-                    if k != "gpufeed" and old.get(k) != state.get(k)
-                )
-                if diff:
-                    what = ", ".join(f"{k}: {old.get(k)!r} -> {state.get(k)!r}" for k in diff)
-                    raise UsageError(
-                        f"{partial}: was started with different settings ({what}); "
-                        "resume with the same ones, or pass --overwrite to start over"
-                    )
-                (partial / PARTS_DIR).mkdir(exist_ok=True)
-                return
-        elif overwrite:
-            shutil.rmtree(partial)
-        else:
-            raise UsageError(
-                f"{partial}: an unfinished pack is there; pass --resume to continue it "
-                "or --overwrite to start over"
-            )
-    partial.mkdir(parents=True)
+    if state_path.exists() and resume:
+        try:
+            old = json.loads(state_path.read_text())
+        except (OSError, ValueError):
+            old = None
+        if old is not None:
+            _check_same_settings(partial, old, state)
+            (partial / PARTS_DIR).mkdir(exist_ok=True)
+            return
+        say(f"{partial}: no readable {STATE_NAME}; starting over")
+    elif state_path.exists() and not overwrite:
+        raise UsageError(
+            f"{partial}: an unfinished pack is there; pass --resume to continue it "
+            "or --overwrite to start over"
+        )
+    clear_partial(partial, "start the pack over")
     (partial / PARTS_DIR).mkdir()
     atomic_write_json(state_path, state)
+
+
+def _check_same_settings(partial: Path, old: dict, state: dict) -> None:
+    if old.get("on_error") == "stop" and state["on_error"] == "skip":
+        # parts committed under "stop" hold no skips, so they are valid under
+        # "skip" too: stop at a bad file, then resume skipping it, is allowed
+        old["on_error"] = "skip"
+        atomic_write_json(partial / STATE_NAME, {**old, "on_error": "skip"})
+    diff = sorted(k for k in set(old) | set(state) if k != "gpufeed" and old.get(k) != state.get(k))
+    if diff:
+        what = ", ".join(f"{k}: {old.get(k)!r} -> {state.get(k)!r}" for k in diff)
+        raise UsageError(
+            f"{partial}: was started with different settings ({what}); "
+            "resume with the same ones, or pass --overwrite to start over"
+        )
 
 
 def _part_path(parts_dir: Path, p: int) -> Path:
@@ -559,6 +578,30 @@ def _first_spec(parts_dir: Path, nparts: int) -> dict | None:
             if spec:
                 return spec
     return None
+
+
+def _items_of(p: int, part_size: int, n: int) -> range:
+    return range(p * part_size, min((p + 1) * part_size, n))
+
+
+def _drop_changed_parts(src: Source, parts_dir: Path, nparts: int, part_size: int, say) -> None:
+    """On resume: a committed part any of whose source files changed (size or mtime) since it
+    was read is read again, never kept stale. Parts of older gpufeeds (no stamps) are kept."""
+    for p in range(nparts):
+        path = _part_path(parts_dir, p)
+        if not path.exists():
+            continue
+        with np.load(path) as z:
+            stamps = z["stamps"] if "stamps" in z.files else None
+        if stamps is None:
+            continue
+        items = _items_of(p, part_size, len(src))
+        old = [tuple(x) for x in stamps.tolist()]
+        changed = [i for i, was in zip(items, old, strict=True) if stamp(src.paths[i]) != was]
+        if changed:
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            say(f"{src.paths[changed[0]]}{more}: changed since it was read; reading it again")
+            path.unlink()
 
 
 def _commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error, quiet):
@@ -577,7 +620,7 @@ def _commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_erro
     slow = float(os.environ.get("GPUFEED_TEST_SLOW_MS", "0") or 0) / 1000.0
 
     def items_of(p):
-        return range(p * part_size, min((p + 1) * part_size, len(src)))
+        return _items_of(p, part_size, len(src))
 
     todo_items = (i for p in todo for i in items_of(p))
     results = ordered_map(
@@ -595,9 +638,10 @@ def _commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_erro
                 res = next(results)
                 if slow:
                     time.sleep(slow)
-                error = res[1] if res[0] == "error" else None
+                builder.stamps.append(res[1])
+                error = res[2] if res[0] == "error" else None
                 if error is None:
-                    _, payload, item_spec, ext, crc = res
+                    _, _, payload, item_spec, ext, crc = res
                     if spec is None:
                         spec = item_spec
                     elif item_spec != spec:
@@ -630,7 +674,8 @@ def _commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_erro
 def _assemble(src: Source, dest: Path, partial: Path, nparts: int, state: dict, quiet: bool):
     parts_dir = partial / PARTS_DIR
     paths = [_part_path(parts_dir, p) for p in range(nparts)]
-    spec_json, sizes, skipped, items = None, [], [], []
+    spec_json, sizes, items = None, [], []
+    skipped = [{"item": None, "path": rel, "error": err} for rel, err in src.problems]
     for path in paths:
         with np.load(path) as z:
             s = json.loads(str(z["spec"]))
@@ -645,7 +690,7 @@ def _assemble(src: Source, dest: Path, partial: Path, nparts: int, state: dict, 
     spec = SampleSpec.from_json(spec_json) if spec_json else None
     out = partial / OUT_DIR
     if out.exists():
-        shutil.rmtree(out)
+        remove_tree(out, "redo the unfinished output")
     out.mkdir()
     fmt = state["format"]
     options = {
@@ -657,15 +702,9 @@ def _assemble(src: Source, dest: Path, partial: Path, nparts: int, state: dict, 
         "sample_sizes": sizes_all,
     }
     writer = writer_class(fmt)(out, spec, count, int(sizes_all.sum()), options)
-    bar = _progress(len(paths), 0, quiet, f"write {fmt}", unit="part")
-    for path in paths:
-        writer.add(Part.load(path))
-        bar.update(1)
-    info = writer.finish()
-    bar.close()
-    (out / SOURCES_NAME).write_text(
-        "".join(src.rel[i] + "\n" for i in items_all.tolist()), encoding="utf-8"
-    )
+    info = _write_parts(writer, paths, quiet, fmt)
+    with no_space_is_an_error(out / SOURCES_NAME):
+        write_sources(out / SOURCES_NAME, (src.rel[i] for i in items_all.tolist()))
     files = {name: file_entry(out, name) for name in sorted([*info["files"], SOURCES_NAME])}
     manifest = {
         "gpufeed_manifest": MANIFEST_SCHEMA,
@@ -676,11 +715,13 @@ def _assemble(src: Source, dest: Path, partial: Path, nparts: int, state: dict, 
         "sample": (spec or SampleSpec("encoded")).to_json(),
         "files": files,
         "layout": info["layout"],
-        "source": {"path": str(src.path), "kind": src.kind, "items": len(src)},
-        "options": {
-            k: state[k]
-            for k in ("encode", "resize", "compression", "shard_size", "shard_bytes", "container")
+        "source": {
+            "path": str(src.path),
+            "kind": src.kind,
+            "items": len(src),
+            "digest": state["source_digest"],
         },
+        "options": {k: state[k] for k in MANIFEST_OPTIONS if k in state},
         "skipped": skipped,
         "created_by": f"gpufeed {__version__}",
     }
@@ -689,15 +730,38 @@ def _assemble(src: Source, dest: Path, partial: Path, nparts: int, state: dict, 
             os.unlink(out / name)  # leftovers such as lock.mdb: the manifest lists everything
     write_manifest(out, manifest)
     fsync_dir(out)
-    if dest.exists():
-        old = dest.with_name(dest.name + ".old")
-        if old.exists():
-            shutil.rmtree(old)
-        os.rename(dest, old)
-        os.rename(out, dest)
-        shutil.rmtree(old)
-    else:
-        os.rename(out, dest)
-    fsync_dir(dest.parent)
-    shutil.rmtree(partial)
+    _swap_into_place(out, dest, partial, src)
     return manifest
+
+
+def _write_parts(writer, paths: list[Path], quiet: bool, fmt: str) -> dict[str, Any]:
+    """Every committed part through the format writer; a full disk is a DiskFullError naming
+    the file being written, and the writer's files are closed quietly on any failure."""
+    bar = _progress(len(paths), 0, quiet, f"write {fmt}", unit="part")
+    try:
+        for path in paths:
+            writer.add(Part.load(path))
+            bar.update(1)
+        return writer.finish()
+    except BaseException as e:
+        writer.abort()
+        where = writer.current_file or writer.out
+        if isinstance(e, (OSError, RuntimeError)) and is_disk_full(e, where):
+            raise DiskFullError(where) from None
+        raise
+    finally:
+        bar.close()
+
+
+def _swap_into_place(out: Path, dest: Path, partial: Path, src: Source) -> None:
+    """out/ becomes DEST. A DEST there (a pack gpufeed made: checked again now) is first moved
+    into DEST.partial, which is deleted with it afterwards: a crash in between leaves either
+    the old pack or the new one at DEST, and a resumable DEST.partial."""
+    if _occupied(dest):
+        check_removable(dest, "replace it (--overwrite)", src)
+        replaced = partial / REPLACED_DIR
+        if replaced.exists():
+            remove_tree(replaced, "drop a pack replaced by an earlier run")
+        os.rename(dest, replaced)
+    os.rename(out, dest)
+    fsync_dir(dest.parent)

@@ -7,7 +7,9 @@ size. The bytes are deterministic for a given seed, size and count (each class d
 own seeded generator, so the result does not depend on how many processes made it).
 
 The tree is written under ``PATH.partial`` and renamed to ``PATH`` when complete, so a crash
-never leaves a folder that looks like a finished dataset.
+never leaves a folder that looks like a finished dataset. ``--overwrite`` replaces only a
+dataset synth made (its synth.json), and a leftover ``PATH.partial`` is cleared only when it
+holds nothing but synth's class folders (gpufeed.guard); anything else is refused.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.formats.common import UsageError
+from gpufeed.guard import check_removable, remove_tree
 
 __all__ = ["CLASS_NAMES", "DEFAULT_COUNT", "DEFAULT_SIZE", "synth_image_folder"]
 
@@ -34,6 +36,7 @@ CLASS_NAMES = tuple(f"{c}_{s}" for c in _COLOURS for s in _SHAPES)
 DEFAULT_COUNT = 2000
 DEFAULT_SIZE = 96
 INFO_FILE = "synth.json"
+MADE_BY = "gpufeed synth"
 
 
 def _mask(shape: str, xx, yy, cx, cy, r):
@@ -106,12 +109,15 @@ def synth_image_folder(
     dest = Path(path).absolute()
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"{dest} exists and is not a folder")
-    if dest.is_dir() and any(dest.iterdir()):
-        if not overwrite:
-            raise UsageError(f"{dest} is not empty; choose another path or pass --overwrite")
+    replace = dest.is_dir() and any(dest.iterdir())
+    if replace and not overwrite:
+        raise UsageError(f"{dest} is not empty; choose another path or pass --overwrite")
+    if replace:
+        check_removable(dest, "replace it (--overwrite)", owner="synth")
     start = time.perf_counter()
     partial = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    if partial.exists() or partial.is_symlink():
+        remove_tree(partial, "start over (a crash's leftover)", owner="synth")
     partial.mkdir(parents=True)
     per_class = [count // classes + (1 if c < count % classes else 0) for c in range(classes)]
     if workers is None:
@@ -129,7 +135,7 @@ def synth_image_folder(
         with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
             written = sum(pool.map(_write_class, *zip(*jobs, strict=True)))
     info = {
-        "made_by": "gpufeed synth",
+        "made_by": MADE_BY,
         "count": written,
         "classes": list(CLASS_NAMES[:classes]),
         "per_class": per_class,
@@ -140,7 +146,7 @@ def synth_image_folder(
     # The info file's suffix is not an image's, so `gpufeed pack` and ImageFolder skip it.
     (partial / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     if dest.is_dir() and any(dest.iterdir()):
-        shutil.rmtree(dest)  # overwrite (checked above)
+        remove_tree(dest, "replace it (--overwrite)", owner="synth")
     try:
         if dest.is_dir():
             dest.rmdir()
@@ -182,7 +188,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--workers", "-j", type=cliargs.workers, default=None, help="processes (default: CPUs)"
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty PATH")
+    parser.add_argument("--overwrite", action="store_true", help="replace PATH if synth made it")
 
 
 def main(args) -> int:

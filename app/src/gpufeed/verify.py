@@ -11,7 +11,14 @@ from typing import Any
 import numpy as np
 
 from gpufeed.formats import reader_class
-from gpufeed.formats.common import CorruptSampleError, crc32, row_crcs, sha256_file
+from gpufeed.formats.common import (
+    CorruptSampleError,
+    UnsafePathError,
+    crc32,
+    pack_file,
+    row_crcs,
+    sha256_file,
+)
 from gpufeed.manifest import read_manifest
 
 MAX_PROBLEMS = 1000
@@ -86,26 +93,28 @@ class VerifyReport:
 def verify(
     dest: str | os.PathLike, *, decode: bool = False, chunk: int = 256, quiet: bool = True
 ) -> VerifyReport:
-    """Re-read DEST: every data file's size and sha256 against the manifest, then every sample's
-    crc32 against the stored one (a flipped byte is reported with its sample index and source
-    file). decode=True also decodes every encoded image. Raises NotPackedError for a folder
-    that is not a finished pack; every other finding is in the report."""
+    """Re-read DEST: every file the manifest names must be a regular file inside DEST (a name
+    leading out of it, or a device, FIFO or link out, is reported and never opened; the
+    samples are then not read either) of the recorded size and sha256; then every sample's
+    crc32 is checked against the stored one (a flipped byte is reported with its sample index
+    and source file) and the labels against the classes. decode=True also decodes every
+    encoded image. Raises NotPackedError for a folder that is not a finished pack; every other
+    finding is in the report."""
     dest = Path(dest)
     manifest = read_manifest(dest)
     report = VerifyReport(str(dest), manifest["format"], int(manifest["count"]))
+    unsafe = False
     for name, entry in sorted(manifest.get("files", {}).items()):
-        path = dest / name
         report.files_checked += 1
-        if not path.exists():
-            report.add(Problem(str(path), "missing"))
-            continue
-        size = path.stat().st_size
-        if size != entry["bytes"]:
-            report.add(Problem(str(path), f"size {size} bytes, manifest says {entry['bytes']}"))
-            continue
-        digest = sha256_file(path)
-        if digest != entry["sha256"]:
-            report.add(Problem(str(path), f"sha256 {digest[:16]}... differs from the manifest's"))
+        try:
+            problem = _check_file(pack_file(dest, name), entry)
+        except UnsafePathError as e:  # a name leading out of the pack, or not a regular file
+            problem, unsafe = Problem(e.path, e.reason), True
+        if problem is not None:
+            report.add(problem)
+    if unsafe:
+        report.add(Problem(str(dest), "samples not read: the manifest names unsafe files"))
+        return report
     try:
         reader = reader_class(manifest["format"])(dest, manifest)
     except Exception as e:  # noqa: BLE001 - an unreadable index is a finding, not a crash
@@ -116,6 +125,22 @@ def verify(
     finally:
         reader.close()
     return report
+
+
+def _check_file(path: Path, entry: Any) -> Problem | None:
+    """One manifest entry (its path checked by pack_file: inside the pack, a regular file):
+    present, of the recorded size and sha256."""
+    if not isinstance(entry, dict) or not {"bytes", "sha256"} <= set(entry):
+        return Problem(str(path), "the manifest's entry lacks bytes or sha256")
+    if not path.exists():
+        return Problem(str(path), "missing")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        return Problem(str(path), f"size {size} bytes, manifest says {entry['bytes']}")
+    digest = sha256_file(path)
+    if digest != entry["sha256"]:
+        return Problem(str(path), f"sha256 {digest[:16]}... differs from the manifest's")
+    return None
 
 
 def _check_samples(reader, report: VerifyReport, decode: bool, chunk: int, quiet: bool) -> None:

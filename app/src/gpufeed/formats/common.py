@@ -7,15 +7,18 @@ into tensors.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import errno
 import functools
 import hashlib
 import json
 import mmap
 import os
+import stat
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +67,126 @@ class CorruptSampleError(DataError):
 
 class NotPackedError(DataError):
     """The path is not a finished gpufeed dataset (no manifest, or a partial pack)."""
+
+
+class DiskFullError(DataError):
+    """A write ran out of space (or quota): names the file and what is free where."""
+
+    def __init__(self, path: str | os.PathLike, need: int | None = None):
+        self.path = str(path)
+        free = free_bytes(self.path)
+        needed = f" (needs about {need:,} more bytes)" if need else ""
+        super().__init__(
+            f"{self.path}: no space left on device{needed}; {free:,} bytes free there. "
+            "Free some space (or pack to another disk); completed parts are kept, "
+            "continue with --resume"
+        )
+
+
+class StalePackError(DataError):
+    """A pack's files were replaced or changed after a reader of it was opened."""
+
+
+# --------------------------------------------------------------------------- disk space
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem holding `path` (or its
+    nearest existing parent)."""
+    p = Path(os.path.abspath(path))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    st = os.statvfs(p)
+    return st.f_bavail * st.f_frsize
+
+
+def is_disk_full(exc: BaseException, path: str | os.PathLike, need: int = 0) -> bool:
+    """Whether a failed write ran out of space. errno says so for plain writes and HDF5; for
+    errors without one (LMDB reports ENOSPC as "Input/output error", torch.save as "file
+    write failed") the free space left where `path` lives decides (under `need` bytes, or
+    under 1 MiB)."""
+    code = getattr(exc, "errno", None)
+    if code in _NO_SPACE or "No space left on device" in str(exc):
+        return True
+    if code is not None and code != errno.EIO:
+        return False
+    try:
+        return free_bytes(path) < max(int(need), 1 << 20)
+    except OSError:
+        return False
+
+
+def preallocate(f, nbytes: int, path: str | os.PathLike) -> None:
+    """Reserve `nbytes` for open file `f` before it is written through a memory map (or by a
+    library that cannot report ENOSPC cleanly): a full disk is then this DiskFullError, not
+    a SIGBUS or a half-written file. Filesystems without fallocate are left to report
+    ENOSPC on write."""
+    if nbytes <= 0:
+        return
+    try:
+        os.posix_fallocate(f.fileno(), 0, int(nbytes))
+    except OSError as e:
+        if e.errno in _NO_SPACE:
+            raise DiskFullError(path, nbytes) from None
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+
+
+@contextlib.contextmanager
+def no_space_is_an_error(path: str | os.PathLike, need: int = 0) -> Iterator[None]:
+    """Turn running out of space while writing `path` into DiskFullError naming it."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as e:  # noqa: BLE001 - narrowed by is_disk_full, re-raised otherwise
+        if isinstance(e, (OSError, RuntimeError)) and is_disk_full(e, path, need):
+            raise DiskFullError(path, need or None) from None
+        raise
+
+
+# --------------------------------------------------------------------------- pack files
+class UnsafePathError(DataError):
+    """A manifest names a path that leaves the pack, or something that is not a regular file."""
+
+    def __init__(self, path: str | os.PathLike, reason: str):
+        self.path, self.reason = str(path), reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+def pack_file(root: str | os.PathLike, name: str) -> Path:
+    """root/name for a file a manifest names, refusing names that leave the pack (absolute,
+    "..", a symlink out of it) and anything but a regular file: a reader never follows a
+    manifest out of the pack or opens a device or FIFO. A missing file is returned (its
+    reader reports it when it opens it)."""
+    root = Path(root)
+    path = root / str(name)
+    parts = str(name).split("/")
+    if os.path.isabs(name) or ".." in parts:
+        raise UnsafePathError(path, "leads outside the pack; it is not read")
+    if any(part in ("", ".") for part in parts):
+        raise UnsafePathError(path, "is not a plain file name inside the pack; it is not read")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return path
+    if "/" in name or stat.S_ISLNK(st.st_mode):  # a link on the way: where does it lead?
+        real, top = os.path.realpath(path), os.path.realpath(root)
+        if os.path.commonpath([real, top]) != top:
+            raise UnsafePathError(path, f"leads outside the pack (to {real}); it is not read")
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return path
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePathError(path, "is not a regular file (a pack holds regular files only)")
+    return path
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells a file from its replacement: device, inode, size, modification time."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 @dataclass(frozen=True)
@@ -119,6 +242,21 @@ def sha256_file(path: str | os.PathLike, bufsize: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def read_sources(path: Path) -> list[str]:
+    """sources.txt: one source path per line, "\\n" only (names holding a newline are refused
+    when packing); names that are not UTF-8 are kept byte for byte (surrogateescape)."""
+    lines = path.read_bytes().decode("utf-8", "surrogateescape").split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def write_sources(path: Path, names: Iterable[str]) -> None:
+    with open(path, "wb") as f:
+        for name in names:
+            f.write(name.encode("utf-8", "surrogateescape") + b"\n")
+
+
 def file_entry(root: Path, name: str) -> dict[str, Any]:
     p = root / name
     return {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
@@ -135,7 +273,7 @@ def fsync_dir(path: Path) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary name, fsync, rename: readers see the old file or the new one."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with no_space_is_an_error(path, len(data)), open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -179,6 +317,9 @@ class Part:
     skip_items: np.ndarray  # int64 [k]
     skip_errors: np.ndarray  # str [k]
     spec: SampleSpec | None  # None when every item in the part was skipped
+    # int64 [items in the part's range, 2]: each source file's size and mtime_ns when read
+    # (-1 when it could not be stat'ed): a resume re-reads a part whose files changed since
+    stamps: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -186,22 +327,36 @@ class Part:
     def sample(self, j: int) -> memoryview:
         return memoryview(self.payload)[self.offsets[j] : self.offsets[j + 1]]
 
-    def save(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
+    def arrays(self) -> dict[str, np.ndarray]:
         spec = self.spec.to_json() if self.spec else None
-        with open(tmp, "wb") as f:
-            np.savez(
-                f,
-                payload=self.payload,
-                offsets=self.offsets,
-                labels=self.labels,
-                crc32=self.crc32,
-                items=self.items,
-                exts=self.exts,
-                skip_items=self.skip_items,
-                skip_errors=self.skip_errors,
-                spec=np.array(json.dumps(spec)),
+        arrays = {
+            name: getattr(self, name)
+            for name in (
+                "payload",
+                "offsets",
+                "labels",
+                "crc32",
+                "items",
+                "exts",
+                "skip_items",
+                "skip_errors",
             )
+        }
+        arrays["spec"] = np.array(json.dumps(spec))
+        if self.stamps is not None:
+            arrays["stamps"] = self.stamps
+        return arrays
+
+    def save(self, path: Path) -> None:
+        """Write, fsync, rename. The space is reserved first (the arrays' bytes plus room for
+        the zip and .npy headers), so a full disk is one DiskFullError naming the part."""
+        tmp = path.with_name(path.name + ".tmp")
+        arrays = self.arrays()
+        room = sum(a.nbytes for a in arrays.values()) + 4096 * len(arrays)
+        with no_space_is_an_error(tmp, room), open(tmp, "wb") as f:
+            preallocate(f, room, tmp)
+            np.savez(f, **arrays)
+            f.truncate(f.tell())  # give back what the headers did not use
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -221,6 +376,7 @@ class Part:
                 skip_items=z["skip_items"],
                 skip_errors=z["skip_errors"],
                 spec=SampleSpec.from_json(spec) if spec else None,
+                stamps=z["stamps"] if "stamps" in z.files else None,
             )
 
 
@@ -337,6 +493,63 @@ class Reader:
         self.count = int(manifest["count"])
         self._h = None
         self._pid: int | None = None
+        self._pinned: dict[str, tuple | None] = {}
+
+    # -- the pack's files ----------------------------------------------------------------
+    def file(self, name: str, *, whole: bool = False) -> Path:
+        """The pack file `name`, checked (pack_file) and pinned: its identity now is what
+        every later open compares with (check_pinned), so a pack replaced or rewritten
+        after this reader was made is an error, never its old index over new data.
+        whole=True: the file is read or mapped whole, so it must exist and hold at least the
+        bytes the manifest records (a truncated file mapped by LMDB or numpy is a SIGBUS
+        when touched; checked here, it is an error naming the file. A file grown or edited
+        in place is left to the per-sample checks and to verify)."""
+        path = pack_file(self.root, name)
+        entry = self.manifest.get("files", {}).get(name)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            if whole:
+                raise DataError(f"{path}: missing; the pack is incomplete") from None
+            self._pinned[name] = None
+            return path
+        if whole:
+            if not isinstance(entry, dict) or "bytes" not in entry:
+                raise DataError(f"{self.root / MANIFEST_NAME}: does not list {name}")
+            if st.st_size < int(entry["bytes"]):
+                raise DataError(
+                    f"{path}: {st.st_size:,} bytes, the manifest says {int(entry['bytes']):,}: "
+                    "truncated since it was packed (check it with gpufeed verify)"
+                )
+        self._pinned[name] = file_identity(st)
+        return path
+
+    def check_pinned(self, name: str, st: os.stat_result | None = None) -> None:
+        """Raise StalePackError when file `name` is no longer the one this reader pinned."""
+        want = self._pinned.get(name)
+        if want is None:
+            return
+        path = self.root / name
+        try:
+            now = file_identity(st if st is not None else os.stat(path))
+        except FileNotFoundError:
+            now = None
+        if now != want:
+            raise StalePackError(
+                f"{path}: replaced or changed since this dataset was opened (file identity, "
+                "size or mtime differ); its index no longer describes it: open the pack again"
+            )
+
+    def check_count(self, what: str, n: int, expected: int | None = None) -> None:
+        """An index array or stored container must hold as many entries as the manifest
+        says: a manifest claiming more samples than stored is an error, not an IndexError
+        later or silently fewer samples."""
+        expected = self.count if expected is None else expected
+        if int(n) != int(expected):
+            raise DataError(
+                f"{self.root}: {what} holds {int(n):,} entries, the manifest says "
+                f"{int(expected):,}; the pack is inconsistent (re-pack it)"
+            )
 
     # -- handle management -------------------------------------------------------------
     def _open(self):
@@ -415,10 +628,10 @@ class Reader:
 
     def sources(self) -> list[str] | None:
         """Source path of every sample, when the pack recorded them."""
-        p = self.root / SOURCES_NAME
+        p = pack_file(self.root, SOURCES_NAME)
         if not p.exists():
             return None
-        return p.read_text(encoding="utf-8").splitlines()
+        return read_sources(p)
 
     def data_files(self) -> list[str]:
         """Files (relative to root) that hold sample bytes."""
@@ -448,12 +661,18 @@ class Writer:
         self.total_bytes = total_bytes
         self.options = options
 
+    # the file being written, named when the disk fills up
+    current_file: Path | None = None
+
     def add(self, part: Part) -> None:
         raise NotImplementedError
 
     def finish(self) -> dict[str, Any]:
         """Close the files; return {"files": [names], "layout": {format details}}."""
         raise NotImplementedError
+
+    def abort(self) -> None:
+        """Close what is open after a failed write, quietly (the output is discarded)."""
 
 
 class ContiguousWriter(Writer):

@@ -16,7 +16,6 @@ from the page cache (numpy memmap at the dataset's file offset); with compressio
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import h5py
@@ -25,7 +24,7 @@ import numpy as np
 from gpufeed.formats.common import (
     FORMAT_VERSION,
     ContiguousWriter,
-    CorruptSampleError,
+    DataError,
     Reader,
     SampleSpec,
     UsageError,
@@ -64,7 +63,7 @@ class HDF5Writer(ContiguousWriter):
     def __init__(self, out, spec, count, total_bytes, options):
         super().__init__(out, spec, count, total_bytes, options)
         self._comp = compression_args(options.get("compression"))
-        self.path = self.out / FILE_NAME
+        self.path = self.current_file = self.out / FILE_NAME
         self.f = h5py.File(self.path, "w", track_order=False)
         kw = dict(track_times=False)
         spec = spec or SampleSpec("encoded")
@@ -111,6 +110,12 @@ class HDF5Writer(ContiguousWriter):
             }
         return {"files": [FILE_NAME], "layout": layout}
 
+    def abort(self) -> None:
+        try:
+            self.f.close()
+        except Exception:  # noqa: BLE001 - closing a file whose write failed: it is discarded
+            pass
+
 
 class HDF5Reader(Reader):
     """Reads data.h5. `use_mmap=None` maps uncompressed sample data directly (fastest);
@@ -120,25 +125,33 @@ class HDF5Reader(Reader):
 
     def __init__(self, root, manifest, *, use_mmap: bool | None = None, rdcc_mb: int = 64):
         super().__init__(root, manifest)
-        self.path = Path(self.root) / FILE_NAME
+        self.path = self.file(FILE_NAME, whole=True)
         self.rdcc_nbytes = rdcc_mb << 20
         self.data_name = "samples" if self.spec.kind == "array" else "encoded"
-        with h5py.File(self.path, "r") as f:
-            self.labels = f["labels"][...]
-            self.crc32 = f["crc32"][...]
-            self.offsets = f["offsets"][...] if self.spec.kind == "encoded" else None
-            ds = f[self.data_name]
-            offset = ds.id.get_offset()
-            contiguous = ds.chunks is None and offset is not None
+        try:
+            with h5py.File(self.path, "r") as f:
+                self.labels = f["labels"][...]
+                self.crc32 = f["crc32"][...]
+                self.offsets = f["offsets"][...] if self.spec.kind == "encoded" else None
+                ds = f[self.data_name]
+                stored = ds.shape[0]
+                offset = ds.id.get_offset()
+                contiguous = ds.chunks is None and offset is not None
+        except (OSError, KeyError) as e:  # h5py's messages do not name the file
+            raise DataError(f"{self.path}: cannot read the HDF5 index: {e}") from None
         if use_mmap and not contiguous:
             raise UsageError(f"{self.path}: /{self.data_name} is chunked; it cannot be mapped")
         self.mmap_offset = offset if contiguous and use_mmap is not False else None
-        if len(self.labels) != self.count:
-            raise CorruptSampleError(
-                self.path, len(self.labels), "label count differs from manifest"
-            )
+        self.check_count("/labels", len(self.labels))
+        self.check_count("/crc32", len(self.crc32))
+        if self.offsets is None:
+            self.check_count(f"/{self.data_name}", stored)
+        else:
+            self.check_count("/offsets", len(self.offsets), self.count + 1)
+            self.check_count("/encoded bytes", stored, int(self.offsets[-1]))
 
     def _open(self):
+        self.check_pinned(FILE_NAME)
         if self.mmap_offset is not None:
             if self.spec.kind == "array":
                 shape, dtype = (self.count, *self.spec.shape), self.spec.dtype

@@ -22,11 +22,14 @@ import numpy as np
 from gpufeed.formats.common import (
     FORMAT_VERSION,
     CorruptSampleError,
+    DataError,
+    DiskFullError,
     Part,
     Reader,
     SampleSpec,
     Writer,
     advise_buffers,
+    is_disk_full,
     npy_bytes,
     npy_from_bytes,
 )
@@ -76,6 +79,7 @@ class LMDBWriter(Writer):
         if sizes is None:
             sizes = np.full(count, total_bytes // max(count, 1), dtype=np.int64)
         self.map_size = estimate_map_size(sizes)
+        self.current_file = self.out / DATA_FILE
         # meminit stays on: pages are zeroed before use, so the file's bytes depend only on
         # what was written, and two packs of the same data are byte-identical.
         self.env = lmdb.open(
@@ -96,6 +100,15 @@ class LMDBWriter(Writer):
             except lmdb.MapFullError:
                 self.map_size *= 2
                 self.env.set_mapsize(self.map_size)
+            except lmdb.Error as e:
+                # LMDB reports a full disk as "mdb_txn_commit: Input/output error"
+                need = sum(len(v) for _, v in items)
+                if is_disk_full(e, self.current_file, need):
+                    raise DiskFullError(self.current_file, need) from None
+                raise DataError(f"{self.current_file}: {e}") from None
+
+    def abort(self) -> None:
+        self.env.close()
 
     def add(self, part: Part) -> None:
         # Transactions are cut by record count and bytes, never by part: LMDB's file bytes
@@ -141,9 +154,13 @@ class LMDBWriter(Writer):
         return {"files": [DATA_FILE], "layout": layout}
 
 
-# LMDB forbids opening one environment twice in a process, so readers of the same path in
-# one process (two datasets, a dataset and verify) share it: path -> [pid, env, users].
-_ENVS: dict[str, list] = {}
+# LMDB forbids opening one environment twice in a process, so readers of the same files in
+# one process (two datasets, a dataset and verify) share it: key -> [pid, env, users]. The key
+# is the path and data.mdb's device and inode (what py-lmdb itself tells environments apart
+# by): a pack replaced at the same path is a new key, never the old environment's pages served
+# as the new pack's. A reader made before data.mdb changed in place is refused at its first
+# read (Reader.check_pinned: size and mtime).
+_ENVS: dict[tuple, list] = {}
 
 # Readahead on (LMDB leaves the map MADV_NORMAL): gpufeed reads whole blocks of neighbouring
 # samples (the block shuffle, sorted batches), so the kernel's read-around fetches what the
@@ -155,9 +172,9 @@ _ENVS: dict[str, list] = {}
 DEFAULT_READAHEAD = True
 
 
-def _acquire_env(path: str, readahead: bool = DEFAULT_READAHEAD):
+def _acquire_env(key: tuple, readahead: bool = DEFAULT_READAHEAD):
     pid = os.getpid()
-    entry = _ENVS.get(path)
+    entry = _ENVS.get(key)
     if entry is not None and entry[0] != pid:
         # Inherited through fork: LMDB handles must not be used across fork, and py-lmdb
         # refuses to open the path again while this one is registered. Closing it here only
@@ -167,7 +184,7 @@ def _acquire_env(path: str, readahead: bool = DEFAULT_READAHEAD):
         entry = None
     if entry is None:
         env = lmdb.open(
-            path,
+            key[0],
             subdir=True,
             readonly=True,
             lock=False,
@@ -175,19 +192,31 @@ def _acquire_env(path: str, readahead: bool = DEFAULT_READAHEAD):
             meminit=False,
             max_readers=1024,
         )
-        entry = _ENVS[path] = [pid, env, 0]
+        entry = _ENVS[key] = [pid, env, 0]
     entry[2] += 1
     return entry[1]
 
 
-def _release_env(path: str, env) -> None:
-    entry = _ENVS.get(path)
+def _release_env(key: tuple, env) -> None:
+    entry = _ENVS.get(key)
     if entry is None or entry[1] is not env or entry[0] != os.getpid():
         return
     entry[2] -= 1
     if entry[2] <= 0:
-        del _ENVS[path]
+        del _ENVS[key]
         env.close()
+
+
+def _check_env(env, path: Path) -> None:
+    """Every page LMDB's own meta page says it may read lies within data.mdb: a read past the
+    end of the file is a SIGBUS, not an error."""
+    info, st = env.info(), env.stat()
+    size = path.stat().st_size
+    if (info["last_pgno"] + 1) * st["psize"] > size:
+        raise DataError(
+            f"{path}: {size:,} bytes, but LMDB's own index reaches page {info['last_pgno']} of "
+            f"{st['psize']} bytes: truncated (check it with gpufeed verify)"
+        )
 
 
 class LMDBReader(Reader):
@@ -195,10 +224,12 @@ class LMDBReader(Reader):
 
     def __init__(self, root, manifest, *, readahead: bool = DEFAULT_READAHEAD):
         super().__init__(root, manifest)
-        self.env_path = str(Path(self.root).absolute())
+        data = self.file(DATA_FILE, whole=True)
+        self.env_key = (str(Path(self.root).absolute()), *self._pinned[DATA_FILE][:2])
         self.readahead = bool(readahead)
-        env = _acquire_env(self.env_path, self.readahead)
+        env = _acquire_env(self.env_key, self.readahead)
         try:
+            _check_env(env, data)
             with env.begin() as txn:
                 labels, crcs = txn.get(LABELS_KEY), txn.get(CRC_KEY)
                 if labels is None or crcs is None:
@@ -206,13 +237,16 @@ class LMDBReader(Reader):
                 self.labels = npy_from_bytes(labels)
                 self.crc32 = npy_from_bytes(crcs)
         finally:
-            _release_env(self.env_path, env)
+            _release_env(self.env_key, env)
+        self.check_count(LABELS_KEY.decode(), len(self.labels))
+        self.check_count(CRC_KEY.decode(), len(self.crc32))
 
     def _open(self):
-        return _acquire_env(self.env_path, self.readahead)
+        self.check_pinned(DATA_FILE)
+        return _acquire_env(self.env_key, self.readahead)
 
     def _close(self, handle) -> None:
-        _release_env(self.env_path, handle)
+        _release_env(self.env_key, handle)
 
     def location(self, index: int) -> str:
         return str(Path(self.root) / DATA_FILE)

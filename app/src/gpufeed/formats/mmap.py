@@ -18,16 +18,40 @@ import numpy as np
 
 from gpufeed.formats.common import (
     ContiguousWriter,
+    DataError,
     Reader,
     SampleSpec,
     UsageError,
     advise_buffers,
     advise_rows,
     advise_samples,
+    preallocate,
     take_rows,
 )
 
 CONTAINERS = ("npy", "pt")
+
+
+def allocated_memmap(path: Path, dtype, shape) -> np.memmap:
+    """A new .npy file mapped for writing, its blocks reserved first: open_memmap alone makes
+    a sparse file, and a write through the map into a hole on a full disk is a SIGBUS."""
+    arr = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+    with open(path, "r+b") as f:
+        preallocate(f, os.fstat(f.fileno()).st_size, path)
+    return arr
+
+
+def npy_shape(path: Path) -> tuple[int, ...]:
+    """The shape a .npy file's header declares (nothing else is read)."""
+    fmt = np.lib.format
+    with open(path, "rb") as f:
+        try:
+            version = fmt.read_magic(f)
+            read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, _, _ = read(f)
+        except ValueError as e:
+            raise DataError(f"{path}: not a readable .npy file: {e}") from None
+    return shape
 
 
 class MmapWriter(ContiguousWriter):
@@ -42,39 +66,43 @@ class MmapWriter(ContiguousWriter):
         if self.container == "pt" and self.spec.kind != "array":
             raise UsageError("the .pt container holds fixed-shape arrays; use --encode raw")
         if self.spec.kind == "array":
-            self.data = np.lib.format.open_memmap(
-                self.out / "samples.npy",
-                mode="w+",
-                dtype=self.spec.dtype,
-                shape=(count, *self.spec.shape),
-            )
+            self.current_file = self.out / "samples.npy"
+            shape = (count, *self.spec.shape)
+            self.data = allocated_memmap(self.current_file, self.spec.dtype, shape)
         else:
-            self.data = np.lib.format.open_memmap(
-                self.out / "encoded.npy", mode="w+", dtype=np.uint8, shape=(total_bytes,)
-            )
+            self.current_file = self.out / "encoded.npy"
+            self.data = allocated_memmap(self.current_file, np.uint8, (total_bytes,))
         self._start_index()
+
+    def abort(self) -> None:
+        self.data = None
 
     def finish(self) -> dict[str, Any]:
         assert self.n == self.count
         self.data.flush()
         del self.data
         files = ["labels.npy", "crc32.npy"]
-        np.save(self.out / "labels.npy", self.labels)
-        np.save(self.out / "crc32.npy", self.crcs)
+        self._save("labels.npy", self.labels)
+        self._save("crc32.npy", self.crcs)
         if self.spec.kind == "encoded":
-            np.save(self.out / "offsets.npy", self.offsets)
+            self._save("offsets.npy", self.offsets)
             files += ["encoded.npy", "offsets.npy"]
         elif self.container == "pt":
             import torch
 
             arr = np.load(self.out / "samples.npy", mmap_mode="r+")
-            torch.save(torch.from_numpy(arr), self.out / "samples.pt")
+            self.current_file = self.out / "samples.pt"
+            torch.save(torch.from_numpy(arr), self.current_file)
             del arr
             os.unlink(self.out / "samples.npy")
             files.append("samples.pt")
         else:
             files.append("samples.npy")
         return {"files": sorted(files), "layout": {"container": self.container}}
+
+    def _save(self, name: str, arr: np.ndarray) -> None:
+        self.current_file = self.out / name
+        np.save(self.current_file, arr)
 
 
 class MmapReader(Reader):
@@ -83,21 +111,44 @@ class MmapReader(Reader):
     def __init__(self, root, manifest):
         super().__init__(root, manifest)
         self.container = manifest.get("layout", {}).get("container", "npy")
-        self.labels = np.load(self.root / "labels.npy")
-        self.crc32 = np.load(self.root / "crc32.npy")
-        self.offsets = np.load(self.root / "offsets.npy") if self.spec.kind == "encoded" else None
+        if self.container not in CONTAINERS:
+            raise DataError(f"{self.root}: unknown mmap container {self.container!r}")
+        self.labels = self._load("labels.npy")
+        self.crc32 = self._load("crc32.npy")
+        self.offsets = self._load("offsets.npy") if self.spec.kind == "encoded" else None
+        self.check_count("labels.npy", len(self.labels))
+        self.check_count("crc32.npy", len(self.crc32))
+        data = self.file(self.data_name, whole=True)
+        if self.offsets is not None:
+            self.check_count("offsets.npy", len(self.offsets), self.count + 1)
+            self.check_count("encoded.npy bytes", npy_shape(data)[0], int(self.offsets[-1]))
+        elif self.container == "npy":
+            self.check_count("samples.npy", npy_shape(data)[0])
+
+    def _load(self, name: str) -> np.ndarray:
+        path = self.file(name, whole=True)
+        try:
+            return np.load(path, allow_pickle=False)
+        except ValueError as e:
+            raise DataError(f"{path}: not a readable .npy file: {e}") from None
+
+    @property
+    def data_name(self) -> str:
+        if self.spec.kind == "encoded":
+            return "encoded.npy"
+        return "samples.pt" if self.container == "pt" else "samples.npy"
 
     @property
     def data_path(self) -> Path:
-        if self.spec.kind == "encoded":
-            return self.root / "encoded.npy"
-        return self.root / ("samples.pt" if self.container == "pt" else "samples.npy")
+        return self.root / self.data_name
 
     def _open(self):
+        self.check_pinned(self.data_name)
         if self.container == "pt":
             import torch
 
             t = torch.load(self.data_path, mmap=True, weights_only=True, map_location="cpu")
+            self.check_count("samples.pt", t.shape[0])
             return t.numpy()
         # a plain ndarray over the map: np.memmap's slicing costs ~1.5 us a sample
         return np.load(self.data_path, mmap_mode="r").view(np.ndarray)

@@ -24,6 +24,7 @@ import numpy as np
 from gpufeed.formats.common import (
     PREFETCH_MIN_BYTES,
     CorruptSampleError,
+    DataError,
     Part,
     Reader,
     SampleSpec,
@@ -90,7 +91,8 @@ class ShardWriter(Writer):
         self._end_shard()
         name = SHARD_FORMAT.format(len(self.names))
         self.names.append(name)
-        self.f = open(self.out / name, "wb")
+        self.current_file = self.out / name
+        self.f = open(self.current_file, "wb")
         self.in_shard = 0
         self.pos = 0
 
@@ -147,7 +149,8 @@ class ShardWriter(Writer):
         if self.f is None and not self.names:
             self._start_shard()  # an empty dataset is still one valid (empty) tar
         self._end_shard()
-        with open(self.out / INDEX_NAME, "wb") as f:
+        self.current_file = self.out / INDEX_NAME
+        with open(self.current_file, "wb") as f:
             np.savez(
                 f,
                 shard=self.shard,
@@ -168,6 +171,14 @@ class ShardWriter(Writer):
         }
         return {"files": sorted([*self.names, INDEX_NAME]), "layout": layout}
 
+    def abort(self) -> None:
+        if self.f is not None:
+            try:
+                self.f.close()
+            except OSError:  # the flush of a shard whose write failed: it is discarded
+                pass
+            self.f = None
+
 
 class ShardReader(Reader):
     """Random and sequential access to the shards through index.npz (os.pread, no tarfile)."""
@@ -178,13 +189,25 @@ class ShardReader(Reader):
         super().__init__(root, manifest)
         layout = manifest["layout"]
         self.shards: list[str] = list(layout["shards"])
-        with np.load(self.root / INDEX_NAME) as z:
-            self.shard = z["shard"]
-            self.offset = z["offset"]
-            self.size = z["size"]
-            self.labels = z["labels"]
-            self.crc32 = z["crc32"]
+        for name in self.shards:
+            self.file(name)  # inside the pack, a regular file; pinned
+        index = self.file(INDEX_NAME, whole=True)
+        try:
+            with np.load(index, allow_pickle=False) as z:
+                self.shard = z["shard"]
+                self.offset = z["offset"]
+                self.size = z["size"]
+                self.labels = z["labels"]
+                self.crc32 = z["crc32"]
+        except (OSError, ValueError, KeyError) as e:
+            raise DataError(f"{index}: cannot read the shard index: {e}") from None
+        for what in ("shard", "offset", "size", "labels", "crc32"):
+            self.check_count(f"{INDEX_NAME} {what}", len(getattr(self, what)))
         counts = np.asarray(layout["shard_counts"], dtype=np.int64)
+        self.check_count("layout shard_counts", len(counts), len(self.shards))
+        self.check_count("the shards (shard_counts)", counts.sum())
+        if self.count and not 0 <= int(self.shard.min()) <= int(self.shard.max()) < len(counts):
+            raise DataError(f"{index}: names shards outside the manifest's {len(counts)}")
         self.shard_start = np.concatenate([[0], np.cumsum(counts)])
 
     def _open(self):
@@ -199,7 +222,15 @@ class ShardReader(Reader):
         fds = self.handle
         fd = fds.get(shard)
         if fd is None:
-            fd = fds[shard] = os.open(self.root / self.shards[shard], os.O_RDONLY)
+            # O_NONBLOCK: what replaced a shard since might be a FIFO; fstat tells before a read
+            flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+            fd = os.open(self.root / self.shards[shard], flags)
+            try:
+                self.check_pinned(self.shards[shard], os.fstat(fd))
+            except BaseException:
+                os.close(fd)
+                raise
+            fds[shard] = fd
         return fd
 
     def location(self, index: int) -> str:
@@ -235,6 +266,7 @@ class ShardReader(Reader):
         maps = self.handle.setdefault("maps", {})
         data = maps.get(shard)
         if data is None:
+            self.check_pinned(self.shards[shard])
             data = maps[shard] = np.memmap(self.root / self.shards[shard], mode="r")
         return data
 
