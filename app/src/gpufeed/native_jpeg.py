@@ -106,7 +106,11 @@ def decode_resized_crops(
     else:
         part = np.empty((len(jpegs), height, width, 3), dtype=np.uint8)
         broken = mod.decode_crops(
-            [payloads[kept[n]] for n in jpegs], boxes[jpegs], flips[jpegs], part, threads,
+            [payloads[kept[n]] for n in jpegs],
+            boxes[jpegs],
+            flips[jpegs],
+            part,
+            threads,
             dct_scaling,
         )
         rows[jpegs] = part
