@@ -323,6 +323,12 @@ def reference(data: bytes, box, flip: bool, size: int) -> np.ndarray:
 
 
 def pixel_check(crop, payloads, size) -> int | None:
+    """The largest difference from torchvision's pixels (None: no box can be given, or no
+    torchvision here)."""
+    try:
+        import torchvision.io  # noqa: F401
+    except ImportError:
+        return None
     if crop is None:
         return None
     from gpufeed.decoders import RandomResizedCrop

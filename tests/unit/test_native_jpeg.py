@@ -12,6 +12,8 @@ from __future__ import annotations
 import io
 import os
 import resource
+import subprocess
+import sys
 import threading
 import time
 
@@ -176,6 +178,31 @@ def test_thread_counts_give_identical_batches():
     for threads in (2, 3, 8, 200):
         again, failed = _decode(payloads, boxes, flips, (32, 32), threads=threads)
         assert failed == [] and np.array_equal(first, again), threads
+
+
+def test_the_portable_resize_gives_the_same_pixels(tmp_path):
+    """x86-64 takes an SSSE3 horizontal pass; other CPUs (GPUFEED_JPEG_PORTABLE=1 forces it
+    here) a portable one: both the same integer arithmetic, so the same bytes."""
+    payloads = [CORPUS[k] for k in CORPUS] * 2
+    sizes, _ = gj.image_sizes(payloads)
+    rng = np.random.default_rng(9)
+    boxes = np.concatenate([_random_boxes(rng, h, w, 1) for h, w in sizes])
+    flips = rng.random(len(payloads)) < 0.5
+    np.save(tmp_path / "boxes.npy", boxes)
+    np.save(tmp_path / "flips.npy", flips)
+    here, _ = _decode(payloads, boxes, flips, (30, 41))
+    script = (
+        "import sys, numpy as np, test_native_jpeg as t\n"
+        "d = sys.argv[1]\n"
+        "payloads = [t.CORPUS[k] for k in t.CORPUS] * 2\n"
+        "out, _ = t._decode(payloads, np.load(d + '/boxes.npy'), np.load(d + '/flips.npy'),"
+        " (30, 41))\n"
+        "np.save(d + '/portable.npy', out)\n"
+    )
+    env = dict(os.environ, GPUFEED_JPEG_PORTABLE="1")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, check=True)
+    assert np.array_equal(here, np.load(tmp_path / "portable.npy"))
 
 
 def test_the_gil_is_released_while_it_decodes():

@@ -94,7 +94,7 @@ std::string Decoder::failure() {
 Image Decoder::read_rows(int rows, int skip, int width, bool cmyk) {
   const size_t scan_bytes = static_cast<size_t>(cinfo_.output_width) * cinfo_.output_components;
   const size_t pitch = cmyk ? static_cast<size_t>(width) * 3 : scan_bytes;
-  rows_.resize(static_cast<size_t>(rows) * pitch + 1);  // + 1: see resize_horizontal
+  rows_.resize(static_cast<size_t>(rows) * pitch + kPad);
   if (cmyk) scan_.resize(scan_bytes);
   for (int r = 0; r < rows; ++r) {
     JSAMPROW dst = cmyk ? scan_.data() : rows_.data() + r * pitch;

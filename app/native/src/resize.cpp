@@ -4,8 +4,14 @@
 #include <cmath>
 #include <cstring>
 
+#include <cstdlib>
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <tmmintrin.h>
+#define GPUFEED_HAVE_SSSE3_PATH 1
 #endif
 
 namespace gpufeed_jpeg {
@@ -122,8 +128,12 @@ void compute_taps(const Window& in, int out_size, Taps& t) {
   }
 }
 
-void resize_horizontal(const Image& src, const Taps& t, bool mirror, const Image& dst,
-                       std::vector<uint8_t>& scratch) {
+namespace {
+
+// The portable horizontal pass: the block of rows turned on its side (pixel-major), so that
+// weighted_rows runs along contiguous memory.
+void resize_horizontal_blocks(const Image& src, const Taps& t, bool mirror, const Image& dst,
+                              std::vector<uint8_t>& scratch) {
   const int n = static_cast<int>(t.first.size());
   scratch.resize(static_cast<size_t>(src.width + n) * kPixel);
   uint8_t* side = scratch.data();                                   // [width][kPixel]
@@ -131,8 +141,7 @@ void resize_horizontal(const Image& src, const Taps& t, bool mirror, const Image
   for (int r0 = 0; r0 < src.rows; r0 += kBlockRows) {
     const int rows = std::min(kBlockRows, src.rows - r0);
     // 4-byte moves of 3-byte pixels: the extra byte lands where the next move writes (rows
-    // in increasing order; the padding after the last one), or past a row that has one
-    // (Image::pad).
+    // in increasing order; the padding after the last one), or in Image::pad.
     for (int r = 0; r < rows; ++r) {
       const uint8_t* row = src.data + (r0 + r) * src.pitch;
       for (int x = 0; x < src.width; ++x) std::memcpy(side + x * kPixel + r * 3, row + 3 * x, 4);
@@ -151,6 +160,72 @@ void resize_horizontal(const Image& src, const Taps& t, bool mirror, const Image
       std::memcpy(row + 3 * (n - 1), done + (mirror ? 0 : n - 1) * kPixel + r * 3, 3);
     }
   }
+}
+
+#ifdef GPUFEED_HAVE_SSSE3_PATH
+// SSSE3 (every x86-64 CPU since 2006, checked at run time): one output pixel at a time, two
+// taps per pmaddwd, the bytes of two neighbouring pixels paired by one pshufb:
+// (R0 R1) (G0 G1) (B0 B1) as int16 pairs against (w0 w1).
+__attribute__((target("ssse3"))) void resize_horizontal_pairs(const Image& src, const Taps& t,
+                                                              bool mirror, const Image& dst,
+                                                              std::vector<uint8_t>& scratch) {
+  const int n = static_cast<int>(t.first.size());
+  const int pairs = (t.stride + 1) / 2;
+  // the weight pairs of each output pixel, in the order the pixels are written
+  scratch.resize(static_cast<size_t>(n) * pairs * sizeof(__m128i) + sizeof(__m128i));
+  auto* wp = reinterpret_cast<__m128i*>(
+      (reinterpret_cast<uintptr_t>(scratch.data()) + 15) & ~uintptr_t{15});
+  std::vector<int> first(n), npairs(n);
+  for (int x = 0; x < n; ++x) {
+    const int i = mirror ? n - 1 - x : x;
+    const int16_t* w = t.weights.data() + static_cast<size_t>(i) * t.stride;
+    first[x] = 3 * t.first[i];
+    npairs[x] = (t.count[i] + 1) / 2;
+    for (int p = 0; p < npairs[x]; ++p) {
+      const int k = 2 * p;
+      const int16_t w1 = k + 1 < t.count[i] ? w[k + 1] : 0;
+      wp[x * pairs + p] = _mm_set1_epi32(static_cast<int32_t>(static_cast<uint16_t>(w[k])) |
+                                         (static_cast<int32_t>(w1) << 16));
+    }
+  }
+  const __m128i pair_bytes = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  const __m128i half = _mm_set1_epi32(1 << (t.precision - 1));
+  const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(t.precision));
+  for (int r = 0; r < src.rows; ++r) {
+    const uint8_t* row = src.data + r * src.pitch;
+    uint8_t* out = dst.data + r * dst.pitch;
+    for (int x = 0; x < n; ++x) {
+      const uint8_t* s = row + first[x];
+      const __m128i* w = wp + x * pairs;
+      __m128i acc = half;
+      for (int p = 0; p < npairs[x]; ++p) {
+        // 8 bytes from pixel 2p on: two pixels and 2 bytes more (Image::pad)
+        const __m128i px = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 6 * p));
+        acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(px, pair_bytes), w[p]));
+      }
+      __m128i v = _mm_sra_epi32(acc, shift);
+      v = _mm_packus_epi16(_mm_packs_epi32(v, v), v);
+      const uint32_t rgbx = static_cast<uint32_t>(_mm_cvtsi128_si32(v));
+      std::memcpy(out + 3 * x, &rgbx, x + 1 < n ? 4 : 3);  // the 4th byte: the next pixel's
+    }
+  }
+}
+
+bool use_ssse3() {
+  static const bool yes =
+      __builtin_cpu_supports("ssse3") && std::getenv("GPUFEED_JPEG_PORTABLE") == nullptr;
+  return yes;
+}
+#endif
+
+}  // namespace
+
+void resize_horizontal(const Image& src, const Taps& t, bool mirror, const Image& dst,
+                       std::vector<uint8_t>& scratch) {
+#ifdef GPUFEED_HAVE_SSSE3_PATH
+  if (use_ssse3()) return resize_horizontal_pairs(src, t, mirror, dst, scratch);
+#endif
+  resize_horizontal_blocks(src, t, mirror, dst, scratch);
 }
 
 void resize_vertical(const Image& src, const Taps& t, const Image& dst) {

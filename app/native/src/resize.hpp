@@ -33,7 +33,9 @@ struct Window {
 void compute_taps(const Window& in, int out_size, Taps& t);
 
 // A 2-D uint8 RGB image: `rows` rows of `width` pixels, `pitch` bytes apart. The source of
-// resize_horizontal must have one readable byte after its last pixel.
+// resize_horizontal must have kPad readable bytes after its last pixel.
+constexpr int kPad = 8;
+
 struct Image {
   uint8_t* data;
   int rows, width;
