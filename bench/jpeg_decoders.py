@@ -371,7 +371,8 @@ def measure(args) -> dict:
                 runs[name] = run
                 notes[name] = {"max_pixel_diff": pixel_check(crop, payloads, size)}
             except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is reported
-                notes[name] = {"unavailable": f"{type(exc).__name__}: {exc}"[:300]}
+                why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                notes[name] = {"unavailable": why[:200]}
                 print(f"[{case}] {name}: not measured: {notes[name]['unavailable']}", flush=True)
         best = {name: {1: 0.0, 2: 0.0} for name in runs}
         for rep in range(args.reps):
