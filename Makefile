@@ -16,7 +16,8 @@ IMAGE_NAME ?= $(REGISTRY)pytorch-cuda-v2.9
 TAG ?= $(GPUFEED_VERSION)-torch$(TORCH_VERSION)-cuda$(TORCH_CUDA)
 JUPYTER_IMAGE ?= $(IMAGE_NAME)-jupyter:$(TAG)
 SSH_IMAGE ?= $(IMAGE_NAME)-ssh:$(TAG)
-# CUDA 12 (cu128 wheels from PyPI, driver >= 525) or 13 (cu130 wheels, driver >= 580).
+# CUDA 12 (cu128 wheels from PyPI) or 13 (cu130 wheels); each major's driver floor is in
+# app/src/gpufeed/system/thresholds-cuda<N>.env, the file the image installs.
 CUDA ?= 12
 # CA bundle for builds behind a TLS-intercepting proxy, handed to pip as a BuildKit secret.
 CA_BUNDLE ?=
@@ -36,8 +37,7 @@ ifeq ($(CUDA),13)
 BASE_IMAGE ?= nvidia/cuda:13.0.2-base-ubuntu24.04
 CUDA_BUILD_ARGS := --build-arg TORCH_CUDA=13.0 --build-arg REQUIREMENTS=requirements-cu130.txt \
 	--build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130 \
-	--build-arg GPUFEED_MIN_DRIVER=580 --build-arg GPUFEED_CUDA_FULL_DRIVER=580.65.06 \
-	--build-arg "NVIDIA_REQUIRE_CUDA=cuda>=13.0"
+	--build-arg CUDA_MAJOR=13 --build-arg "NVIDIA_REQUIRE_CUDA=cuda>=13.0"
 TORCH_CUDA := 13.0
 endif
 ifeq ($(STANDIN),1)

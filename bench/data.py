@@ -184,7 +184,7 @@ class Augment:
 def decode_jpeg_bytes(data) -> torch.Tensor:
     """The decoder every JPEG row uses unless its loader decodes itself: torchvision's
     (libjpeg-turbo) where installed, PIL otherwise."""
-    from gpufeed.decoders import decode_image
+    from gpufeed.data.decoders import decode_image
 
     return decode_image(data)
 

@@ -87,7 +87,7 @@ def _torch_resize_flip(chw: torch.Tensor, box, flip: bool, size: int) -> torch.T
 def _per_image_pool(payloads, size, decode_chw):
     """decode_chw(bytes) -> uint8 CHW tensor, then the torch crop (the same boxes as
     RandomResizedCrop), on a thread pool: what an image decoder that releases the GIL gives."""
-    from gpufeed.decoders import RandomResizedCrop
+    from gpufeed.data.decoders import RandomResizedCrop
 
     rrc = RandomResizedCrop(size)
 
@@ -109,8 +109,8 @@ def _per_image_pool(payloads, size, decode_chw):
 
 
 def build_native(payloads, size, dct_scaling=False):
-    from gpufeed import native_jpeg
-    from gpufeed.decoders import RandomResizedCrop
+    from gpufeed.data import native_jpeg
+    from gpufeed.data.decoders import RandomResizedCrop
 
     if not native_jpeg.available():
         raise ImportError(native_jpeg.status())
@@ -134,7 +134,7 @@ def build_native(payloads, size, dct_scaling=False):
 def build_opencv(payloads, size):
     """gpufeed's RandomResizedCrop today (simplejpeg + cv2 + torch's kernel), a batch per
     call; 2 threads = two batches at once on a thread pool."""
-    from gpufeed.decoders import RandomResizedCrop, opencv_backend
+    from gpufeed.data.decoders import RandomResizedCrop, opencv_backend
 
     if opencv_backend() is None:
         raise ImportError("cv2 or simplejpeg missing")
@@ -211,7 +211,7 @@ def build_dali(payloads, size):
 def build_spdl(payloads, size):
     import spdl.io
 
-    from gpufeed.decoders import RandomResizedCrop
+    from gpufeed.data.decoders import RandomResizedCrop
 
     rrc = RandomResizedCrop(size)
 
@@ -331,7 +331,7 @@ def pixel_check(crop, payloads, size) -> int | None:
         return None
     if crop is None:
         return None
-    from gpufeed.decoders import RandomResizedCrop
+    from gpufeed.data.decoders import RandomResizedCrop
 
     rrc = RandomResizedCrop(size)
     worst = 0

@@ -54,7 +54,8 @@ def main(argv=None) -> int:
     import torch
 
     import gpufeed
-    from gpufeed.bench import EXPECT_GPU_ENV, NO_CUDA, gpu_report
+    from gpufeed.tools.bench import EXPECT_GPU_ENV
+    from gpufeed.tools.gpu_report import NO_CUDA, gpu_report
 
     t0 = time.perf_counter()
     expect = os.environ.get(EXPECT_GPU_ENV, "") not in ("", "0")

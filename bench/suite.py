@@ -70,7 +70,7 @@ BATCH_SIZE = {"large": 32}
 
 
 def cpus() -> int:
-    from gpufeed import sysinfo
+    from gpufeed.system import sysinfo
 
     return sysinfo.usable_cpus().count
 
@@ -274,10 +274,10 @@ def make_batches(case, row: str, *, shuffle: bool, workers: int, batch_size: int
         else:
             ds = gpufeed.open_dataset(path, **opts)
         loader = gpufeed.make_loader(ds, batch_size, shuffle=shuffle, seed=seed)
-        from gpufeed.bench import _shutdown
+        from gpufeed.tools.timing import stop_workers
 
         def cleanup():
-            _shutdown(loader)
+            stop_workers(loader)
             close = getattr(ds, "close", None) or getattr(ds.reader, "close", None)
             close()
 
@@ -294,7 +294,7 @@ def make_batches(case, row: str, *, shuffle: bool, workers: int, batch_size: int
 
 
 def one_pass(case, row, *, shuffle, workers, batch_size, cap_s, seed=0) -> dict:
-    from gpufeed.bench import time_batches
+    from gpufeed.tools.timing import time_batches
 
     t0 = time.perf_counter()
     batches, cleanup = make_batches(
@@ -390,9 +390,9 @@ def run_row(spec: dict) -> dict:
         }
     out["workers"] = workers if kind == "peer" else None
     if kind == "gpufeed":
-        from gpufeed.loader import _PLAN_CACHE
+        from gpufeed.loading.plan import cached_plans
 
-        plans = list(_PLAN_CACHE.values())
+        plans = cached_plans()
         out["workers"] = plans[-1][0] if plans else None
         out["plan"] = plans[-1][1] if plans else None  # make_loader's reason, with its numbers
     elif kind == "perfile":

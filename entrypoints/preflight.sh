@@ -16,9 +16,11 @@
 #   4  no NVIDIA driver answered and GPUFEED_ALLOW_CPU is not 1
 #
 # Settings (environment wins over the thresholds file; see pf_load_thresholds)
-#   GPUFEED_THRESHOLDS        thresholds file (default /etc/gpufeed/thresholds.env, then
-#                             ../app/src/gpufeed/thresholds.env beside this script)
-#   GPUFEED_MIN_DRIVER, GPUFEED_CUDA_FULL_DRIVER, GPUFEED_MIN_SHM_MB   the thresholds
+#   GPUFEED_THRESHOLDS        thresholds file (default /etc/gpufeed/thresholds.env, the file
+#                             of the image's CUDA major; in a checkout of the repository
+#                             app/src/gpufeed/system/thresholds-cuda12.env beside this script)
+#   GPUFEED_MIN_DRIVER, GPUFEED_CUDA_FULL_DRIVER, GPUFEED_MIN_SHM_MB, GPUFEED_SHM_FIX
+#                             the thresholds, to override the file's (the image sets none)
 #   GPUFEED_PREFLIGHT_D       checks folder (default: preflight.d beside this script, then
 #                             ../lib/gpufeed/preflight.d for an install in /usr/local/bin)
 #   GPUFEED_ALLOW_CPU=1       no driver is a warning, not an error
@@ -128,8 +130,9 @@ pf_unquote() {
 }
 
 # pf_load_thresholds DIR: sets each GPUFEED_* key of the thresholds file that the
-# environment leaves unset or empty. The file is parsed, not sourced, so it cannot
-# override the image's ENV (the CUDA 13 image raises the driver floor that way).
+# environment leaves unset or empty (the file is parsed, not sourced: it runs no code), then
+# GPUFEED_CUDA_FULL_DRIVER, when neither sets it, from the file's table row of its
+# GPUFEED_CUDA_RELEASE; gpufeed.system.thresholds.load reads it the same way.
 pf_load_thresholds() {
     if [ -n "${GPUFEED_THRESHOLDS:-}" ]; then
         pf_file=$GPUFEED_THRESHOLDS
@@ -139,7 +142,8 @@ pf_load_thresholds() {
         fi
     else
         pf_file=/etc/gpufeed/thresholds.env
-        [ -r "$pf_file" ] || pf_file="$1/../app/src/gpufeed/thresholds.env"
+        # in a checkout: the default variant's (gpufeed.system.thresholds.DEFAULT_CUDA_MAJOR)
+        [ -r "$pf_file" ] || pf_file="$1/../app/src/gpufeed/system/thresholds-cuda12.env"
         [ -r "$pf_file" ] || pf_file=''
     fi
     if [ -n "$pf_file" ]; then
@@ -160,6 +164,7 @@ pf_load_thresholds() {
             [ -n "$pf_current" ] || eval "$pf_key=\$pf_value"
         done <"$pf_file"
     fi
+    pf_full_driver_from_table
     for pf_key in GPUFEED_MIN_DRIVER GPUFEED_CUDA_FULL_DRIVER GPUFEED_MIN_SHM_MB; do
         eval "pf_value=\${$pf_key:-}"
         if [ -z "$pf_value" ]; then
@@ -172,6 +177,14 @@ pf_load_thresholds() {
     case ${GPUFEED_MIN_SHM_MB:-0} in
         *.*) pf_fail 2 "GPUFEED_MIN_SHM_MB=$GPUFEED_MIN_SHM_MB must be a whole number of MiB" ;;
     esac
+}
+
+# pf_full_driver_from_table: GPUFEED_CUDA_FULL_DRIVER, unless set, is the table row
+# GPUFEED_CUDA_<major>_<minor>_FULL_DRIVER of GPUFEED_CUDA_RELEASE (both from the file).
+pf_full_driver_from_table() {
+    [ -z "${GPUFEED_CUDA_FULL_DRIVER:-}" ] && pf_is_version "${GPUFEED_CUDA_RELEASE:-}" || return 0
+    pf_key=GPUFEED_CUDA_$(printf '%s' "$GPUFEED_CUDA_RELEASE" | tr . _)_FULL_DRIVER
+    eval "GPUFEED_CUDA_FULL_DRIVER=\${$pf_key:-}"
 }
 
 pf_checks_dir() {

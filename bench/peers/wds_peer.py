@@ -1,4 +1,4 @@
-"""WebDataset, as its README shows: ShardWriter to tar shards, then
+"""WebDataset, as its README shows: TarWriter to tar shards, then
 ``WebDataset(urls, shardshuffle=...).shuffle(N).decode(...).to_tuple(...).batched(B)``
 in a ``WebLoader(batch_size=None)`` (batching in the workers, its recommended setup)."""
 
@@ -24,7 +24,7 @@ def write(case, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     labels = case.labels()
     per_shard = max(1, case.count // 10)
-    with wds.ShardWriter(str(out / "shard-%06d.tar"), maxcount=per_shard, verbose=0) as w:
+    with wds.TarWriter(str(out / "shard-%06d.tar"), maxcount=per_shard, verbose=0) as w:
         for i, path in enumerate(case.files()):
             sample = {"__key__": f"{i:09d}", "cls": int(labels[i])}
             if case.kind == "raw":

@@ -33,7 +33,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 PREFLIGHT = REPO / "entrypoints" / "preflight.sh"
 PREFLIGHT_D = REPO / "entrypoints" / "preflight.d"
-THRESHOLDS = REPO / "app" / "src" / "gpufeed" / "thresholds.env"
+THRESHOLDS_DIR = REPO / "app" / "src" / "gpufeed" / "system"
+THRESHOLDS = THRESHOLDS_DIR / "thresholds-cuda12.env"  # the default image's
+THRESHOLDS_CUDA13 = THRESHOLDS_DIR / "thresholds-cuda13.env"
 FAKE_NVIDIA_SMI = HERE / "fake-nvidia-smi"
 
 # Everything the scripts and the fake call besides shell builtins. The sandbox PATH holds
@@ -162,6 +164,7 @@ def _fill(value: str, sandbox: Sandbox) -> str:
     return value.format(
         root=sandbox.root,
         small_shm=sandbox.small_shm_path or "",
+        cuda13=THRESHOLDS_CUDA13,
     )
 
 
@@ -429,6 +432,26 @@ SCENARIOS: tuple[Scenario, ...] = (
             GPUFEED_CUDA_FULL_DRIVER="580.65.06",
             CUDA_VERSION="13.0.1",
         ),
+        0,
+        ("older than 580.65.06, which CUDA 13.0 needs", COMPAT),
+    ),
+    # the CUDA 13 image's own file (what `make build CUDA=13` installs), not the environment
+    Scenario(
+        "cuda13-file-575-fails",
+        _drv("575.51.03", GPUFEED_THRESHOLDS="{cuda13}", CUDA_VERSION="13.0.1"),
+        3,
+        ("NVIDIA driver 575.51.03 is older than 580, the minimum for this CUDA 13.0 image",),
+    ),
+    Scenario(
+        "cuda13-file-580.65.06-passes",
+        _drv("580.65.06", GPUFEED_THRESHOLDS="{cuda13}", CUDA_VERSION="13.0.1"),
+        0,
+        (OK + "NVIDIA driver 580.65.06 (minimum 580)",),
+        (COMPAT, "warning"),
+    ),
+    Scenario(
+        "cuda13-file-580.0-compat",
+        _drv("580.0", GPUFEED_THRESHOLDS="{cuda13}", CUDA_VERSION="13.0.1"),
         0,
         ("older than 580.65.06, which CUDA 13.0 needs", COMPAT),
     ),

@@ -15,6 +15,7 @@ from preflight_harness import (
     REPO,
     SCENARIOS,
     THRESHOLDS,
+    THRESHOLDS_CUDA13,
     Sandbox,
     host_runner,
     run_preflight,
@@ -131,7 +132,7 @@ def test_repo_layout_finds_thresholds_beside_script(sandbox: Sandbox, tmp_path: 
         tmp_path / "entrypoints" / "preflight.sh",
         tmp_path / "entrypoints" / "preflight.d",
     )
-    fake_file = tmp_path / "app" / "src" / "gpufeed" / "thresholds.env"
+    fake_file = tmp_path / "app" / "src" / "gpufeed" / "system" / "thresholds-cuda12.env"
     fake_file.parent.mkdir(parents=True)
     fake_file.write_text(
         "GPUFEED_MIN_DRIVER=590\nGPUFEED_CUDA_FULL_DRIVER=590\nGPUFEED_MIN_SHM_MB=1\n"
@@ -286,17 +287,17 @@ def test_dash_parses_every_script() -> None:
         assert proc.returncode == 0, f"{path}: {proc.stderr}"
 
 
-def test_thresholds_file_has_the_keys_preflight_reads() -> None:
-    keys = {
-        line.split("=", 1)[0]
-        for line in THRESHOLDS.read_text().splitlines()
+@pytest.mark.parametrize("path", [THRESHOLDS, THRESHOLDS_CUDA13], ids=lambda p: p.name)
+def test_thresholds_file_has_the_keys_preflight_reads(path: Path) -> None:
+    values = dict(
+        line.split("=", 1)
+        for line in path.read_text().splitlines()
         if "=" in line and not line.startswith("#")
-    }
-    assert {
-        "GPUFEED_MIN_DRIVER",
-        "GPUFEED_CUDA_FULL_DRIVER",
-        "GPUFEED_MIN_SHM_MB",
-    } <= keys
+    )
+    assert {"GPUFEED_MIN_DRIVER", "GPUFEED_CUDA_RELEASE", "GPUFEED_MIN_SHM_MB"} <= set(values)
+    release = values["GPUFEED_CUDA_RELEASE"].replace(".", "_")
+    assert f"GPUFEED_CUDA_{release}_FULL_DRIVER" in values  # the full-support driver's row
+    assert "GPUFEED_CUDA_FULL_DRIVER" not in values  # one home: the table row
     for path in [PREFLIGHT, *PREFLIGHT_D.glob("*.sh")]:
         code = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
         assert not [line for line in code if "525" in line], (

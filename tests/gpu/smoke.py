@@ -150,8 +150,9 @@ def check_prefetch(batches: int = 64) -> dict:
 
 def _synthetic_bench(work: Path) -> list[str]:
     import gpufeed
+    from gpufeed.tools.synth import synth_image_folder
 
-    gpufeed.synth_image_folder(work / "images", count=2048, size=64, seed=0)
+    synth_image_folder(work / "images", count=2048, size=64, seed=0)
     gpufeed.pack(work / "images", work / "pack", "hdf5", encode="raw", quiet=True)
     return ["gpufeed", "bench", str(work / "pack"), "--device", "cuda", "--seconds", "5", "-q"]
 

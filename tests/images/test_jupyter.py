@@ -167,12 +167,15 @@ def test_image_metadata(docker_client, jupyter_image, ssh_image):
         env = dict(item.split("=", 1) for item in config["Env"])
         # Every driver >= 525 must start; the preflight gives the verdict (not the toolkit).
         assert env["NVIDIA_REQUIRE_CUDA"] == "cuda>=12.0", env["NVIDIA_REQUIRE_CUDA"]
-        assert env["GPUFEED_MIN_DRIVER"] == "525"
+        # the thresholds come from the CUDA 12 file the image installs, never its environment
+        assert env["GPUFEED_THRESHOLDS"] == "/etc/gpufeed/thresholds.env"
+        assert not [k for k in env if k.startswith("GPUFEED_") and "DRIVER" in k], env
         assert "JUPYTER_TOKEN" not in env
         labels = config["Labels"]
         for key in ("title", "version", "revision", "source", "created"):
             assert labels.get(f"org.opencontainers.image.{key}") not in (None, "", "unknown"), key
         assert labels["io.gpufeed.torch.version"] == "2.9.1"
         assert labels["io.gpufeed.cuda.version"] == "12.8"
+        assert labels["io.gpufeed.thresholds"] == "thresholds-cuda12.env"
         assert config["User"] not in ("", "root", "0")
         assert config["Entrypoint"][:3] == ["tini", "-g", "--"]

@@ -145,16 +145,16 @@ def test_a_closed_output_pipe_ends_quietly(python_env, paths):
 
 
 def test_progress_bars_count_what_they_say(paths, tmp_path, monkeypatch):
-    pack_mod = sys.modules["gpufeed.pack"]  # gpufeed.pack is also the function
+    from gpufeed.write import progress
 
     bars = []
-    real = pack_mod._progress
+    real = progress.progress_bar
 
     def spy(total, initial, quiet, desc, unit="sample"):
         bars.append((desc, unit, total))
         return real(total, initial, True, desc, unit)
 
-    monkeypatch.setattr(pack_mod, "_progress", spy)
+    monkeypatch.setattr(progress, "progress_bar", spy)
     gpufeed.pack(paths["SRC"], tmp_path / "l", format="lmdb", workers=1, part_size=5)
     assert ("pack", "sample", 17) in bars
     assert ("write lmdb", "part", 4) in bars  # 17 samples in parts of 5

@@ -4,6 +4,14 @@
     gpufeed.verify(dest) / gpufeed.inspect(dest)    check / describe a pack
     gpufeed.open_dataset(dest)                      the right dataset for a pack
     gpufeed.make_loader(dataset, batch_size)        a DataLoader with measured defaults
+    gpufeed.DevicePrefetcher(loader)                batches on the GPU, copies overlapped
+    gpufeed.watch(loader)                           data wait vs compute, per step
+    gpufeed.diagnose()                              is this machine set up to feed a GPU?
+
+These are the names a training script writes (``gpufeed.__all__``); everything else is
+reachable by its module path, one package per stage (docs/architecture.md): gpufeed.formats,
+gpufeed.storage, gpufeed.write, gpufeed.data, gpufeed.loading, gpufeed.system,
+gpufeed.tools; gpufeed.errors holds every error class.
 
 Names are imported on first use, so `import gpufeed` (and the CLI's start) stays light.
 """
@@ -11,81 +19,79 @@ Names are imported on first use, so `import gpufeed` (and the CLI's start) stays
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import warnings
 
 from gpufeed._version import __version__
 
-# Eager: these functions share their module's name, and a submodule import would otherwise
-# leave `gpufeed.pack` bound to the module instead of the function. None imports torch.
-from gpufeed.pack import pack
-from gpufeed.verify import inspect, verify
-from gpufeed.watch import watch
-
+# name -> the module that defines it
 _EXPORTS = {
-    # packing, checking
-    "scan_source": "gpufeed.pack",
-    "VerifyReport": "gpufeed.verify",
-    "read_manifest": "gpufeed.manifest",
-    # reading
-    "open_dataset": "gpufeed.datasets",
-    "Batch": "gpufeed.datasets",
-    "collate": "gpufeed.datasets",
-    "PackedDataset": "gpufeed.datasets",
-    "HDF5Dataset": "gpufeed.datasets",
-    "LMDBDataset": "gpufeed.datasets",
-    "MmapDataset": "gpufeed.datasets",
-    "TarShardDataset": "gpufeed.datasets",
-    "TarIndexedDataset": "gpufeed.datasets",
-    "decode_image": "gpufeed.decoders",
-    "RandomResizedCrop": "gpufeed.decoders",
-    # errors
-    "GpufeedError": "gpufeed.formats.common",
-    "UsageError": "gpufeed.formats.common",
-    "DataError": "gpufeed.formats.common",
-    "SourceError": "gpufeed.formats.common",
-    "CorruptSampleError": "gpufeed.formats.common",
-    "NotPackedError": "gpufeed.formats.common",
-    # loading (gpufeed.loader, gpufeed.prefetch, gpufeed.samplers)
-    "make_loader": "gpufeed.loader",
-    "GpufeedLoader": "gpufeed.loader",
-    "LoaderPlan": "gpufeed.loader",
-    "plan_workers": "gpufeed.loader",
-    "ShmBudgetWarning": "gpufeed.loader",
-    "DevicePrefetcher": "gpufeed.prefetch",
-    "BlockShuffleSampler": "gpufeed.samplers",
-    "SortedBatchSampler": "gpufeed.samplers",
-    "block_shuffle_order": "gpufeed.samplers",
-    # distributed (gpufeed.distributed) and the machine (gpufeed.sysinfo)
-    "split_shards": "gpufeed.distributed",
-    "DistributedBlockSampler": "gpufeed.distributed",
-    "rank_and_world": "gpufeed.distributed",
-    "usable_cpus": "gpufeed.sysinfo",
-    "cgroup_memory_limit": "gpufeed.sysinfo",
-    "shm_size_bytes": "gpufeed.sysinfo",
-    # seeing the pipeline (gpufeed.doctor, gpufeed.watch, gpufeed.synth)
-    "diagnose": "gpufeed.doctor",
-    "DoctorReport": "gpufeed.doctor",
-    "Watch": "gpufeed.watch",
-    "WatchSummary": "gpufeed.watch",
-    "synth_image_folder": "gpufeed.synth",
-    # measuring and tuning (gpufeed.bench, gpufeed.tune: the modules keep those names)
-    "BenchResult": "gpufeed.bench",
-    "time_batches": "gpufeed.bench",
-    "run_bench": "gpufeed.bench",
-    "gpu_report": "gpufeed.bench",
-    "TuneResult": "gpufeed.tune",
+    "pack": "gpufeed.write.pack",
+    "verify": "gpufeed.tools.verify",
+    "inspect": "gpufeed.tools.verify",
+    "open_dataset": "gpufeed.data.open",
+    "make_loader": "gpufeed.loading.make",
+    "DevicePrefetcher": "gpufeed.loading.prefetch",
+    "Batch": "gpufeed.batch",
+    "collate": "gpufeed.batch",
+    "RandomResizedCrop": "gpufeed.data.decoders",
+    "watch": "gpufeed.tools.watch",
+    "diagnose": "gpufeed.tools.doctor",
+    "GpufeedError": "gpufeed.errors",
+    "DataError": "gpufeed.errors",
+    "NotPackedError": "gpufeed.errors",
+    "CorruptSampleError": "gpufeed.errors",
 }
 
-
-def _available(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:
-        return False
+# Names gpufeed exported at the top level before 0.2 that now live only in their module:
+# still found here, with a DeprecationWarning naming the new path.
+_MOVED = {
+    "scan_source": "gpufeed.write.scan",
+    "VerifyReport": "gpufeed.tools.verify",
+    "read_manifest": "gpufeed.formats.manifest",
+    "PackedDataset": "gpufeed.data.map_style",
+    "HDF5Dataset": "gpufeed.data.map_style",
+    "LMDBDataset": "gpufeed.data.map_style",
+    "MmapDataset": "gpufeed.data.map_style",
+    "TarIndexedDataset": "gpufeed.data.map_style",
+    "TarShardDataset": "gpufeed.data.streaming",
+    "decode_image": "gpufeed.data.decoders",
+    "UsageError": "gpufeed.errors",
+    "SourceError": "gpufeed.errors",
+    "GpufeedLoader": "gpufeed.loading.loader",
+    "LoaderPlan": "gpufeed.loading.plan",
+    "plan_workers": "gpufeed.loading.plan",
+    "ShmBudgetWarning": "gpufeed.errors",
+    "BlockShuffleSampler": "gpufeed.data.samplers",
+    "SortedBatchSampler": "gpufeed.data.samplers",
+    "block_shuffle_order": "gpufeed.data.order",
+    "split_shards": "gpufeed.data.distributed",
+    "DistributedBlockSampler": "gpufeed.data.distributed",
+    "rank_and_world": "gpufeed.data.distributed",
+    "usable_cpus": "gpufeed.system.sysinfo",
+    "cgroup_memory_limit": "gpufeed.system.sysinfo",
+    "shm_size_bytes": "gpufeed.system.sysinfo",
+    "DoctorReport": "gpufeed.tools.doctor",
+    "Watch": "gpufeed.tools.watch",
+    "WatchSummary": "gpufeed.tools.watch",
+    "synth_image_folder": "gpufeed.tools.synth",
+    "BenchResult": "gpufeed.tools.timing",
+    "time_batches": "gpufeed.tools.timing",
+    "run_bench": "gpufeed.tools.bench",
+    "gpu_report": "gpufeed.tools.gpu_report",
+    "TuneResult": "gpufeed.tools.tune_result",
+}
 
 
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
+    if module is None and name in _MOVED:
+        module = _MOVED[name]
+        warnings.warn(
+            f"gpufeed.{name} moved to {module}.{name}; the top-level name will be removed",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(module), name)
     if module is None:
         raise AttributeError(f"module 'gpufeed' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
@@ -97,12 +103,4 @@ def __dir__():
     return sorted([*globals(), *_EXPORTS])
 
 
-# Only what is installed: a module still being written (or left out) must not break `import *`.
-__all__ = [
-    "__version__",
-    "inspect",
-    "pack",
-    "verify",
-    "watch",
-    *(n for n, m in _EXPORTS.items() if _available(m)),
-]
+__all__ = ["__version__", *_EXPORTS]

@@ -13,18 +13,33 @@ int64 tensor. It unpacks like torch's default-collated ``[images, labels]``:
 Datasets read a batch at a time and build either from the same two pieces (the samples as
 read and their labels) with :func:`to_samples` or :func:`to_batch`, so a new kind of sample is
 a change here, not in every dataset.
+
+The rules every stage uses to look inside a batch live here too: how many samples it holds
+(:func:`batch_len`: the loader counts them for resumption, bench and watch for rates), its
+tensors (:func:`iter_tensors`) and their bytes (:func:`batch_nbytes`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
-__all__ = ["Batch", "collate", "is_batch", "stack", "to_batch", "to_samples"]
+__all__ = [
+    "Batch",
+    "batch_len",
+    "batch_nbytes",
+    "collate",
+    "is_batch",
+    "iter_tensors",
+    "new_batch_tensor",
+    "stack",
+    "to_batch",
+    "to_samples",
+]
 
 
 class Batch(NamedTuple):
@@ -40,6 +55,51 @@ def is_batch(data) -> bool:
     return isinstance(data, tuple) and getattr(data, "_fields", None) == ("samples", "labels")
 
 
+def batch_len(batch: Any) -> int | None:
+    """Samples in a batch, or None when it does not say.
+
+    A :class:`Batch`: its labels. A tensor or array: its leading dimension (a 0-d one says
+    nothing). A dict: its first value. A tuple or list is read as columns when its first
+    element is a tensor, an array, a dict or a list (``[images, labels]`` as default_collate
+    makes it, ``(captions, labels)``): counted by that element; otherwise (a list of samples,
+    each a tuple, a number, a string) by its own length. Duck-typed (``.shape``): asking
+    needs no torch import."""
+    if is_batch(batch):
+        batch = batch.labels
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else None
+    if isinstance(batch, Mapping):
+        first = next(iter(batch.values()), None)
+        return None if first is None else batch_len(first)
+    if isinstance(batch, (list, tuple)) and batch:
+        first = batch[0]
+        if getattr(first, "shape", None) is not None or isinstance(first, (Mapping, list)):
+            return batch_len(first)
+        return len(batch)
+    return None
+
+
+def iter_tensors(obj: Any, arrays: bool = True) -> Iterator[torch.Tensor]:
+    """Every tensor in a batch (nested dicts, lists and tuples); numpy arrays too, as tensors
+    over the same memory, unless ``arrays=False``."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from iter_tensors(v, arrays)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from iter_tensors(v, arrays)
+    elif arrays and isinstance(obj, np.ndarray):
+        yield torch.from_numpy(obj)
+
+
+def batch_nbytes(obj: Any) -> int:
+    """Bytes of every tensor (and array) in a batch."""
+    return sum(t.numel() * t.element_size() for t in iter_tensors(obj))
+
+
 def stack(samples: Sequence[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
     """One tensor when every sample has the same shape and dtype, else the list as it is."""
     samples = list(samples)
@@ -52,12 +112,19 @@ def stack(samples: Sequence[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
     ):
         if get_worker_info() is None:
             return torch.stack(samples)
-        # in a DataLoader worker, stacked straight into shared memory (as torch's
-        # default_collate does): handing the batch to the main process then moves a handle
-        # instead of copying the batch once more
-        out = torch.empty((len(samples), *first.shape), dtype=first.dtype).share_memory_()
+        out = new_batch_tensor((len(samples), *first.shape), first.dtype)
         return torch.stack(samples, out=out)
     return samples
+
+
+def new_batch_tensor(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """An empty tensor to write a batch into; in a DataLoader worker, made in shared memory at
+    once (as torch's default_collate does): handing the batch to the main process then moves
+    a handle instead of copying the batch once more."""
+    out = torch.empty(shape, dtype=dtype)
+    if get_worker_info() is not None:
+        out.share_memory_()
+    return out
 
 
 def _rows(samples) -> Sequence[torch.Tensor]:

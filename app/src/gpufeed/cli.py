@@ -3,10 +3,10 @@
   gpufeed pack SOURCE DEST --format {hdf5,lmdb,tar,mmap} [options]
   gpufeed verify DEST [--decode]
   gpufeed inspect DEST
-  gpufeed doctor [DATA_DIR]              (gpufeed.doctor)
-  gpufeed bench PATH [--step-ms MS] [--device cuda]   (gpufeed.bench)
-  gpufeed tune PATH [--budget S] [--write FILE]      (gpufeed.tune)
-  gpufeed synth PATH [--count N]         (gpufeed.synth)
+  gpufeed doctor [DATA_DIR]              (gpufeed.tools.doctor)
+  gpufeed bench PATH [--step-ms MS] [--device cuda]   (gpufeed.tools.bench)
+  gpufeed tune PATH [--budget S] [--write FILE]      (gpufeed.tools.tune)
+  gpufeed synth PATH [--count N]         (gpufeed.tools.synth)
 
 Every subcommand takes -q/--quiet (no progress bars or messages: the result, warnings and
 errors only), -v/--verbose (more detail, and the traceback of an error, as GPUFEED_DEBUG=1)
@@ -27,9 +27,12 @@ import os
 import sys
 
 from gpufeed import __version__, cliargs
-from gpufeed.formats.common import PARTIAL_SUFFIX
+from gpufeed.formats import FORMATS
+from gpufeed.formats.manifest import PARTIAL_SUFFIX
+from gpufeed.formats.mmap import CONTAINERS
+from gpufeed.system.sizes import format_size
+from gpufeed.write.options import ENCODE_MODES, ON_ERROR
 
-FORMATS = ("hdf5", "lmdb", "tar", "mmap")
 EXIT_OK, EXIT_DATA, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
 
 
@@ -99,7 +102,7 @@ def _add_pack(sub, common) -> None:
     )
     p.add_argument(
         "--encode",
-        choices=("keep", "raw"),
+        choices=ENCODE_MODES,
         default="keep",
         help="images: keep the encoded bytes (decode when read) or store decoded uint8 CHW "
         "arrays (default keep)",
@@ -112,7 +115,7 @@ def _add_pack(sub, common) -> None:
     )
     p.add_argument(
         "--container",
-        choices=("npy", "pt"),
+        choices=CONTAINERS,
         default="npy",
         help="mmap: samples.npy (numpy memmap) or samples.pt (torch.load mmap=True)",
     )
@@ -130,7 +133,7 @@ def _add_pack(sub, common) -> None:
     )
     p.add_argument(
         "--on-error",
-        choices=("stop", "skip"),
+        choices=ON_ERROR,
         default="stop",
         help="bad source file: stop naming it (default), or skip it and list it in the manifest",
     )
@@ -160,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     i.add_argument("dest", metavar="DEST", type=pack_path)
 
-    from gpufeed import bench, doctor, synth, tune  # each module owns its arguments
+    from gpufeed.tools import bench, doctor, synth, tune  # each module owns its arguments
 
     commands = (
         ("doctor", doctor, "check driver, GPUs, torch, CPUs, shm, limits and data"),
@@ -173,16 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
 def _cmd_pack(args) -> int:
-    from gpufeed.pack import pack
+    from gpufeed.write.pack import pack
 
     log = (lambda m: print(m, file=sys.stderr)) if args.verbose else None
     manifest = pack(
@@ -218,7 +213,7 @@ def _cmd_pack(args) -> int:
 
 
 def _cmd_verify(args) -> int:
-    from gpufeed.verify import verify
+    from gpufeed.tools.verify import verify
 
     report = verify(args.dest, decode=args.decode, quiet=args.quiet or args.json)
     if args.json:
@@ -233,7 +228,7 @@ def _cmd_verify(args) -> int:
 
 
 def _cmd_inspect(args) -> int:
-    from gpufeed.verify import inspect
+    from gpufeed.tools.verify import inspect
 
     info = inspect(args.dest)
     if args.json:
@@ -257,7 +252,7 @@ def _cmd_inspect(args) -> int:
         ("samples", info["count"]),
         ("classes", class_text),
         ("sample", sample),
-        ("size", f"{_human(info['size_bytes'])} ({_human(info['disk_bytes'])} on disk)"),
+        ("size", f"{format_size(info['size_bytes'])} ({format_size(info['disk_bytes'])} on disk)"),
     ]
     if "shards" in info:
         rows.append(("shards", f"{info['shards']}: {info['pattern']}"))
@@ -271,7 +266,7 @@ def _cmd_inspect(args) -> int:
 
 
 def _handlers():
-    from gpufeed import bench, doctor, synth, tune
+    from gpufeed.tools import bench, doctor, synth, tune
 
     return {
         "pack": _cmd_pack,
@@ -285,7 +280,7 @@ def _handlers():
 
 
 def _run(args) -> int:
-    from gpufeed.formats.common import GpufeedError
+    from gpufeed.errors import GpufeedError
 
     debug = args.verbose or os.environ.get("GPUFEED_DEBUG", "") not in ("", "0")
     try:

@@ -9,7 +9,7 @@ names the option, what was given and what is accepted, before anything runs. Bou
 - sizes in bytes (``--shard-bytes``): finite, 1 B .. ``MAX_BYTES``; MiB (``--batch-mb``): finite,
   above 0, at most ``MAX_BYTES``;
 - seconds: finite (no ``nan``/``inf``), within each option's range;
-- ``--resize HxW``: each side 1 .. ``gpufeed.pack.MAX_RESIZE``;
+- ``--resize HxW``: each side 1 .. ``gpufeed.write.options.MAX_RESIZE``;
 - ``--device``: ``cpu``, ``cuda`` or ``cuda:N`` (never silently the CPU);
 - ``--settings FILE``: a readable loader settings file (what ``gpufeed tune --write`` makes).
 """
@@ -70,7 +70,7 @@ def integer(lo: int, hi: int | None = None, what: str = "") -> Callable[[str], i
 
 
 def worker_limit() -> int:
-    from gpufeed.sysinfo import usable_cpus
+    from gpufeed.system.sysinfo import usable_cpus
 
     return max(MIN_WORKER_LIMIT, WORKERS_PER_CPU * usable_cpus().count)
 
@@ -142,7 +142,7 @@ def mebibytes(text: str) -> float:
 
 def compression(text: str) -> str:
     """HDF5 compression: none, lzf or gzip[:1-9] (checked by the HDF5 writer's own parser)."""
-    from gpufeed.formats.common import UsageError
+    from gpufeed.errors import UsageError
     from gpufeed.formats.hdf5 import compression_args
 
     try:
@@ -153,8 +153,8 @@ def compression(text: str) -> str:
 
 
 def resize(text: str) -> tuple[int, int]:
-    from gpufeed.formats.common import UsageError
-    from gpufeed.pack import parse_resize
+    from gpufeed.errors import UsageError
+    from gpufeed.write.options import parse_resize
 
     try:
         return parse_resize(text)
@@ -170,7 +170,7 @@ def device(text: str) -> str:
 
 def settings_file(text: str) -> str:
     """A loader settings file make_loader can read (the same reader, so the same verdict)."""
-    from gpufeed.settings import load_settings
+    from gpufeed.loading.settings import load_settings
 
     try:
         load_settings(text)

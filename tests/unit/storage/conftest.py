@@ -71,7 +71,7 @@ def s3_faults(moto_server, monkeypatch):
 @pytest.fixture(scope="session")
 def tar_pack(array_folder, tmp_path_factory) -> Path:
     """A finished tar pack of 17 array samples in 5 shards (plus index.npz, sources.txt)."""
-    from gpufeed.pack import pack
+    from gpufeed.write.pack import pack
 
     dest = tmp_path_factory.mktemp("packs") / "tarpack"
     pack(array_folder, dest, "tar", shard_size=4, quiet=True)

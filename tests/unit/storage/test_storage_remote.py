@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.formats.common import NotPackedError, UsageError
-from gpufeed.manifest import read_manifest
+from gpufeed.errors import NotPackedError, UsageError
+from gpufeed.formats.manifest import read_manifest
 from gpufeed.storage import (
     ChecksumError,
     CredentialsError,
@@ -113,7 +113,7 @@ def test_multipart_upload_of_a_large_file(s3, tmp_path, rclone_server):
 
 
 def _write_manifest(pack: Path) -> dict:
-    from gpufeed.formats.common import file_entry
+    from gpufeed.formats.manifest import file_entry
 
     files = {p.name: file_entry(pack, p.name) for p in pack.iterdir()}
     manifest = {"gpufeed_manifest": 1, "format": "mmap", "format_version": 1, "files": files}

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from gpufeed import cli
-from gpufeed.formats.common import UsageError
-from gpufeed.pack import pack
+from gpufeed.errors import UsageError
 from gpufeed.storage import RemoteURL, is_remote, parse_location, parse_size, require_local
+from gpufeed.write.pack import pack
 
 
 @pytest.mark.parametrize(

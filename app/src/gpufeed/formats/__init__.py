@@ -1,74 +1,74 @@
-"""On-disk formats: one reader and one writer per format.
+"""On-disk formats: one module per format, each with a reader and a writer, and the registry.
 
-hdf5   HDF5File (h5py): /samples or /encoded+/offsets, /labels, /crc32
-lmdb   one record per sample, keys b"%010d"
-tar    WebDataset-style tar shards + index.npz
-mmap   .npy (numpy memmap) or .pt (torch.load(mmap=True)) tensors
+    hdf5   HDF5 (h5py): /samples or /encoded+/offsets, /labels, /crc32        formats/hdf5.py
+    lmdb   one record per sample, keys b"%010d"                                formats/lmdb.py
+    tar    WebDataset-style tar shards + index.npz                             formats/tar.py
+    mmap   .npy (numpy memmap) or .pt (torch.load(mmap=True)) tensors          formats/mmap.py
+
+A new format is one new module (a :class:`~gpufeed.formats.base.Reader` and a
+:class:`~gpufeed.formats.base.Writer`) and one line in :data:`FORMATS`. What the formats
+share lives beside them: the manifest and its path rules (manifest.py), the sample spec
+(spec.py), checksums, atomic and disk-full-safe files (files.py), staged parts (parts.py),
+read-ahead hints (readahead.py), the pack lock (lock.py).
+
+The formats layer knows numpy and the storage libraries, never torch, with one exception:
+the mmap format's ``.pt`` container is torch's own file (formats/pt.py imports torch when
+such a pack is written or read). Format modules are imported on first use, so listing the
+formats (the CLI's choices) costs no h5py or lmdb import.
 """
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpufeed.formats.common import (
-    CorruptSampleError,
-    DataError,
-    GpufeedError,
-    NotPackedError,
-    Reader,
-    SampleSpec,
-    SourceError,
-    UsageError,
-    Writer,
-)
+from gpufeed.errors import DataError, UsageError
 
-FORMATS = ("hdf5", "lmdb", "tar", "mmap")
+if TYPE_CHECKING:
+    from gpufeed.formats.base import Reader, Writer
+
+
+@dataclass(frozen=True)
+class Format:
+    """Where a format's reader and writer live (imported when first asked for)."""
+
+    module: str
+    reader: str
+    writer: str
+
+    def reader_class(self) -> type[Reader]:
+        return getattr(importlib.import_module(self.module), self.reader)
+
+    def writer_class(self) -> type[Writer]:
+        return getattr(importlib.import_module(self.module), self.writer)
+
+
+# The one list of formats: name (as in the manifest and `gpufeed pack --format`) -> classes.
+FORMATS: dict[str, Format] = {
+    "hdf5": Format("gpufeed.formats.hdf5", "HDF5Reader", "HDF5Writer"),
+    "lmdb": Format("gpufeed.formats.lmdb", "LMDBReader", "LMDBWriter"),
+    "tar": Format("gpufeed.formats.tar", "TarReader", "TarWriter"),
+    "mmap": Format("gpufeed.formats.mmap", "MmapReader", "MmapWriter"),
+}
 
 
 def writer_class(fmt: str) -> type[Writer]:
-    if fmt == "hdf5":
-        from gpufeed.formats.hdf5 import HDF5Writer
-
-        return HDF5Writer
-    if fmt == "lmdb":
-        from gpufeed.formats.lmdb import LMDBWriter
-
-        return LMDBWriter
-    if fmt == "tar":
-        from gpufeed.formats.shards import ShardWriter
-
-        return ShardWriter
-    if fmt == "mmap":
-        from gpufeed.formats.mmap import MmapWriter
-
-        return MmapWriter
-    raise UsageError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    return FORMATS[fmt].writer_class()
 
 
 def reader_class(fmt: str) -> type[Reader]:
-    if fmt == "hdf5":
-        from gpufeed.formats.hdf5 import HDF5Reader
-
-        return HDF5Reader
-    if fmt == "lmdb":
-        from gpufeed.formats.lmdb import LMDBReader
-
-        return LMDBReader
-    if fmt == "tar":
-        from gpufeed.formats.shards import ShardReader
-
-        return ShardReader
-    if fmt == "mmap":
-        from gpufeed.formats.mmap import MmapReader
-
-        return MmapReader
-    raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if fmt not in FORMATS:
+        raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return FORMATS[fmt].reader_class()
 
 
 def open_reader(path: str | Path, **options: Any) -> Reader:
     """The reader for a finished pack, chosen by its manifest."""
-    from gpufeed.manifest import read_manifest
+    from gpufeed.formats.manifest import read_manifest
 
     manifest = read_manifest(path)
     root = Path(path)
@@ -77,18 +77,4 @@ def open_reader(path: str | Path, **options: Any) -> Reader:
     return reader_class(manifest["format"])(root, manifest, **options)
 
 
-__all__ = [
-    "FORMATS",
-    "CorruptSampleError",
-    "DataError",
-    "GpufeedError",
-    "NotPackedError",
-    "Reader",
-    "SampleSpec",
-    "SourceError",
-    "UsageError",
-    "Writer",
-    "open_reader",
-    "reader_class",
-    "writer_class",
-]
+__all__ = ["FORMATS", "Format", "open_reader", "reader_class", "writer_class"]

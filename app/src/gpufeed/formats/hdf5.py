@@ -21,18 +21,10 @@ from typing import Any
 import h5py
 import numpy as np
 
-from gpufeed.formats.common import (
-    FORMAT_VERSION,
-    ContiguousWriter,
-    DataError,
-    Reader,
-    SampleSpec,
-    UsageError,
-    advise_buffers,
-    advise_rows,
-    advise_samples,
-    take_rows,
-)
+from gpufeed.errors import DataError, UsageError
+from gpufeed.formats.base import ContiguousWriter, Reader
+from gpufeed.formats.readahead import advise_buffers, advise_rows, advise_samples, take_rows
+from gpufeed.formats.spec import FORMAT_VERSION, SampleSpec
 
 FILE_NAME = "data.h5"
 CHUNK_BYTES = 1 << 16

@@ -19,20 +19,13 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from gpufeed.formats.common import (
-    FORMAT_VERSION,
-    CorruptSampleError,
-    DataError,
-    DiskFullError,
-    Part,
-    Reader,
-    SampleSpec,
-    Writer,
-    advise_buffers,
-    is_disk_full,
-    npy_bytes,
-    npy_from_bytes,
-)
+from gpufeed.errors import CorruptSampleError, DataError, DiskFullError
+from gpufeed.formats.base import Reader, Writer
+from gpufeed.formats.files import is_disk_full
+from gpufeed.formats.npy import npy_bytes, npy_from_bytes
+from gpufeed.formats.parts import Part
+from gpufeed.formats.readahead import advise_buffers
+from gpufeed.formats.spec import FORMAT_VERSION, SampleSpec
 
 DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
@@ -52,8 +45,8 @@ _POW10 = 10 ** np.arange(9, -1, -1, dtype=np.int64)
 
 
 def keys(indices: np.ndarray) -> list[bytes]:
-    """key(i) for every index, built in numpy (a Python format per key cost ~0.4 us each, a
-    third of a warm 256-sample batch's read)."""
+    """key(i) for every index, built in numpy: a Python format per key cost a third of a warm
+    batch's read (docs/benchmarks.md, "Measurements behind the code")."""
     digits = (np.asarray(indices, dtype=np.int64)[:, None] // _POW10) % 10 + ord("0")
     return digits.astype(np.uint8).view("S10").ravel().tolist()
 
@@ -165,10 +158,10 @@ _ENVS: dict[tuple, list] = {}
 # Readahead on (LMDB leaves the map MADV_NORMAL): gpufeed reads whole blocks of neighbouring
 # samples (the block shuffle, sorted batches), so the kernel's read-around fetches what the
 # next samples need. torchvision's readahead=False (MADV_RANDOM) makes a cold read one 4 KiB
-# page fault at a time: measured 13-20x slower cold on 12 KiB samples, block-shuffled or
-# fully random alike, and no faster warm. posix_fadvise/madvise(WILLNEED) over a batch's
-# values did not recover it (within 1.3x). Pass readahead=False for purely random access
-# to a dataset much bigger than RAM, where read-around would only evict useful pages.
+# page fault at a time: an order of magnitude slower cold, block-shuffled or fully random
+# alike, no faster warm, and advising WILLNEED over a batch's values did not recover it
+# (docs/benchmarks.md). Pass readahead=False for purely random access to a dataset much
+# bigger than RAM, where read-around would only evict useful pages.
 DEFAULT_READAHEAD = True
 
 
@@ -259,7 +252,7 @@ class LMDBReader(Reader):
 
     def read_batch(self, indices: np.ndarray):
         with self.handle.begin(buffers=True) as txn:
-            get = txn.get  # a get per key: 1.5-2x faster than cursor.getmulti's tuples
+            get = txn.get  # a get per key: faster than cursor.getmulti's tuples
             values = [get(k) for k in keys(indices)]
             if None in values:
                 missing = indices[values.index(None)]
@@ -277,6 +270,6 @@ class LMDBReader(Reader):
                     f"record is {sizes[j]} bytes, expected {width}",
                 )
             # one C loop copies every value out of the map into memory the batch owns
-            # (3.5x a numpy row assignment per value)
+            # (faster than a numpy row assignment per value)
             joined = bytearray().join(values)
         return np.frombuffer(joined, dtype=self.spec.dtype).reshape(len(values), *self.spec.shape)

@@ -12,8 +12,7 @@ retried), cache (atomic landing, LRU, flock-shared), prefetch (bounded pool ahea
 remote (a pack in the store), upload (a pack into the store). docs/object-storage.md says why.
 """
 
-from gpufeed.storage.cache import Cache, FileEntry, Pin
-from gpufeed.storage.errors import (
+from gpufeed.errors import (
     BucketNotFoundError,
     CacheFullError,
     ChecksumError,
@@ -21,14 +20,15 @@ from gpufeed.storage.errors import (
     ObjectNotFoundError,
     StorageError,
 )
+from gpufeed.storage.cache import Cache, FileEntry, Pin
 from gpufeed.storage.prefetch import Prefetcher
 from gpufeed.storage.remote import RemotePack, open_pack
 from gpufeed.storage.retry import RetryPolicy
-from gpufeed.storage.sizes import parse_size
 from gpufeed.storage.stats import StorageStats
 from gpufeed.storage.store import ObjectStore
 from gpufeed.storage.upload import upload_pack
 from gpufeed.storage.urls import RemoteURL, is_remote, parse_location, require_local
+from gpufeed.system.sizes import parse_size
 
 __all__ = [
     "BucketNotFoundError",

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from gpufeed.formats.common import UsageError, fsync_dir
-from gpufeed.storage.errors import CacheFullError, ChecksumError
-from gpufeed.storage.sizes import format_size, parse_size
+from gpufeed.errors import CacheFullError, ChecksumError, UsageError
+from gpufeed.formats.files import fsync_dir
 from gpufeed.storage.stats import StorageStats
+from gpufeed.system.sizes import format_size, parse_size
 
 OBJECTS = "objects"
 LOCKS = "locks"

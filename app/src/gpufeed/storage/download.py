@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import BinaryIO
 
-from gpufeed.storage.errors import ChecksumError
+from gpufeed.errors import ChecksumError
 from gpufeed.storage.retry import RetryPolicy
 from gpufeed.storage.stats import StorageStats
 from gpufeed.storage.store import ObjectStore, RangeIgnoredError, TransientError

@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from gpufeed.formats.common import UsageError
+from gpufeed.errors import UsageError
 from gpufeed.storage.cache import FileEntry, Pin
 
 DEFAULT_WORKERS = 8

@@ -7,11 +7,16 @@ import os
 from collections.abc import Iterable
 from typing import Any, BinaryIO
 
-from gpufeed.formats.common import MANIFEST_NAME, DataError, NotPackedError, UsageError
-from gpufeed.manifest import FORMATS
+from gpufeed.errors import (
+    BucketNotFoundError,
+    DataError,
+    NotPackedError,
+    ObjectNotFoundError,
+    UsageError,
+)
+from gpufeed.formats.manifest import FORMATS, MANIFEST_NAME
 from gpufeed.storage.cache import Cache, FileEntry, Pin
 from gpufeed.storage.download import download
-from gpufeed.storage.errors import BucketNotFoundError, ObjectNotFoundError
 from gpufeed.storage.prefetch import DEFAULT_AHEAD, DEFAULT_WORKERS, Prefetcher
 from gpufeed.storage.retry import RetryPolicy, with_retries
 from gpufeed.storage.stats import StorageStats

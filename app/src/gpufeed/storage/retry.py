@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from gpufeed.storage.errors import StorageError
+from gpufeed.errors import StorageError
 from gpufeed.storage.stats import StorageStats
 from gpufeed.storage.store import TransientError
 

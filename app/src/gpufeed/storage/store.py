@@ -26,12 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from gpufeed.storage.errors import (
-    BucketNotFoundError,
-    CredentialsError,
-    ObjectNotFoundError,
-    StorageError,
-)
+from gpufeed.errors import BucketNotFoundError, CredentialsError, ObjectNotFoundError, StorageError
 from gpufeed.storage.urls import RemoteURL
 
 STREAM_CHUNK = 64 << 10  # bytes per read; larger ones cost obstore more CPU (8 MiB: 2x)

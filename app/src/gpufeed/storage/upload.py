@@ -6,9 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpufeed.formats.common import MANIFEST_NAME, UsageError
-from gpufeed.manifest import manifest_path, read_manifest
-from gpufeed.storage.errors import StorageError
+from gpufeed.errors import StorageError, UsageError
+from gpufeed.formats.manifest import MANIFEST_NAME, manifest_path, read_manifest
 from gpufeed.storage.retry import RetryPolicy, with_retries
 from gpufeed.storage.stats import StorageStats
 from gpufeed.storage.store import ObjectStore

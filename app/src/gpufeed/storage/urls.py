@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gpufeed.formats.common import UsageError
+from gpufeed.errors import UsageError
 
 # What the object-store client (obstore) reads; s3a/gcs/azure/abfs(s) are its aliases.
 REMOTE_SCHEMES = frozenset(

@@ -1,0 +1,309 @@
+"""Stored sample bytes -> torch tensors.
+
+Images decode to uint8 tensors in CHW order with 3 (RGB) channels, like torchvision.io:
+torchvision.io.decode_image when torchvision is importable, PIL otherwise. Arrays become
+tensors with torch.from_numpy on the buffer they were read into (no extra copy).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+
+import numpy as np
+import torch
+
+from gpufeed.batch import new_batch_tensor
+from gpufeed.pixels import tensor_to_uint8, to_8bit
+
+NPY_MAGIC = b"\x93NUMPY"
+
+
+@functools.lru_cache(maxsize=1)
+def have_torchvision() -> bool:
+    try:
+        import torchvision.io  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken torchvision install means: use PIL
+        return False
+    return True
+
+
+def _as_bytes(data) -> bytes:
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, np.ndarray):
+        return data.tobytes()
+    return bytes(data)
+
+
+def decode_image(data, mode: str = "RGB") -> torch.Tensor:
+    """JPEG/PNG/... bytes -> uint8 tensor [C, H, W] (C=3 for RGB, 1 for "L")."""
+    if have_torchvision():
+        from torchvision.io import ImageReadMode
+        from torchvision.io import decode_image as tv_decode
+
+        buf = torch.from_numpy(np.frombuffer(_as_bytes(data), dtype=np.uint8).copy())
+        read_mode = ImageReadMode.RGB if mode == "RGB" else ImageReadMode.GRAY
+        try:
+            return tensor_to_uint8(tv_decode(buf, mode=read_mode))
+        except RuntimeError:
+            pass  # formats torchvision does not decode (BMP, TIFF, ...) fall through to PIL
+    from PIL import Image
+
+    with Image.open(io.BytesIO(_as_bytes(data))) as img:
+        arr = np.asarray(to_8bit(img).convert(mode))
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+
+
+def decode_npy(data) -> torch.Tensor:
+    arr = np.load(io.BytesIO(_as_bytes(data)), allow_pickle=False)
+    return torch.from_numpy(np.ascontiguousarray(arr))
+
+
+def array_to_tensor(arr: np.ndarray) -> torch.Tensor:
+    """Zero-copy for the writable arrays readers return; copies read-only views."""
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    return torch.from_numpy(arr)
+
+
+def decode_bytes(data) -> torch.Tensor:
+    """An encoded sample of any supported kind (image or .npy) -> tensor."""
+    head = bytes(data[:6]) if len(data) >= 6 else b""
+    if head == NPY_MAGIC:
+        return decode_npy(data)
+    return decode_image(data)
+
+
+def raw_bytes_tensor(data) -> torch.Tensor:
+    """Encoded bytes as a 1-D uint8 tensor (decode=False: e.g. for GPU JPEG decoding)."""
+    return torch.from_numpy(np.frombuffer(_as_bytes(data), dtype=np.uint8).copy())
+
+
+# ------------------------------------------------------------------ fused decode + crop
+
+
+def _decode_chw(data) -> torch.Tensor:
+    """uint8 RGB [3, H, W]: torchvision's libjpeg-turbo decode_jpeg for JPEGs (no format
+    sniffing, no extra copy of the bytes), the general decode_image path for anything else."""
+    buf = _as_bytes(data)
+    if have_torchvision() and buf[:2] == b"\xff\xd8":
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        return decode_jpeg(torch.frombuffer(bytearray(buf), dtype=torch.uint8), ImageReadMode.RGB)
+    return decode_image(buf)
+
+
+@functools.lru_cache(maxsize=1)
+def opencv_backend():
+    """(cv2, simplejpeg) when both import, else None: the fast path of RandomResizedCrop
+    (``pip install gpufeed[opencv]``; the images carry both)."""
+    try:
+        import cv2
+        import simplejpeg
+    except Exception:  # noqa: BLE001 - missing or broken: the torch backend works alone
+        return None
+    return cv2, simplejpeg
+
+
+def _hwc(chw: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(chw.permute(1, 2, 0).numpy())
+
+
+def decode_rgb(data) -> torch.Tensor:
+    """uint8 RGB [3, H, W] (grey repeated, alpha dropped)."""
+    img = _decode_chw(data)
+    if img.shape[0] != 3:
+        img = img.expand(3, -1, -1) if img.shape[0] == 1 else img[:3]
+    return img
+
+
+BACKENDS = ("auto", "opencv", "torch")
+
+
+class RandomResizedCrop:
+    """Decode, RandomResizedCrop and random horizontal flip in one pass over a batch: pass it
+    as ``decode=`` to a dataset over encoded images (``gpufeed.open_dataset(path,
+    decode=RandomResizedCrop(224))``). Batches come out as one uint8 [B, 3, size, size]
+    tensor, written in place.
+
+    The crop boxes are sampled as ``torchvision.transforms.v2.RandomResizedCrop(size, scale,
+    ratio)`` samples them (ten tries, then the centre crop with the ratio clamped), for the
+    whole batch at once from torch's generator, which make_loader seeds per worker, epoch and
+    rank. Two backends decode and resize:
+
+    - ``"opencv"`` (``"auto"`` picks it when cv2 and simplejpeg import): libjpeg-turbo through
+      simplejpeg, then the box resized straight into the batch: by ``cv2.resize`` bilinear
+      when it is enlarged (torchvision's antialiased bilinear is the same filter there), by
+      torchvision's antialiasing kernel when it is shrunk. Pixels match torchvision's to
+      within 1 (uint8 rounding); faster than the torch backend (docs/benchmarks.md).
+    - ``"torch"``: torchvision's ``decode_jpeg`` and its bilinear antialiased resize, the
+      same pixels as ``transforms.v2.RandomResizedCrop`` + ``RandomHorizontalFlip`` for the
+      same box.
+
+    Memory format, the same with either backend: a batch is a [B, 3, H, W] tensor in
+    ``memory_format``, by default ``torch.channels_last`` (the layout GPU convolutions
+    prefer, and the decoder's own HWC: no transpose); ``torch.contiguous_format`` gives
+    NCHW. ``dataset.get_batch`` and ``make_loader`` hand that batch out as it is;
+    ``dataset[i]`` and ``__getitems__`` give each sample as a [3, H, W] view of it (values
+    equal, strides of the batch's layout), and a plain DataLoader's ``default_collate``
+    stacks those into a contiguous NCHW batch.
+    """
+
+    def __init__(
+        self,
+        size: int | tuple[int, int],
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        flip: float = 0.5,
+        backend: str = "auto",
+        memory_format: torch.memory_format = torch.channels_last,
+    ) -> None:
+        self.size = (size, size) if isinstance(size, int) else tuple(size)
+        if len(self.size) != 2 or min(self.size) < 1:
+            raise ValueError(f"size must be an int or (height, width) >= 1, got {size!r}")
+        if not (0 < scale[0] <= scale[1]) or not (0 < ratio[0] <= ratio[1]):
+            raise ValueError(
+                f"need 0 < scale[0] <= scale[1] and 0 < ratio[0] <= ratio[1]: {scale}, {ratio}"
+            )
+        if not 0.0 <= flip <= 1.0:
+            raise ValueError(f"flip is a probability, got {flip}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "opencv" and opencv_backend() is None:
+            raise ValueError(
+                "backend='opencv' needs cv2 and simplejpeg: pip install 'gpufeed[opencv]' "
+                "(or opencv-python-headless simplejpeg), or use backend='torch'"
+            )
+        if backend == "auto":
+            backend = "opencv" if opencv_backend() is not None else "torch"
+        if memory_format not in (torch.channels_last, torch.contiguous_format):
+            raise ValueError(
+                f"memory_format must be torch.channels_last or torch.contiguous_format, got "
+                f"{memory_format!r}"
+            )
+        self.scale, self.ratio, self.flip = tuple(scale), tuple(ratio), float(flip)
+        self.backend = backend
+        self.memory_format = memory_format
+        self._log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+
+    def __repr__(self) -> str:
+        return (
+            f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, "
+            f"flip={self.flip}, backend={self.backend!r}, memory_format={self.memory_format})"
+        )
+
+    def crop_boxes(self, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
+        """[N, 4] int64 (top, left, h, w): torchvision's RandomResizedCrop.get_params for N
+        images at once (ten tries each, the first that fits wins, else the centre crop with
+        the ratio clamped), from one draw of torch's generator."""
+        heights = np.asarray(heights, dtype=np.int64)
+        widths = np.asarray(widths, dtype=np.int64)
+        n = len(heights)
+        u = torch.rand(n, 22, dtype=torch.float64).numpy()
+        area = (heights * widths)[:, None]
+        target = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, :10])
+        lo, hi = self._log_ratio
+        aspect = np.exp(lo + (hi - lo) * u[:, 10:20])
+        w = np.rint(np.sqrt(target * aspect)).astype(np.int64)
+        h = np.rint(np.sqrt(target / aspect)).astype(np.int64)
+        fits = (w > 0) & (w <= widths[:, None]) & (h > 0) & (h <= heights[:, None])
+        first = fits.argmax(axis=1)
+        rows = np.arange(n)
+        h, w = h[rows, first], w[rows, first]
+        any_fit = fits[rows, first]
+        # none of the ten fit: the centre crop, the ratio clamped into range
+        in_ratio = widths / heights
+        narrow, wide = in_ratio < self.ratio[0], in_ratio > self.ratio[1]
+        ch = np.where(narrow, np.rint(widths / self.ratio[0]).astype(np.int64), heights)
+        cw = np.where(wide, np.rint(heights * self.ratio[1]).astype(np.int64), widths)
+        h, w = np.where(any_fit, h, ch), np.where(any_fit, w, cw)
+        top = np.where(any_fit, (u[:, 20] * (heights - h + 1)).astype(np.int64), (heights - h) // 2)
+        left = np.where(any_fit, (u[:, 21] * (widths - w + 1)).astype(np.int64), (widths - w) // 2)
+        return np.stack([top, left, h, w], axis=1)
+
+    def crop_box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """(top, left, h, w) for one image (see crop_boxes)."""
+        return tuple(int(v) for v in self.crop_boxes([height], [width])[0])
+
+    def __call__(self, payloads) -> tuple[torch.Tensor, list[int], list[tuple[int, str]]]:
+        """(batch [N, 3, H, W] of the samples that decoded, their positions in ``payloads``,
+        (position, problem) for those that did not)."""
+        images, kept, failed = [], [], []
+        jpeg = opencv_backend()[1].decode_jpeg if self.backend == "opencv" else None
+        for j, payload in enumerate(payloads):
+            try:
+                if jpeg is None:
+                    images.append(decode_rgb(payload))
+                else:
+                    try:  # libjpeg-turbo reads the buffer as it is: no copy, no sniffing
+                        images.append(jpeg(payload, "RGB"))
+                    except ValueError:  # not a JPEG (or one it refuses): the general way
+                        images.append(_hwc(decode_rgb(payload)))
+                kept.append(j)
+            except Exception as e:  # noqa: BLE001 - any decoder failure is a corrupt sample
+                failed.append((j, f"cannot decode: {e}"))
+        hw = 0 if self.backend == "opencv" else 1  # HWC or CHW
+        boxes = self.crop_boxes(
+            [im.shape[hw] for im in images], [im.shape[hw + 1] for im in images]
+        ).tolist()
+        if self.backend == "opencv":
+            out = self._resize_opencv(images, boxes)
+        else:
+            out = self._resize_torch(images, boxes)
+        if self.flip and kept:
+            flips = (torch.rand(len(kept)) < self.flip).numpy()
+            out[flips] = out[flips].flip(-1)
+        return out, kept, failed
+
+    def _resize_opencv(self, images: list[np.ndarray], boxes: list[list[int]]) -> torch.Tensor:
+        cv2 = opencv_backend()[0]
+        height, width = self.size
+        # cv2 writes HWC: into the batch itself when it is channels_last, else into a
+        # scratch image copied into the NCHW batch (one small copy per image)
+        out_nchw = self._out_batch(len(images))
+        nhwc = self.memory_format == torch.channels_last
+        out = out_nchw.permute(0, 2, 3, 1).numpy() if nhwc else None
+        scratch = None if nhwc else np.empty((height, width, 3), dtype=np.uint8)
+        shrink_aa = torch.ops.aten._upsample_bilinear2d_aa.out
+        size, linear = [height, width], cv2.INTER_LINEAR
+        for n, (img, (top, left, h, w)) in enumerate(zip(images, boxes, strict=True)):
+            box = img[top : top + h, left : left + w]
+            if h > height or w > width:
+                # shrinking needs the antialiasing filter: torchvision's own kernel
+                src = torch.from_numpy(box).permute(2, 0, 1)[None]
+                shrink_aa(src, size, False, out=out_nchw[n : n + 1])
+            elif nhwc:
+                cv2.resize(box, (width, height), dst=out[n], interpolation=linear)
+            else:
+                cv2.resize(box, (width, height), dst=scratch, interpolation=linear)
+                out_nchw[n].copy_(torch.from_numpy(scratch).permute(2, 0, 1))
+        return out_nchw
+
+    def _resize_torch(self, images: list[torch.Tensor], boxes: list[list[int]]) -> torch.Tensor:
+        out = self._out_batch(len(images))
+        resize = torch.ops.aten._upsample_bilinear2d_aa.out
+        size = list(self.size)
+        # the uint8 kernel writes the layout it reads (CHW here): into the batch when that is
+        # NCHW, else into a scratch image copied into the channels_last batch
+        nchw = self.memory_format == torch.contiguous_format
+        scratch = None if nchw else torch.empty((1, 3, *self.size), dtype=torch.uint8)
+        for n, (img, (top, left, h, w)) in enumerate(zip(images, boxes, strict=True)):
+            crop = img[None, :, top : top + h, left : left + w]
+            if nchw:
+                resize(crop, size, False, out=out[n : n + 1])
+            else:
+                resize(crop, size, False, out=scratch)
+                out[n].copy_(scratch[0])
+        return out
+
+    def _out_batch(self, n: int) -> torch.Tensor:
+        """The [n, 3, H, W] uint8 batch, laid out in ``memory_format`` from the start, so
+        neither backend transposes afterwards."""
+        height, width = self.size
+        if self.memory_format == torch.channels_last:
+            return new_batch_tensor((n, height, width, 3)).permute(0, 3, 1, 2)
+        return new_batch_tensor((n, 3, height, width))

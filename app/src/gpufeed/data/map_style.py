@@ -1,0 +1,164 @@
+"""Datasets over packed formats: map-style (HDF5, LMDB, mmap, and tar via its index) and an
+iterable one over tar shards.
+
+Every dataset honours PyTorch's Dataset contract, so tutorial code works unchanged:
+``DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4, pin_memory=True)``, a custom
+``collate_fn``, ``Subset``, ``random_split``, ``ConcatDataset``, ``DistributedSampler``.
+
+- ``dataset[i]`` (an int, a numpy integer or a 0-d integer tensor; negatives count from the
+  end, as in Python) is one sample, ``(image, label)`` (see :mod:`gpufeed.batch`); out of range
+  raises ``IndexError``. A slice, list, tuple or 1-d array/tensor of indices gives the list of
+  those samples (as ``__getitems__``; torch's ``Subset`` indexes with lists the same way).
+- ``__getitems__(indices)``, which the DataLoader calls with a whole batch of indices, returns
+  the list of samples ``dataset[i]`` returns for each: read in one storage round trip, decoded
+  as a batch, then split into per-sample views (no copy) for ``collate_fn`` to combine.
+- ``get_batch(indices)`` is the fast path: the same read, handed out as one
+  :class:`~gpufeed.batch.Batch` (one stacked tensor + int64 labels), so there is nothing left
+  to collate and worker processes pass one shared-memory segment per batch.
+  :func:`gpufeed.make_loader` uses it; call it yourself in a loop of your own.
+
+Every dataset is safe to build in the parent and use in DataLoader workers under fork or
+spawn: the storage handle is opened lazily in the process that reads (and reopened after a
+fork), and pickling drops it. The per-sample index (labels, crc32, offsets) lives in numpy
+arrays, never per-sample Python objects, so workers do not copy-on-read it page by page.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from gpufeed.batch import Batch, stack, to_batch, to_samples
+from gpufeed.data.reading import SampleReading, as_index_array, many_indices, one_index
+from gpufeed.errors import UsageError
+from gpufeed.formats import open_reader
+
+__all__ = [
+    "HDF5Dataset",
+    "LMDBDataset",
+    "MmapDataset",
+    "PackedDataset",
+    "TarIndexedDataset",
+]
+
+
+class PackedDataset(SampleReading, Dataset):
+    """Map-style dataset over any packed format (chosen by the manifest). Indexing and
+    ``__getitems__`` follow PyTorch's contract; ``get_batch`` is the fast path (see the module
+    docstring).
+
+    transform: applied to each sample tensor. batch_transform: applied to the samples of each
+    read as one stacked batch [B, ...]: in ``get_batch``, in ``__getitems__`` (then split into
+    samples) and in ``dataset[i]`` (a batch of one), so all three give the same values.
+    verify_crc: check each sample's crc32 on read (off by default for speed; decode errors are
+    always raised). on_error: "raise" a CorruptSampleError naming file and sample, or "skip":
+    count it in ``skipped`` (per process: each DataLoader worker counts its own) and leave it
+    out: ``dataset[i]`` and its place in ``__getitems__`` are ``None`` (pass
+    ``collate_fn=gpufeed.collate`` to a plain DataLoader, which drops them; torch's
+    default_collate cannot), ``get_batch`` and ``make_loader`` give a shorter batch.
+    decode=False returns encoded samples as 1-D uint8 tensors (e.g. for GPU JPEG decoding);
+    decode=a batch decoder, such as gpufeed.RandomResizedCrop(224), decodes and
+    augments a batch in one pass (then transform, if given, runs on its output). Other
+    keyword options go to the reader (hdf5: use_mmap, rdcc_mb; lmdb: readahead).
+    """
+
+    format_name: str | None = None
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        transform: Callable | None = None,
+        batch_transform: Callable | None = None,
+        verify_crc: bool = False,
+        on_error: str = "raise",
+        decode: bool = True,
+        **reader_options: Any,
+    ):
+        reader = open_reader(path, **reader_options)
+        if self.format_name and reader.format_name != self.format_name:
+            raise UsageError(
+                f"{path}: is a {reader.format_name} dataset, not {self.format_name}; "
+                "use gpufeed.open_dataset to pick the right class"
+            )
+        self.path = str(path)
+        self._reader_options = dict(reader_options)
+        self._init_reading(reader, transform, batch_transform, verify_crc, on_error, decode)
+
+    def _read_options(self) -> dict[str, Any]:
+        return self._reader_options
+
+    def __len__(self) -> int:
+        return self.reader.count
+
+    def _read_samples(self, indices) -> tuple[Any, np.ndarray, np.ndarray]:
+        """One storage round trip for ``indices``: (samples of the kept positions, their
+        labels, the kept positions), ``batch_transform`` applied."""
+        idx = as_index_array(indices, self.reader.count, self.path)
+        ahead = getattr(indices, "ahead", None)
+        if ahead:
+            # reads of the batch after this one start now, while this one is copied
+            self.reader.prefetch(as_index_array(ahead, self.reader.count, self.path))
+        keep, payloads = self._read(idx)
+        samples, kept = self._to_tensors(idx, keep, payloads)
+        if self.batch_transform is not None:
+            if not isinstance(samples, torch.Tensor):
+                samples = stack(samples)
+            samples = self.batch_transform(samples)
+        return samples, self.reader.labels[idx[kept]], kept
+
+    def get_batch(self, indices: Sequence[int]) -> Batch:
+        """The fast path: the samples at ``indices`` read in one storage round trip and handed
+        out as one :class:`~gpufeed.batch.Batch` (samples stacked, labels int64), skipped
+        samples left out. ``make_loader`` calls it for each batch."""
+        samples, labels, _ = self._read_samples(indices)
+        return to_batch(samples, labels)
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        """PyTorch's batched fetch: the list of what ``self[i]`` returns for each index (a
+        skipped sample is ``None``), read in one storage round trip."""
+        samples, labels, kept = self._read_samples(indices)
+        return to_samples(samples, labels, kept, len(indices))
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.__getitems__(range(*index.indices(len(self))))
+        if many_indices(index):
+            return self.__getitems__(index)
+        return self.__getitems__([one_index(index)])[0]
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_sources"] = None
+        return state
+
+    def __repr__(self) -> str:
+        spec = self.reader.spec
+        what = f"{spec.dtype}{list(spec.shape)}" if spec.kind == "array" else "encoded"
+        return f"{type(self).__name__}({self.path!r}, {len(self)} samples, {what})"
+
+
+class HDF5Dataset(PackedDataset):
+    format_name = "hdf5"
+
+
+class LMDBDataset(PackedDataset):
+    format_name = "lmdb"
+
+
+class MmapDataset(PackedDataset):
+    format_name = "mmap"
+
+
+class TarIndexedDataset(PackedDataset):
+    """Random access into tar shards through their index (slower than streaming them)."""
+
+    format_name = "tar"

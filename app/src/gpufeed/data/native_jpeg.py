@@ -1,0 +1,139 @@
+"""The native batch JPEG decoder: gpufeed-jpeg (``app/native``, import name ``gpufeed_jpeg``).
+
+One call per batch, on a pool of threads that runs without the GIL: each JPEG is decoded only
+where its crop box lies (libjpeg-turbo: the box's iMCU columns, no rows below it), resized
+with PyTorch's uint8 antialiased bilinear kernel (torchvision's resize: for the same box the
+same pixels) and mirrored, straight into the batch. A separate distribution, so gpufeed stays
+pure Python: where it is not installed (``pip install ./app/native``; the images carry it),
+:func:`status` says why and RandomResizedCrop's other backends do the work.
+
+:func:`decode_resized_crops` keeps the contract of ``RandomResizedCrop.__call__``: the same
+crop boxes and flips from the same torch generator draws, ``(batch, kept, failed)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from gpufeed.batch import new_batch_tensor
+from gpufeed.data.decoders import RandomResizedCrop, decode_rgb
+
+NOT_A_JPEG = "not a JPEG"
+
+
+@functools.lru_cache(maxsize=1)
+def _load():
+    """(module, None) or (None, why it is not there)."""
+    try:
+        import gpufeed_jpeg
+    except ImportError as exc:
+        return None, f"gpufeed-jpeg is not installed ({exc}): pip install ./app/native"
+    return gpufeed_jpeg, None
+
+
+def available() -> bool:
+    return _load()[0] is not None
+
+
+def status() -> str:
+    """One line: which native decoder is active, or why none is."""
+    mod, why = _load()
+    if mod is None:
+        return why
+    return (
+        f"gpufeed-jpeg (libjpeg-turbo {mod.LIBJPEG_TURBO_VERSION}, libjpeg API "
+        f"{mod.JPEG_LIB_VERSION})"
+    )
+
+
+def _module():
+    mod, why = _load()
+    if mod is None:
+        raise RuntimeError(why)
+    return mod
+
+
+def image_sizes(payloads: Sequence, threads: int = 1) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    """(int64 [N, 2] (height, width) from the JPEG headers, -1 where unreadable;
+    [(i, problem)] for those)."""
+    return _module().image_sizes(payloads, threads)
+
+
+def decode_resized_crops(
+    payloads: Sequence,
+    crop: RandomResizedCrop,
+    *,
+    threads: int = 1,
+    dct_scaling: bool = False,
+) -> tuple[torch.Tensor, list[int], list[tuple[int, str]]]:
+    """``crop(payloads)`` with the native decoder: (batch [N, 3, H, W] uint8 in
+    ``crop.memory_format``, positions in ``payloads`` of its images, (position, problem) for
+    those that did not decode). Payloads that are not JPEGs (PNG, ...) decode the general way
+    (gpufeed.data.decoders.decode_image) and resize with the same kernel.
+
+    ``threads``: decoder threads for this call (the caller's thread is one of them).
+    ``dct_scaling``: let libjpeg-turbo shrink a box that is at least 2x the output by 2, 4 or 8
+    in the IDCT first: faster on large pictures, but no longer torchvision's pixels (see
+    docs/jpeg.md for the measured difference); off by default.
+    """
+    mod = _module()
+    sizes, problems = mod.image_sizes(payloads, threads)
+    others, failed = {}, []
+    for j, problem in problems:
+        if problem.startswith(NOT_A_JPEG):
+            try:
+                others[j] = decode_rgb(payloads[j])
+            except Exception as exc:  # noqa: BLE001 - any decoder failure is a corrupt sample
+                failed.append((j, f"cannot decode: {exc}"))
+        else:
+            failed.append((j, f"cannot decode: {problem}"))
+    for j, img in others.items():
+        sizes[j] = img.shape[1:]
+    kept = [j for j in range(len(payloads)) if sizes[j, 0] >= 0]
+    boxes = crop.crop_boxes(sizes[kept, 0], sizes[kept, 1])
+    flips = np.zeros(len(kept), dtype=bool)
+    if crop.flip and kept:
+        flips = (torch.rand(len(kept)) < crop.flip).numpy()
+    height, width = crop.size
+    out = new_batch_tensor((len(kept), height, width, 3))
+    rows = out.numpy()
+    jpegs = [n for n, j in enumerate(kept) if j not in others]
+    if len(jpegs) == len(kept):
+        broken = mod.decode_crops(payloads, boxes, flips, rows, threads, dct_scaling)
+    else:
+        part = np.empty((len(jpegs), height, width, 3), dtype=np.uint8)
+        broken = mod.decode_crops(
+            [payloads[kept[n]] for n in jpegs],
+            boxes[jpegs],
+            flips[jpegs],
+            part,
+            threads,
+            dct_scaling,
+        )
+        rows[jpegs] = part
+        broken = [(jpegs[n], problem) for n, problem in broken]
+    for n, j in enumerate(kept):
+        if j in others:
+            _resize_into(others[j], boxes[n], bool(flips[n]), out[n : n + 1].permute(0, 3, 1, 2))
+    if broken:  # found only while decoding: the batch closes up over them
+        bad = {n for n, _ in broken}
+        failed += [(kept[n], f"cannot decode: {problem}") for n, problem in broken]
+        keep = [n for n in range(len(kept)) if n not in bad]
+        out, kept = out[keep], [kept[n] for n in keep]
+        failed.sort()
+    nchw = out.permute(0, 3, 1, 2)  # channels_last: the decoder's HWC memory
+    if crop.memory_format == torch.contiguous_format:
+        nchw = nchw.contiguous()
+    return nchw, kept, failed
+
+
+def _resize_into(img: torch.Tensor, box, flip: bool, out: torch.Tensor) -> None:
+    top, left, h, w = (int(v) for v in box)
+    src = img[None, :, top : top + h, left : left + w]
+    torch.ops.aten._upsample_bilinear2d_aa.out(src, list(out.shape[2:]), False, out=out)
+    if flip:
+        out.copy_(out.flip(-1))

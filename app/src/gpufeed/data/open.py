@@ -1,0 +1,32 @@
+"""``open_dataset``: the dataset for a pack, by its manifest's format."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from gpufeed.data.map_style import HDF5Dataset, LMDBDataset, MmapDataset, TarIndexedDataset
+from gpufeed.data.streaming import TarShardDataset
+from gpufeed.formats.manifest import read_manifest
+
+__all__ = ["MAP_STYLE", "open_dataset"]
+
+# format -> its map-style dataset (tar streams by default: TarShardDataset)
+MAP_STYLE = {
+    "hdf5": HDF5Dataset,
+    "lmdb": LMDBDataset,
+    "mmap": MmapDataset,
+    "tar": TarIndexedDataset,
+}
+
+
+def open_dataset(path: str | os.PathLike, **options: Any):
+    """The dataset for a finished pack, by its manifest's format: HDF5Dataset, LMDBDataset,
+    MmapDataset, or TarShardDataset (iterable; pass map_style=True for TarIndexedDataset).
+    A folder without manifest.json (an unfinished pack) raises NotPackedError."""
+    map_style = options.pop("map_style", None)
+    fmt = read_manifest(path)["format"]
+    if fmt == "tar" and not map_style:
+        return TarShardDataset(path, **options)
+    return MAP_STYLE[fmt](Path(path), **options)

@@ -1,0 +1,171 @@
+"""Samplers over the block-shuffled order (gpufeed.data.order): random-order epochs that
+still read storage in long runs, and batches sorted inside for cheaper reads.
+
+A uniformly random permutation makes every read a seek. FFCV's quasi-random order instead
+shuffles *blocks* of neighbouring indices, then shuffles the indices of a few consecutive
+blocks together (the "buffer"), so each stretch of the epoch touches only ``buffer_blocks``
+regions of the file while batches still mix samples from far-apart parts of the dataset.
+
+Orders are numpy arrays computed from ``(seed, epoch)`` alone, so every rank and every resumed
+run computes the same order without communicating.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator, Sized
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from gpufeed.data.order import DEFAULT_BLOCK_SIZE, DEFAULT_BUFFER_BLOCKS, block_shuffle_order
+
+__all__ = ["BlockShuffleSampler", "LookaheadBatch", "SortedBatchSampler"]
+
+
+class BlockShuffleSampler(Sampler[int]):
+    """Every index of ``range(n)`` exactly once per epoch, in block-shuffled order.
+
+    ``n`` may be a length or a sized dataset. Call :meth:`set_epoch` before each epoch for a
+    new order (the loader from :func:`gpufeed.make_loader` does it for you).
+    ``shuffle=False`` gives ``0..n-1`` in order. :meth:`iter_from` starts mid-epoch, for
+    resumption, without computing or discarding the skipped part one by one.
+    """
+
+    def __init__(
+        self,
+        n: int | Sized,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        buffer_blocks: int = DEFAULT_BUFFER_BLOCKS,
+        seed: int = 0,
+        epoch: int = 0,
+        shuffle: bool = True,
+    ) -> None:
+        self.n = n if isinstance(n, int) else len(n)
+        self.block_size = int(block_size)
+        self.buffer_blocks = int(buffer_blocks)
+        self.seed = int(seed)
+        self.epoch = int(epoch)
+        self.shuffle = shuffle
+        self.order()  # validate arguments now, not at the first epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def order(self) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.n, dtype=np.int64)
+        return block_shuffle_order(
+            self.n,
+            block_size=self.block_size,
+            buffer_blocks=self.buffer_blocks,
+            seed=self.seed,
+            epoch=self.epoch,
+        )
+
+    def iter_from(self, start: int) -> Iterator[int]:
+        return iter(self.order()[start:].tolist())
+
+    def __iter__(self) -> Iterator[int]:
+        return self.iter_from(0)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class LookaheadBatch(list):
+    """A batch of indices that also carries ``ahead``, the indices of a batch that comes later
+    to the same reader (or None), so the dataset can have the kernel start reading them while
+    this batch is copied. Pickles like a list plus the attribute (to workers)."""
+
+    def __init__(self, indices: Iterable[int], ahead: list[int] | None = None) -> None:
+        super().__init__(indices)
+        self.ahead = ahead
+
+    def __reduce__(self):
+        return (LookaheadBatch, (list(self), self.ahead))
+
+
+class SortedBatchSampler(Sampler[list[int]]):
+    """Batches of ``batch_size`` indices from ``sampler``, each batch sorted ascending.
+
+    The set of indices in each batch is what ``sampler`` gives; only their order inside the
+    batch changes, which a training step does not see. Sorted reads are cheaper for HDF5
+    chunks, memory maps and LMDB pages. ``sort=False`` keeps the sampler's order (a plain
+    ``BatchSampler``). ``start`` skips that many indices of the epoch (resumption).
+    ``lookahead=k`` (k >= 1) yields :class:`LookaheadBatch` es whose ``ahead`` is the batch k
+    places later: with k DataLoader workers taking batches in turn, that is the batch the
+    same worker reads next (make_loader sets it for large samples).
+    """
+
+    def __init__(
+        self,
+        sampler: Iterable[int],
+        batch_size: int,
+        drop_last: bool = False,
+        sort: bool = True,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.sampler = sampler
+        self.batch_size = int(batch_size)
+        self.drop_last = drop_last
+        self.sort = sort
+        self.start = 0
+        self.lookahead = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def _indices(self) -> Iterator[int]:
+        if self.start and hasattr(self.sampler, "iter_from"):
+            return self.sampler.iter_from(self.start)
+        it = iter(self.sampler)
+        for _ in range(self.start):
+            if next(it, None) is None:
+                break
+        return it
+
+    def _batches(self) -> Iterator[list[int]]:
+        order = getattr(self.sampler, "order", None)
+        if callable(order):
+            # gpufeed's samplers hand over the epoch as one array: batches are slices of it
+            # (a Python loop over every index cost more than reading small samples)
+            idx = np.asarray(order(), dtype=np.int64)[self.start :]
+            bs = self.batch_size
+            stop = len(idx) - len(idx) % bs if self.drop_last else len(idx)
+            for lo in range(0, stop, bs):
+                chunk = idx[lo : lo + bs]
+                yield (np.sort(chunk) if self.sort else chunk).tolist()
+            return
+        batch: list[int] = []
+        for i in self._indices():
+            batch.append(int(i))
+            if len(batch) == self.batch_size:
+                yield sorted(batch) if self.sort else batch
+                batch = []
+        if batch and not self.drop_last:
+            yield sorted(batch) if self.sort else batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.lookahead < 1:
+            yield from self._batches()
+            return
+        window: deque[list[int]] = deque()
+        for batch in self._batches():
+            window.append(batch)
+            if len(window) > self.lookahead:
+                yield LookaheadBatch(window.popleft(), batch)
+        while window:
+            yield LookaheadBatch(window.popleft())
+
+    def samples_per_epoch(self) -> int:
+        """Indices this sampler yields in a full epoch (after ``drop_last``)."""
+        n = len(self.sampler)  # type: ignore[arg-type]
+        return n - n % self.batch_size if self.drop_last else n
+
+    def __len__(self) -> int:
+        n = len(self.sampler) - self.start  # type: ignore[arg-type]
+        n = max(0, n)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)

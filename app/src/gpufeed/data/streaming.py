@@ -1,0 +1,246 @@
+"""Streaming tar shards: each rank and DataLoader worker reads its own shards in runs of
+consecutive samples, through a seeded shuffle buffer that holds references, not copies."""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from gpufeed.batch import to_batch, to_samples
+from gpufeed.data.reading import SampleReading
+from gpufeed.errors import UsageError
+from gpufeed.formats import open_reader
+from gpufeed.formats.readahead import take_rows
+
+__all__ = ["SamplePool", "TarShardDataset"]
+
+
+class SamplePool:
+    """The samples read and not yet handed out, held as references, not copies: which chunk
+    (as read) and which row in it. ``take`` gathers from each chunk its positions point
+    into, once, straight into the batch: one copy per sample. A chunk is dropped when no
+    position points into it any more."""
+
+    def __init__(self) -> None:
+        self.chunk = np.empty(0, dtype=np.int64)
+        self.row = np.empty(0, dtype=np.int64)
+        self.chunks: dict[int, list] = {}  # id -> [indices, payloads, torch rows, live]
+        self._next = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.chunk)
+
+    def put(self, idx: np.ndarray, payloads) -> None:
+        cid, self._next = self._next, self._next + 1
+        rows = None
+        if isinstance(payloads, np.ndarray) and not payloads.flags.c_contiguous:
+            # members at a fixed stride in a read-only map: torch's index_select reads such
+            # rows in place, where np.take would first copy the whole chunk
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "not writable": only read
+                rows = torch.from_numpy(payloads.reshape(len(idx), -1).view(np.uint8))
+        self.chunks[cid] = [idx, payloads, rows, len(idx)]
+        self.chunk = np.concatenate([self.chunk, np.full(len(idx), cid, dtype=np.int64)])
+        self.row = np.concatenate([self.row, np.arange(len(idx), dtype=np.int64)])
+
+    def take(self, positions: np.ndarray):
+        """(indices, payloads) at ``positions``, removed from the pool, grouped by the chunk
+        they were read in (storage order when ``positions`` is sorted)."""
+        chunk_of, rows = self.chunk[positions], self.row[positions]
+        order = np.argsort(chunk_of, kind="stable")
+        chunk_of, rows = chunk_of[order], rows[order]
+        keep = np.ones(self.size, dtype=bool)
+        keep[positions] = False
+        self.chunk, self.row = self.chunk[keep], self.row[keep]
+        ids, starts, counts = np.unique(chunk_of, return_index=True, return_counts=True)
+        n = len(positions)
+        out_idx = np.empty(n, dtype=np.int64)
+        first = self.chunks[int(ids[0])][1]
+        if isinstance(first, np.ndarray):
+            out = np.empty((n, *first.shape[1:]), dtype=first.dtype)
+            out_rows = torch.from_numpy(out.reshape(n, -1).view(np.uint8))
+        else:
+            out = [None] * n
+        for cid, a, k in zip(ids.tolist(), starts.tolist(), counts.tolist(), strict=True):
+            entry = self.chunks[cid]
+            r = rows[a : a + k]
+            out_idx[a : a + k] = entry[0][r]
+            if entry[2] is not None:
+                torch.index_select(entry[2], 0, torch.from_numpy(r), out=out_rows[a : a + k])
+            elif isinstance(out, np.ndarray):
+                take_rows(entry[1], r, out[a : a + k])
+            else:
+                out[a : a + k] = [entry[1][i] for i in r.tolist()]
+            entry[3] -= k
+            if entry[3] == 0:
+                del self.chunks[cid]
+        return out_idx, out
+
+
+class TarShardDataset(SampleReading, IterableDataset):
+    """Streams tar shards: each rank and DataLoader worker reads its own shards
+    (gpufeed.data.distributed.split_shards) sequentially, through a seeded shuffle buffer.
+
+    Iterating yields samples, ``(image, label)`` as ``dataset[i]`` of the map-style datasets,
+    so a plain ``DataLoader(dataset, batch_size=32, num_workers=4)`` works: its workers split
+    the shards, every sample is read once. (``shuffle=True`` is PyTorch's error for any
+    IterableDataset: this one shuffles itself, through ``shuffle_buffer`` and
+    ``shuffle_shards``.) ``iter_batches`` is the fast path that make_loader uses.
+
+    The rank and world size come from ``rank``/``world_size`` when given, else from
+    ``torch.distributed`` or env ``RANK``/``WORLD_SIZE`` when iterating
+    (:func:`gpufeed.data.distributed.rank_and_world`). Call set_epoch(epoch) before each epoch for
+    a new shard order and buffer seed. shuffle_buffer=0 yields in storage order (of this
+    worker's shards).
+    """
+
+    DEFAULT_SHUFFLE_BUFFER = 1000
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+        seed: int = 0,
+        shuffle_shards: bool = True,
+        transform: Callable | None = None,
+        batch_transform: Callable | None = None,
+        verify_crc: bool = False,
+        on_error: str = "raise",
+        decode: bool = True,
+        read_size: int = 64,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ):
+        reader = open_reader(path)
+        if reader.format_name != "tar":
+            raise UsageError(f"{path}: is a {reader.format_name} dataset, not tar shards")
+        if batch_transform is not None:
+            raise UsageError("batch_transform applies to map-style datasets; use transform")
+        self.path = str(path)
+        self.shuffle_buffer = int(shuffle_buffer)
+        self.seed = int(seed)
+        self.shuffle_shards = bool(shuffle_shards)
+        self.read_size = int(read_size)
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+        self._init_reading(reader, transform, None, verify_crc, on_error, decode)
+
+    @property
+    def shards(self) -> list[str]:
+        return list(self.reader.shards)
+
+    def _read_options(self) -> dict[str, Any]:
+        return {
+            "shuffle_buffer": self.shuffle_buffer,
+            "shuffle_shards": self.shuffle_shards,
+            "read_size": self.read_size,
+        }
+
+    def replace(self, **changes: Any) -> TarShardDataset:
+        """A copy with some options changed (``rank``, ``world_size``, ``shuffle_buffer``,
+        ``shuffle_shards``, ``seed``, ``read_size``); this dataset stays as it is.
+        make_loader uses it to apply its ``rank``/``world_size`` and ``shuffle`` arguments."""
+        allowed = {"rank", "world_size", "shuffle_buffer", "shuffle_shards", "seed", "read_size"}
+        unknown = sorted(set(changes) - allowed)
+        if unknown:
+            raise TypeError(f"replace() cannot change {', '.join(unknown)}")
+        clone = copy.copy(self)
+        for key, value in changes.items():
+            setattr(clone, key, value)
+        return clone
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _split(self, **worker) -> list[int]:
+        from gpufeed.data.distributed import split_shards
+
+        return split_shards(
+            list(range(len(self.reader.shards))),
+            seed=self.seed,
+            epoch=self.epoch,
+            shuffle=self.shuffle_shards,
+            rank=self.rank,
+            world_size=self.world_size,
+            **worker,
+        )
+
+    def my_shards(self) -> list[int]:
+        """Shard numbers this rank and worker read this epoch."""
+        return self._split()
+
+    def __len__(self) -> int:
+        """Samples this rank reads per epoch (all its workers together)."""
+        start = self.reader.shard_start
+        shards = self._split(worker_id=0, num_workers=1)
+        return int(sum(start[s + 1] - start[s] for s in shards))
+
+    def _chunks(self, shards: list[int], size: int):
+        """(indices, payloads) of up to ``size`` consecutive samples of one shard, each chunk
+        one read."""
+        for s in shards:
+            lo, hi = self.reader.shard_range(s)
+            for a in range(lo, hi, size):
+                idx = np.arange(a, min(a + size, hi), dtype=np.int64)
+                keep, payloads = self._read(idx)
+                if len(keep):
+                    yield idx[keep], payloads
+
+    def _stream(self, batch_size: int, drop_last: bool):
+        """(samples, labels, kept positions) of each batch of this rank's and worker's
+        stream (see iter_batches)."""
+        shards = self.my_shards()
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        rng = np.random.default_rng([self.seed, self.epoch, worker, *shards[:4]])
+        shuffle = self.shuffle_buffer > 1
+        keep_back = self.shuffle_buffer if shuffle else 0
+        pool = SamplePool()
+
+        def draw(k: int) -> np.ndarray:
+            if shuffle:
+                return rng.choice(pool.size, k, replace=False)
+            return np.arange(k)
+
+        def decoded(idx: np.ndarray, payloads):
+            samples, kept = self._to_tensors(idx, np.arange(len(idx)), payloads)
+            return samples, self.reader.labels[idx[kept]], kept
+
+        for idx, payloads in self._chunks(shards, max(self.read_size, batch_size)):
+            pool.put(idx, payloads)
+            while pool.size >= keep_back + batch_size:
+                yield decoded(*pool.take(draw(batch_size)))
+        while pool.size >= batch_size or (pool.size and not drop_last):
+            yield decoded(*pool.take(draw(min(batch_size, pool.size))))
+
+    def iter_batches(self, batch_size: int, drop_last: bool = False):
+        """The fast path: this rank's and worker's samples as Batches of ``batch_size`` (the
+        last one shorter unless ``drop_last``), read in runs of consecutive samples (one read
+        each), decoded a batch at a time. Shuffled through a buffer: a batch goes out only
+        while at least ``shuffle_buffer`` samples stay behind, drawn uniformly from all held.
+        make_loader iterates this; ``iter()`` yields the same kind of stream sample by
+        sample."""
+        for samples, labels, _ in self._stream(batch_size, drop_last):
+            yield to_batch(samples, labels)
+
+    def __iter__(self):
+        for samples, labels, kept in self._stream(self.read_size, False):
+            yield from to_samples(samples, labels, np.arange(len(kept)), len(kept))
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_sources"] = None
+        return state
+
+    def __repr__(self) -> str:
+        where = "" if self.rank is None else f", rank {self.rank} of {self.world_size}"
+        return f"TarShardDataset({self.path!r}, {len(self.reader.shards)} shards{where})"

@@ -1,0 +1,252 @@
+"""What every format's reader and writer share.
+
+A reader is plain configuration plus numpy index arrays until it reads; a writer assembles
+committed parts (:class:`~gpufeed.formats.parts.Part`) into the format's files. Readers hand
+back numpy arrays (fixed-shape samples) or byte buffers (encoded samples); ``gpufeed.data``
+turns them into tensors.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpufeed.errors import DataError, StalePackError
+from gpufeed.formats.files import file_identity
+from gpufeed.formats.manifest import MANIFEST_NAME, SOURCES_NAME, pack_file, read_sources
+from gpufeed.formats.parts import Part
+from gpufeed.formats.spec import SampleSpec
+
+__all__ = ["ContiguousWriter", "Reader", "Writer"]
+
+
+class Reader:
+    """Base of the format readers.
+
+    A reader is plain configuration plus numpy index arrays (labels, crc32, offsets) until it
+    reads: the storage handle is opened on first use in the process that reads, reopened when
+    the pid changes (a forked DataLoader worker), and dropped when pickled (a spawned worker).
+    """
+
+    format_name = ""
+
+    def __init__(self, root: str | os.PathLike, manifest: dict[str, Any]):
+        self.root = Path(root)
+        self.manifest = manifest
+        self.spec = SampleSpec.from_json(manifest["sample"])
+        self.count = int(manifest["count"])
+        self._h = None
+        self._pid: int | None = None
+        self._pinned: dict[str, tuple | None] = {}
+
+    # -- the pack's files ----------------------------------------------------------------
+    def file(self, name: str, *, whole: bool = False) -> Path:
+        """The pack file `name`, checked (pack_file) and pinned: its identity now is what
+        every later open compares with (check_pinned), so a pack replaced or rewritten
+        after this reader was made is an error, never its old index over new data.
+        whole=True: the file is read or mapped whole, so it must exist and hold at least the
+        bytes the manifest records (a truncated file mapped by LMDB or numpy is a SIGBUS
+        when touched; checked here, it is an error naming the file. A file grown or edited
+        in place is left to the per-sample checks and to verify)."""
+        path = pack_file(self.root, name)
+        entry = self.manifest.get("files", {}).get(name)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            if whole:
+                raise DataError(f"{path}: missing; the pack is incomplete") from None
+            self._pinned[name] = None
+            return path
+        if whole:
+            if not isinstance(entry, dict) or "bytes" not in entry:
+                raise DataError(f"{self.root / MANIFEST_NAME}: does not list {name}")
+            if st.st_size < int(entry["bytes"]):
+                raise DataError(
+                    f"{path}: {st.st_size:,} bytes, the manifest says {int(entry['bytes']):,}: "
+                    "truncated since it was packed (check it with gpufeed verify)"
+                )
+        self._pinned[name] = file_identity(st)
+        return path
+
+    def check_pinned(self, name: str, st: os.stat_result | None = None) -> None:
+        """Raise StalePackError when file `name` is no longer the one this reader pinned."""
+        want = self._pinned.get(name)
+        if want is None:
+            return
+        path = self.root / name
+        try:
+            now = file_identity(st if st is not None else os.stat(path))
+        except FileNotFoundError:
+            now = None
+        if now != want:
+            raise StalePackError(
+                f"{path}: replaced or changed since this dataset was opened (file identity, "
+                "size or mtime differ); its index no longer describes it: open the pack again"
+            )
+
+    def check_count(self, what: str, n: int, expected: int | None = None) -> None:
+        """An index array or stored container must hold as many entries as the manifest
+        says: a manifest claiming more samples than stored is an error, not an IndexError
+        later or silently fewer samples."""
+        expected = self.count if expected is None else expected
+        if int(n) != int(expected):
+            raise DataError(
+                f"{self.root}: {what} holds {int(n):,} entries, the manifest says "
+                f"{int(expected):,}; the pack is inconsistent (re-pack it)"
+            )
+
+    # -- handle management -------------------------------------------------------------
+    def _open(self):
+        raise NotImplementedError
+
+    def _close(self, handle) -> None:
+        close = getattr(handle, "close", None)
+        if close is not None:
+            close()
+
+    @property
+    def handle(self):
+        pid = os.getpid()
+        if self._h is None or self._pid != pid:
+            # A handle inherited through fork is abandoned, never closed here: closing it
+            # could disturb the parent's library state (h5py, LMDB).
+            self._h = self._open()
+            self._pid = pid
+        return self._h
+
+    def close(self) -> None:
+        if self._h is not None and self._pid == os.getpid():
+            self._close(self._h)
+        self._h = None
+        self._pid = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to report to
+            pass
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_h"] = None
+        state["_pid"] = None
+        return state
+
+    def __len__(self) -> int:
+        return self.count
+
+    # -- reading -------------------------------------------------------------------------
+    def location(self, index: int) -> str:
+        """The file that holds sample `index` (for error messages)."""
+        return str(self.root)
+
+    def read(self, index: int):
+        """One sample: a numpy array (kind "array") or a bytes-like object (kind "encoded")."""
+        batch = self.read_batch(np.array([index], dtype=np.int64))
+        return batch[0]
+
+    def read_batch(self, indices: np.ndarray):
+        """Samples at `indices` (int64, in range): one [B, ...] array or a list of buffers."""
+        raise NotImplementedError
+
+    def prefetch(self, indices: np.ndarray) -> None:
+        """Start reading samples ``indices`` into the page cache without waiting (a hint:
+        formats that cannot say where a sample lies do nothing)."""
+
+    def mean_sample_bytes(self) -> float:
+        """Stored bytes per sample: exact for fixed-shape arrays, from file sizes otherwise."""
+        if self.spec.kind == "array":
+            return float(self.spec.nbytes)
+        files = self.manifest.get("files", {})
+        total = sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict))
+        return total / max(1, self.count)
+
+    def iter_range(self, start: int = 0, stop: int | None = None, step: int = 256):
+        """(index, sample) in storage order; used by verify and sequential readers."""
+        stop = self.count if stop is None else stop
+        for lo in range(start, stop, step):
+            idx = np.arange(lo, min(lo + step, stop), dtype=np.int64)
+            batch = self.read_batch(idx)
+            for j, i in enumerate(idx):
+                yield int(i), batch[j]
+
+    def sources(self) -> list[str] | None:
+        """Source path of every sample, when the pack recorded them."""
+        p = pack_file(self.root, SOURCES_NAME)
+        if not p.exists():
+            return None
+        return read_sources(p)
+
+    def data_files(self) -> list[str]:
+        """Files (relative to root) that hold sample bytes."""
+        return sorted(self.manifest.get("files", {}))
+
+
+class Writer:
+    """Base of the format writers: assemble committed parts into the final files.
+
+    A writer works inside a fresh output folder and is given the totals up front (the pack
+    knows them once every part is committed), so fixed-size containers are allocated once.
+    """
+
+    format_name = ""
+
+    def __init__(
+        self,
+        out: Path,
+        spec: SampleSpec | None,
+        count: int,
+        total_bytes: int,
+        options: dict[str, Any],
+    ):
+        self.out = Path(out)
+        self.spec = spec
+        self.count = count
+        self.total_bytes = total_bytes
+        self.options = options
+
+    # the file being written, named when the disk fills up
+    current_file: Path | None = None
+
+    def add(self, part: Part) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> dict[str, Any]:
+        """Close the files; return {"files": [names], "layout": {format details}}."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Close what is open after a failed write, quietly (the output is discarded)."""
+
+
+class ContiguousWriter(Writer):
+    """A writer whose samples go into one preallocated array-like ``self.data`` (an HDF5
+    dataset or a numpy memmap): rows of fixed-shape arrays, or encoded bytes back to back with
+    an offsets index. Subclasses allocate ``self.data`` and call ``_start_index``."""
+
+    def _start_index(self) -> None:
+        if self.spec.kind != "array":
+            self.offsets = np.zeros(self.count + 1, dtype=np.int64)
+        self.labels = np.empty(self.count, dtype=np.int64)
+        self.crcs = np.empty(self.count, dtype=np.uint32)
+        self.n = 0
+        self.nbytes = 0
+
+    def add(self, part: Part) -> None:
+        n = len(part)
+        if n == 0:
+            return
+        lo, hi = self.n, self.n + n
+        if self.spec.kind == "array":
+            self.data[lo:hi] = part.payload.view(self.spec.dtype).reshape(n, *self.spec.shape)
+        else:
+            size = int(part.offsets[-1])
+            self.data[self.nbytes : self.nbytes + size] = part.payload
+            self.offsets[lo + 1 : hi + 1] = part.offsets[1:] + self.nbytes
+            self.nbytes += size
+        self.labels[lo:hi] = part.labels
+        self.crcs[lo:hi] = part.crc32
+        self.n = hi

@@ -1,0 +1,105 @@
+"""Writing files so that a crash or a full disk never leaves one that looks complete.
+
+Every writer in gpufeed writes to a temporary name, fsyncs and renames (:func:`atomic_write_bytes`),
+reserves space before it writes through a memory map (:func:`preallocate`: a write into a hole
+on a full disk is a SIGBUS, not an error), and turns running out of space into a
+:class:`~gpufeed.errors.DiskFullError` naming the file (:func:`no_space_is_an_error`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gpufeed.errors import DiskFullError
+from gpufeed.system.sysinfo import free_bytes
+
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "file_identity",
+    "fsync_dir",
+    "is_disk_full",
+    "no_space_is_an_error",
+    "preallocate",
+]
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(exc: BaseException, path: str | os.PathLike, need: int = 0) -> bool:
+    """Whether a failed write ran out of space. errno says so for plain writes and HDF5; for
+    errors without one (LMDB reports ENOSPC as "Input/output error", torch.save as "file
+    write failed") the free space left where `path` lives decides (under `need` bytes, or
+    under 1 MiB)."""
+    code = getattr(exc, "errno", None)
+    if code in _NO_SPACE or "No space left on device" in str(exc):
+        return True
+    if code is not None and code != errno.EIO:
+        return False
+    try:
+        return free_bytes(path) < max(int(need), 1 << 20)
+    except OSError:
+        return False
+
+
+def preallocate(f, nbytes: int, path: str | os.PathLike) -> None:
+    """Reserve `nbytes` for open file `f` before it is written through a memory map (or by a
+    library that cannot report ENOSPC cleanly): a full disk is then this DiskFullError, not
+    a SIGBUS or a half-written file. Filesystems without fallocate are left to report
+    ENOSPC on write."""
+    if nbytes <= 0:
+        return
+    try:
+        os.posix_fallocate(f.fileno(), 0, int(nbytes))
+    except OSError as e:
+        if e.errno in _NO_SPACE:
+            raise DiskFullError(path, nbytes) from None
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+
+
+@contextlib.contextmanager
+def no_space_is_an_error(path: str | os.PathLike, need: int = 0) -> Iterator[None]:
+    """Turn running out of space while writing `path` into DiskFullError naming it."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as e:  # noqa: BLE001 - narrowed by is_disk_full, re-raised otherwise
+        if isinstance(e, (OSError, RuntimeError)) and is_disk_full(e, path, need):
+            raise DiskFullError(path, need or None) from None
+        raise
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells a file from its replacement: device, inode, size, modification time."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary name, fsync, rename: readers see the old file or the new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with no_space_is_an_error(path, len(data)), open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())

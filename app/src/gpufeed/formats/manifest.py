@@ -1,0 +1,158 @@
+"""manifest.json: what a packed dataset holds. Written last, so its presence means complete.
+
+Fields:
+  gpufeed_manifest   1 (this file's own schema version)
+  format             hdf5 | lmdb | tar | mmap
+  format_version     on-disk layout version of that format
+  count              samples stored
+  classes            class names, label i is classes[i] (null when the source had none)
+  sample             {"kind": "array", "dtype": "uint8", "shape": [3, 64, 64]} or
+                     {"kind": "encoded"} (JPEG/PNG bytes decoded on read)
+  files              {name: {"bytes": n, "sha256": hex}} for every data file: plain names of
+                     regular files inside the pack (readers refuse anything else)
+  layout             format details (dataset names, key format, shard pattern, ...)
+  source             {"path": ..., "kind": imagefolder | arrays | listfile, "items": n,
+                      "digest": sha256 of the listing}
+  options            pack options that shaped the bytes (encode, compression, shard sizes,
+                     follow_symlinks when set)
+  skipped            [{"item": i, "path": ..., "error": ...}] source items left out ("item"
+                     null: a folder, link or name left out while listing the source)
+  created_by         "gpufeed <version>"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from gpufeed.errors import DataError, NotPackedError, UnsafePathError
+from gpufeed.formats import FORMATS
+from gpufeed.formats.checksums import sha256_file
+from gpufeed.formats.files import atomic_write_json
+from gpufeed.formats.lock import busy_message
+from gpufeed.formats.spec import FORMAT_VERSION
+
+__all__ = [
+    "MANIFEST_NAME",
+    "MANIFEST_SCHEMA",
+    "PARTIAL_SUFFIX",
+    "SOURCES_NAME",
+    "file_entry",
+    "manifest_path",
+    "pack_file",
+    "read_manifest",
+    "read_sources",
+    "write_manifest",
+    "write_sources",
+]
+
+MANIFEST_NAME = "manifest.json"
+SOURCES_NAME = "sources.txt"
+# An unfinished pack of DEST is written in DEST.partial (gpufeed.write.pack)
+PARTIAL_SUFFIX = ".partial"
+MANIFEST_SCHEMA = 1
+
+
+def pack_file(root: str | os.PathLike, name: str) -> Path:
+    """root/name for a file a manifest names, refusing names that leave the pack (absolute,
+    "..", a symlink out of it) and anything but a regular file: a reader never follows a
+    manifest out of the pack or opens a device or FIFO. A missing file is returned (its
+    reader reports it when it opens it)."""
+    root = Path(root)
+    path = root / str(name)
+    parts = str(name).split("/")
+    if os.path.isabs(name) or ".." in parts:
+        raise UnsafePathError(path, "leads outside the pack; it is not read")
+    if any(part in ("", ".") for part in parts):
+        raise UnsafePathError(path, "is not a plain file name inside the pack; it is not read")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return path
+    if "/" in name or stat.S_ISLNK(st.st_mode):  # a link on the way: where does it lead?
+        real, top = os.path.realpath(path), os.path.realpath(root)
+        if os.path.commonpath([real, top]) != top:
+            raise UnsafePathError(path, f"leads outside the pack (to {real}); it is not read")
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return path
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePathError(path, "is not a regular file (a pack holds regular files only)")
+    return path
+
+
+def read_sources(path: Path) -> list[str]:
+    """sources.txt: one source path per line, "\\n" only (names holding a newline are refused
+    when packing); names that are not UTF-8 are kept byte for byte (surrogateescape)."""
+    lines = path.read_bytes().decode("utf-8", "surrogateescape").split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def write_sources(path: Path, names: Iterable[str]) -> None:
+    with open(path, "wb") as f:
+        for name in names:
+            f.write(name.encode("utf-8", "surrogateescape") + b"\n")
+
+
+def file_entry(root: Path, name: str) -> dict[str, Any]:
+    """The manifest's entry for file `name`: its size and sha256."""
+    p = root / name
+    return {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+
+
+def manifest_path(dest: str | Path) -> Path:
+    return Path(dest) / MANIFEST_NAME
+
+
+def read_manifest(dest: str | Path) -> dict[str, Any]:
+    """The manifest of a finished pack, or NotPackedError saying why DEST is not one."""
+    dest = Path(dest)
+    if dest.is_file() and dest.name == MANIFEST_NAME:
+        dest = dest.parent
+    path = manifest_path(dest)
+    if not path.exists():
+        if dest.name.endswith(PARTIAL_SUFFIX) or (dest / "state.json").exists():
+            final = Path(str(dest).removesuffix(PARTIAL_SUFFIX))
+            raise NotPackedError(
+                busy_message(final, dest)
+                or f"{dest}: unfinished pack (no {MANIFEST_NAME}); finish it with "
+                f"`gpufeed pack SOURCE {final} --resume`"
+            )
+        partial = dest.with_name(dest.name + PARTIAL_SUFFIX)
+        if partial.exists():
+            raise NotPackedError(
+                busy_message(dest, partial)
+                or f"{dest}: no {MANIFEST_NAME}; a pack into it is unfinished ({partial}); "
+                f"finish it with `gpufeed pack SOURCE {dest} --resume`"
+            )
+        if not dest.exists():
+            raise NotPackedError(f"{dest}: does not exist")
+        raise NotPackedError(
+            f"{dest}: no {MANIFEST_NAME}; not a gpufeed dataset (make one with `gpufeed pack`)"
+        )
+    try:
+        manifest = json.loads(pack_file(dest, MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: unreadable manifest: {e}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
+        raise DataError(f"{path}: not a gpufeed manifest (expected a JSON object with files)")
+    fmt = manifest.get("format")
+    if fmt not in FORMATS:
+        raise DataError(f"{path}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
+        raise DataError(
+            f"{path}: format_version {manifest['format_version']} is newer than this gpufeed "
+            f"reads ({FORMAT_VERSION}); upgrade gpufeed"
+        )
+    return manifest
+
+
+def write_manifest(dest: str | Path, manifest: dict[str, Any]) -> None:
+    atomic_write_json(manifest_path(dest), manifest)

@@ -1,0 +1,36 @@
+"""Arrays as .npy bytes and headers (LMDB's index keys, tar members, mmap's files)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.errors import DataError
+
+__all__ = ["npy_bytes", "npy_from_bytes", "npy_shape"]
+
+
+def npy_bytes(arr: np.ndarray) -> bytes:
+    """An array as the bytes of a .npy file (what np.save would write)."""
+    b = io.BytesIO()
+    np.save(b, np.ascontiguousarray(arr), allow_pickle=False)
+    return b.getvalue()
+
+
+def npy_from_bytes(data) -> np.ndarray:
+    return np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+
+
+def npy_shape(path: Path) -> tuple[int, ...]:
+    """The shape a .npy file's header declares (nothing else is read)."""
+    fmt = np.lib.format
+    with open(path, "rb") as f:
+        try:
+            version = fmt.read_magic(f)
+            read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, _, _ = read(f)
+        except ValueError as e:
+            raise DataError(f"{path}: not a readable .npy file: {e}") from None
+    return shape

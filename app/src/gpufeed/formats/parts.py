@@ -1,0 +1,83 @@
+"""Staged parts: what a pack commits before any format file is written.
+
+A part holds the samples read from a fixed range of source items. ``gpufeed.write`` commits
+each as one file (parts/part-NNNNNN.npz) and a format writer assembles the committed parts
+into its files in one pass (:meth:`gpufeed.formats.base.Writer.add`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.formats.files import fsync_dir, no_space_is_an_error, preallocate
+from gpufeed.formats.spec import SampleSpec
+
+__all__ = ["Part"]
+
+_ARRAYS = ("payload", "offsets", "labels", "crc32", "items", "exts", "skip_items", "skip_errors")
+
+
+@dataclass
+class Part:
+    """A committed slice of the pack: samples read from a fixed range of source items.
+
+    payload is every accepted sample's bytes concatenated; sample j is
+    payload[offsets[j]:offsets[j+1]]. Array samples are stored as raw C-order bytes.
+    """
+
+    payload: np.ndarray  # uint8 [total]
+    offsets: np.ndarray  # int64 [n+1]
+    labels: np.ndarray  # int64 [n]
+    crc32: np.ndarray  # uint32 [n]
+    items: np.ndarray  # int64 [n] source item index of each sample
+    exts: np.ndarray  # str [n] file extension to use for the sample (tar member names)
+    skip_items: np.ndarray  # int64 [k]
+    skip_errors: np.ndarray  # str [k]
+    spec: SampleSpec | None  # None when every item in the part was skipped
+    # int64 [items in the part's range, 2]: each source file's size and mtime_ns when read
+    # (-1 when it could not be stat'ed): a resume re-reads a part whose files changed since
+    stamps: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def sample(self, j: int) -> memoryview:
+        return memoryview(self.payload)[self.offsets[j] : self.offsets[j + 1]]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        spec = self.spec.to_json() if self.spec else None
+        arrays = {name: getattr(self, name) for name in _ARRAYS}
+        arrays["spec"] = np.array(json.dumps(spec))
+        if self.stamps is not None:
+            arrays["stamps"] = self.stamps
+        return arrays
+
+    def save(self, path: Path) -> None:
+        """Write, fsync, rename. The space is reserved first (the arrays' bytes plus room for
+        the zip and .npy headers), so a full disk is one DiskFullError naming the part."""
+        tmp = path.with_name(path.name + ".tmp")
+        arrays = self.arrays()
+        room = sum(a.nbytes for a in arrays.values()) + 4096 * len(arrays)
+        with no_space_is_an_error(tmp, room), open(tmp, "wb") as f:
+            preallocate(f, room, tmp)
+            np.savez(f, **arrays)
+            f.truncate(f.tell())  # give back what the headers did not use
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+
+    @classmethod
+    def load(cls, path: Path) -> Part:
+        with np.load(path, allow_pickle=False) as z:
+            spec = json.loads(str(z["spec"]))
+            return cls(
+                **{name: z[name] for name in _ARRAYS},
+                spec=SampleSpec.from_json(spec) if spec else None,
+                stamps=z["stamps"] if "stamps" in z.files else None,
+            )

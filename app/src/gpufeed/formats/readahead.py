@@ -1,0 +1,110 @@
+"""Reading mapped files ahead: ask the kernel for a batch's pages before they are copied.
+
+Samples at least ``PREFETCH_MIN_BYTES`` big are asked for ahead (madvise WILLNEED) before a
+batch is copied out of a mapped file: cold, the kernel then reads the whole batch with many
+requests in flight instead of one page fault (and its read-around) at a time. Smaller samples
+are left to the kernel's readahead: for them the call costs more than it saves. A hint only:
+failures are ignored, since the copy that follows faults the pages in anyway.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import mmap
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "PREFETCH_MIN_BYTES",
+    "advise_buffers",
+    "advise_rows",
+    "advise_samples",
+    "advise_willneed",
+    "is_run",
+    "take_rows",
+]
+
+PREFETCH_MIN_BYTES = 64 << 10
+_MADV_WILLNEED = 3
+
+
+@functools.lru_cache(maxsize=1)
+def _madvise():
+    if not hasattr(mmap, "MADV_WILLNEED"):  # not Linux/BSD: nothing to ask for
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        fn = libc.madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def is_run(indices: np.ndarray) -> bool:
+    """Two or more consecutive indices in increasing order (what sequential epochs read)."""
+    n = len(indices)
+    return (
+        n > 1
+        and int(indices[-1]) - int(indices[0]) == n - 1
+        and bool(np.all(np.diff(indices) == 1))
+    )
+
+
+def take_rows(data: np.ndarray, indices: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[j] = data[indices[j]]. numpy's default mode="raise" copies through a buffer when
+    given ``out`` (twice the copying, see docs/benchmarks.md); the indices were range-checked
+    by the dataset, so "clip" never clips here."""
+    return np.take(data, indices, axis=0, out=out, mode="clip")
+
+
+def advise_willneed(regions: Iterable[tuple[int, int]]) -> None:
+    """Start reading (address, length) ranges of memory-mapped files into the page cache.
+
+    A hint only: it returns at once (the reads complete in the background) and failures are
+    ignored, since the copy that follows faults the pages in anyway.
+    """
+    fn = _madvise()
+    if fn is None:
+        return
+    page = mmap.PAGESIZE
+    for addr, length in regions:
+        start = addr - addr % page
+        fn(start, length + (addr - start), _MADV_WILLNEED)
+
+
+def advise_rows(data: np.ndarray, indices: np.ndarray) -> None:
+    """WILLNEED for rows ``indices`` of a C-contiguous mapped array, when rows are large."""
+    row = data.strides[0] if data.ndim else 0
+    if row < PREFETCH_MIN_BYTES or not data.flags.c_contiguous or len(indices) < 2:
+        return
+    base = data.ctypes.data
+    advise_willneed((base + int(i) * row, row) for i in np.sort(indices))
+
+
+def advise_samples(data: np.ndarray, offsets: np.ndarray | None, indices: np.ndarray) -> None:
+    """WILLNEED for samples ``indices`` of a mapped array: rows of fixed-shape samples
+    (``offsets`` None), else the encoded spans ``data[offsets[i]:offsets[i + 1]]``."""
+    if offsets is None:
+        advise_rows(data, indices)
+    else:
+        advise_buffers([data[offsets[i] : offsets[i + 1]] for i in indices])
+
+
+def advise_buffers(buffers: Sequence, sizes: Sequence[int] | None = None) -> None:
+    """WILLNEED for buffers that point into a mapped file (LMDB values, memmap slices)."""
+    if len(buffers) < 2:
+        return
+    if sizes is None:
+        sizes = list(map(len, buffers))
+    if sum(sizes) < PREFETCH_MIN_BYTES * len(sizes):
+        return
+    advise_willneed(
+        (np.frombuffer(b, dtype=np.uint8).ctypes.data, n)
+        for b, n in zip(buffers, sizes, strict=True)
+        if n
+    )

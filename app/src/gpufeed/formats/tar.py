@@ -1,0 +1,331 @@
+"""Tar shards in the WebDataset layout.
+
+Each sample is a group of members sharing a key, the zero-padded sample index:
+  000000123.npy   the sample: a .npy file (fixed-shape arrays) or the encoded image bytes
+                  under its own extension (.jpg, .png, ...)
+  000000123.cls   the label as decimal text (-1 when the source had none)
+Shards are named shard-000000.tar, shard-000001.tar, ...; the manifest records the
+brace-expandable pattern (shard-{000000..000012}.tar) that `webdataset.WebDataset` accepts.
+Members are plain ustar entries with fixed owner, mode and mtime, so packs are reproducible.
+
+index.npz beside the shards gives every sample's shard, data offset and size (for .npy members
+the offset points past the .npy header), label and crc32: it enables random access, per-sample
+verification and splitting shards without opening them.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from typing import Any
+
+import numpy as np
+
+from gpufeed.errors import CorruptSampleError, DataError
+from gpufeed.formats.base import Reader, Writer
+from gpufeed.formats.files import fsync_dir
+from gpufeed.formats.npy import npy_bytes
+from gpufeed.formats.parts import Part
+from gpufeed.formats.readahead import PREFETCH_MIN_BYTES, advise_willneed, is_run
+from gpufeed.formats.spec import SampleSpec
+
+INDEX_NAME = "index.npz"
+SHARD_FORMAT = "shard-{:06d}.tar"
+BLOCK = 512
+RECORD = 20 * BLOCK
+DEFAULT_SHARD_SIZE = 10_000
+DEFAULT_SHARD_BYTES = 256 << 20
+KEY_FORMAT = "{:09d}"
+
+
+def shard_pattern(n: int) -> str:
+    if n <= 1:
+        return SHARD_FORMAT.format(0)
+    return f"shard-{{{0:06d}..{n - 1:06d}}}.tar"
+
+
+def member_header(name: str, size: int) -> bytes:
+    ti = tarfile.TarInfo(name)
+    ti.size = size
+    ti.mtime = 0
+    ti.mode = 0o644
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    return ti.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+
+
+def npy_header(spec: SampleSpec) -> bytes:
+    full = npy_bytes(np.zeros(spec.shape, dtype=spec.dtype))
+    return full[: len(full) - spec.nbytes]
+
+
+class TarWriter(Writer):
+    """Splits samples into shards of at most `shard_size` samples and `shard_bytes` bytes."""
+
+    format_name = "tar"
+
+    def __init__(self, out, spec, count, total_bytes, options):
+        super().__init__(out, spec, count, total_bytes, options)
+        self.spec = spec or SampleSpec("encoded")
+        self.max_count = int(options.get("shard_size") or DEFAULT_SHARD_SIZE)
+        self.max_bytes = int(options.get("shard_bytes") or DEFAULT_SHARD_BYTES)
+        self.header = npy_header(self.spec) if self.spec.kind == "array" else b""
+        self.shard = np.empty(count, dtype=np.int32)
+        self.offset = np.empty(count, dtype=np.int64)
+        self.size = np.empty(count, dtype=np.int64)
+        self.labels = np.empty(count, dtype=np.int64)
+        self.crcs = np.empty(count, dtype=np.uint32)
+        self.names: list[str] = []
+        self.f = None
+        self.in_shard = 0
+        self.pos = 0
+        self.n = 0
+
+    def _start_shard(self) -> None:
+        self._end_shard()
+        name = SHARD_FORMAT.format(len(self.names))
+        self.names.append(name)
+        self.current_file = self.out / name
+        self.f = open(self.current_file, "wb")
+        self.in_shard = 0
+        self.pos = 0
+
+    def _end_shard(self) -> None:
+        if self.f is None:
+            return
+        end = self.pos + 2 * BLOCK
+        self.f.write(b"\0" * (2 * BLOCK + (-end) % RECORD))
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        self.f = None
+
+    def _member(self, name: str, data_parts: list) -> int:
+        size = sum(len(d) for d in data_parts)
+        self.f.write(member_header(name, size))
+        start = self.pos + BLOCK
+        for d in data_parts:
+            self.f.write(d)
+        pad = (-size) % BLOCK
+        self.f.write(b"\0" * pad)
+        self.pos = start + size + pad
+        return start
+
+    @staticmethod
+    def _member_bytes(size: int) -> int:
+        return BLOCK + size + (-size) % BLOCK
+
+    def add(self, part: Part) -> None:
+        for j in range(len(part)):
+            data = part.sample(j)
+            label = b"%d" % int(part.labels[j])
+            need = self._member_bytes(len(self.header) + len(data)) + self._member_bytes(len(label))
+            if (
+                self.f is None
+                or self.in_shard >= self.max_count
+                or (self.in_shard and self.pos + need + 2 * BLOCK > self.max_bytes)
+            ):
+                self._start_shard()
+            k = KEY_FORMAT.format(self.n)
+            ext = "npy" if self.spec.kind == "array" else str(part.exts[j])
+            start = self._member(f"{k}.{ext}", [self.header, data])
+            self._member(f"{k}.cls", [label])
+            self.shard[self.n] = len(self.names) - 1
+            self.offset[self.n] = start + len(self.header)
+            self.size[self.n] = len(data)
+            self.labels[self.n] = part.labels[j]
+            self.crcs[self.n] = part.crc32[j]
+            self.n += 1
+            self.in_shard += 1
+
+    def finish(self) -> dict[str, Any]:
+        assert self.n == self.count
+        if self.f is None and not self.names:
+            self._start_shard()  # an empty dataset is still one valid (empty) tar
+        self._end_shard()
+        self.current_file = self.out / INDEX_NAME
+        with open(self.current_file, "wb") as f:
+            np.savez(
+                f,
+                shard=self.shard,
+                offset=self.offset,
+                size=self.size,
+                labels=self.labels,
+                crc32=self.crcs,
+            )
+        fsync_dir(self.out)
+        counts = np.bincount(self.shard, minlength=len(self.names)).tolist()
+        layout = {
+            "pattern": shard_pattern(len(self.names)),
+            "shards": self.names,
+            "shard_counts": counts,
+            "key_format": "%09d",
+            "shard_size": self.max_count,
+            "shard_bytes": self.max_bytes,
+        }
+        return {"files": sorted([*self.names, INDEX_NAME]), "layout": layout}
+
+    def abort(self) -> None:
+        if self.f is not None:
+            try:
+                self.f.close()
+            except OSError:  # the flush of a shard whose write failed: it is discarded
+                pass
+            self.f = None
+
+
+class TarReader(Reader):
+    """Random and sequential access to the shards through index.npz (os.pread, no tarfile)."""
+
+    format_name = "tar"
+
+    def __init__(self, root, manifest):
+        super().__init__(root, manifest)
+        layout = manifest["layout"]
+        self.shards: list[str] = list(layout["shards"])
+        for name in self.shards:
+            self.file(name)  # inside the pack, a regular file; pinned
+        index = self.file(INDEX_NAME, whole=True)
+        try:
+            with np.load(index, allow_pickle=False) as z:
+                self.shard = z["shard"]
+                self.offset = z["offset"]
+                self.size = z["size"]
+                self.labels = z["labels"]
+                self.crc32 = z["crc32"]
+        except (OSError, ValueError, KeyError) as e:
+            raise DataError(f"{index}: cannot read the shard index: {e}") from None
+        for what in ("shard", "offset", "size", "labels", "crc32"):
+            self.check_count(f"{INDEX_NAME} {what}", len(getattr(self, what)))
+        counts = np.asarray(layout["shard_counts"], dtype=np.int64)
+        self.check_count("layout shard_counts", len(counts), len(self.shards))
+        self.check_count("the shards (shard_counts)", counts.sum())
+        if self.count and not 0 <= int(self.shard.min()) <= int(self.shard.max()) < len(counts):
+            raise DataError(f"{index}: names shards outside the manifest's {len(counts)}")
+        self.shard_start = np.concatenate([[0], np.cumsum(counts)])
+
+    def _open(self):
+        return {}
+
+    def _close(self, handle) -> None:
+        handle.pop("maps", None)  # memory maps close when the last view of them is gone
+        for fd in handle.values():
+            os.close(fd)
+
+    def _fd(self, shard: int) -> int:
+        fds = self.handle
+        fd = fds.get(shard)
+        if fd is None:
+            # O_NONBLOCK: what replaced a shard since might be a FIFO; fstat tells before a read
+            flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+            fd = os.open(self.root / self.shards[shard], flags)
+            try:
+                self.check_pinned(self.shards[shard], os.fstat(fd))
+            except BaseException:
+                os.close(fd)
+                raise
+            fds[shard] = fd
+        return fd
+
+    def location(self, index: int) -> str:
+        return str(self.root / self.shards[int(self.shard[index])])
+
+    def shard_range(self, shard: int) -> tuple[int, int]:
+        return int(self.shard_start[shard]), int(self.shard_start[shard + 1])
+
+    def _pread(self, i: int) -> bytes:
+        size = int(self.size[i])
+        data = os.pread(self._fd(int(self.shard[i])), size, int(self.offset[i]))
+        if len(data) != size:
+            raise CorruptSampleError(self.location(i), i, "shard is truncated")
+        return data
+
+    def prefetch(self, indices: np.ndarray) -> None:
+        if not hasattr(os, "posix_fadvise"):  # macOS
+            return
+        for i in indices.tolist():
+            if self.size[i] >= PREFETCH_MIN_BYTES:
+                os.posix_fadvise(
+                    self._fd(int(self.shard[i])),
+                    int(self.offset[i]),
+                    int(self.size[i]),
+                    os.POSIX_FADV_WILLNEED,
+                )
+
+    def _run_in_one_shard(self, indices: np.ndarray) -> bool:
+        """Consecutive samples of one shard (what streaming reads): one read covers them."""
+        return is_run(indices) and self.shard[indices[0]] == self.shard[indices[-1]]
+
+    def _map(self, shard: int) -> np.ndarray:
+        maps = self.handle.setdefault("maps", {})
+        data = maps.get(shard)
+        if data is None:
+            self.check_pinned(self.shards[shard])
+            data = maps[shard] = np.memmap(self.root / self.shards[shard], mode="r")
+        return data
+
+    def _read_run(self, first: int, last: int):
+        """Samples first..last (one shard) as one span of the shard's memory map: (the span,
+        each sample's offset in it). No copy here: whoever keeps a sample copies it once,
+        from the page cache (a pread per member costs a system call each; a pread of the
+        run, a second copy). The span is asked for (WILLNEED) at once, so a cold run
+        is read ahead in the background while earlier samples are used."""
+        start = int(self.offset[first])
+        end = int(self.offset[last] + self.size[last])
+        data = self._map(int(self.shard[first]))
+        if end > len(data):
+            short = int(
+                np.searchsorted(
+                    self.offset[first : last + 1] + self.size[first : last + 1],
+                    len(data),
+                    side="right",
+                )
+            )
+            i = first + short
+            raise CorruptSampleError(self.location(i), i, "shard is truncated")
+        span = data[start:end]
+        advise_willneed([(span.ctypes.data, end - start)])
+        return span, self.offset[first : last + 1] - start
+
+    def read_batch(self, indices: np.ndarray):
+        run = self._run_in_one_shard(indices)
+        if self.spec.kind == "encoded":
+            if run:
+                span, rel = self._read_run(int(indices[0]), int(indices[-1]))
+                view = memoryview(span)
+                sizes = self.size[indices].tolist()
+                return [bytes(view[o : o + n]) for o, n in zip(rel.tolist(), sizes, strict=True)]
+            return [self._pread(int(i)) for i in indices]
+        if run:
+            return self._rows_of_run(indices)
+        out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
+        flat = out.reshape(len(indices), -1).view(np.uint8)
+        width = self.spec.nbytes
+        for j, i in enumerate(indices):
+            i = int(i)
+            if int(self.size[i]) != width:
+                raise CorruptSampleError(self.location(i), i, "index size differs from spec")
+            n = os.preadv(self._fd(int(self.shard[i])), [flat[j]], int(self.offset[i]))
+            if n != width:
+                raise CorruptSampleError(self.location(i), i, "shard is truncated")
+        return out
+
+    def _rows_of_run(self, indices: np.ndarray) -> np.ndarray:
+        width = self.spec.nbytes
+        bad = np.flatnonzero(self.size[indices] != width)
+        if len(bad):
+            i = int(indices[bad[0]])
+            raise CorruptSampleError(self.location(i), i, "index size differs from spec")
+        raw, rel = self._read_run(int(indices[0]), int(indices[-1]))
+        steps = np.diff(rel)
+        if len(steps) and np.all(steps == steps[0]) and rel[0] == 0:
+            # same-size members sit at a fixed stride: the rows are one strided view
+            # (read-only, over the map: whoever keeps a sample copies it once)
+            flat = np.lib.stride_tricks.as_strided(
+                raw, shape=(len(indices), width), strides=(int(steps[0]), 1), writeable=False
+            )
+        else:
+            flat = np.empty((len(indices), width), dtype=np.uint8)
+            for j, o in enumerate(rel.tolist()):
+                flat[j] = raw[o : o + width]
+        return flat.view(self.spec.dtype).reshape(len(indices), *self.spec.shape)

@@ -1,0 +1,254 @@
+"""Check a packed dataset end to end (verify) and describe it (inspect)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpufeed.errors import CorruptSampleError, UnsafePathError
+from gpufeed.formats import reader_class
+from gpufeed.formats.checksums import crc32, row_crcs, sha256_file
+from gpufeed.formats.manifest import pack_file, read_manifest
+
+MAX_PROBLEMS = 1000
+
+
+@dataclass
+class Problem:
+    file: str
+    message: str
+    index: int | None = None  # sample index, when the problem is one sample's
+    source: str | None = None  # the source file the sample was packed from
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.index is not None:
+            where += f": sample {self.index}"
+            if self.source:
+                where += f" (source {self.source})"
+        return f"{where}: {self.message}"
+
+
+@dataclass
+class VerifyReport:
+    path: str
+    format: str
+    count: int
+    files_checked: int = 0
+    samples_checked: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    problems_total: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.problems_total == 0
+
+    @property
+    def bad_samples(self) -> list[int]:
+        return sorted({p.index for p in self.problems if p.index is not None})
+
+    def add(self, problem: Problem) -> None:
+        self.problems_total += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(problem)
+
+    def summary(self) -> str:
+        if self.ok:
+            return (
+                f"{self.path}: OK ({self.format}, {self.samples_checked} samples, "
+                f"{self.files_checked} files checked)"
+            )
+        return (
+            f"{self.path}: FAILED: {self.problems_total} problem(s) in {self.format} dataset "
+            f"({self.samples_checked} of {self.count} samples readable)"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "format": self.format,
+            "ok": self.ok,
+            "count": self.count,
+            "files_checked": self.files_checked,
+            "samples_checked": self.samples_checked,
+            "problems_total": self.problems_total,
+            "problems": [
+                {"file": p.file, "index": p.index, "source": p.source, "message": p.message}
+                for p in self.problems
+            ],
+        }
+
+
+def verify(
+    dest: str | os.PathLike, *, decode: bool = False, chunk: int = 256, quiet: bool = True
+) -> VerifyReport:
+    """Re-read DEST: every file the manifest names must be a regular file inside DEST (a name
+    leading out of it, or a device, FIFO or link out, is reported and never opened; the
+    samples are then not read either) of the recorded size and sha256; then every sample's
+    crc32 is checked against the stored one (a flipped byte is reported with its sample index
+    and source file) and the labels against the classes. decode=True also decodes every
+    encoded image. Raises NotPackedError for a folder that is not a finished pack; every other
+    finding is in the report."""
+    dest = Path(dest)
+    manifest = read_manifest(dest)
+    report = VerifyReport(str(dest), manifest["format"], int(manifest["count"]))
+    unsafe = False
+    for name, entry in sorted(manifest.get("files", {}).items()):
+        report.files_checked += 1
+        try:
+            problem = _check_file(pack_file(dest, name), entry)
+        except UnsafePathError as e:  # a name leading out of the pack, or not a regular file
+            problem, unsafe = Problem(e.path, e.reason), True
+        if problem is not None:
+            report.add(problem)
+    if unsafe:
+        report.add(Problem(str(dest), "samples not read: the manifest names unsafe files"))
+        return report
+    try:
+        reader = reader_class(manifest["format"])(dest, manifest)
+    except Exception as e:  # noqa: BLE001 - an unreadable index is a finding, not a crash
+        report.add(Problem(str(dest), f"cannot open: {type(e).__name__}: {e}"))
+        return report
+    try:
+        _check_samples(reader, report, decode, chunk, quiet)
+    finally:
+        reader.close()
+    return report
+
+
+def _check_file(path: Path, entry: Any) -> Problem | None:
+    """One manifest entry (its path checked by pack_file: inside the pack, a regular file):
+    present, of the recorded size and sha256."""
+    if not isinstance(entry, dict) or not {"bytes", "sha256"} <= set(entry):
+        return Problem(str(path), "the manifest's entry lacks bytes or sha256")
+    if not path.exists():
+        return Problem(str(path), "missing")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        return Problem(str(path), f"size {size} bytes, manifest says {entry['bytes']}")
+    digest = sha256_file(path)
+    if digest != entry["sha256"]:
+        return Problem(str(path), f"sha256 {digest[:16]}... differs from the manifest's")
+    return None
+
+
+def _check_samples(reader, report: VerifyReport, decode: bool, chunk: int, quiet: bool) -> None:
+    if len(reader.labels) != reader.count or len(reader.crc32) != reader.count:
+        report.add(
+            Problem(
+                str(reader.root),
+                f"index holds {len(reader.labels)} labels and {len(reader.crc32)} crc32s, "
+                f"manifest says {reader.count} samples",
+            )
+        )
+        return
+    sources = reader.sources() or []
+
+    def bad(i: int, message: str) -> None:
+        src = sources[i] if i < len(sources) else None
+        report.add(Problem(reader.location(i), message, i, src))
+
+    from tqdm import tqdm
+
+    disable = quiet or not sys.stderr.isatty()
+    bar = tqdm(total=reader.count, unit="sample", desc="verify", file=sys.stderr, disable=disable)
+    for lo in range(0, reader.count, chunk):
+        idx = np.arange(lo, min(lo + chunk, reader.count), dtype=np.int64)
+        try:
+            payloads = reader.read_batch(idx)
+            got = (
+                row_crcs(payloads)
+                if isinstance(payloads, np.ndarray)
+                else np.fromiter((crc32(p) for p in payloads), np.uint32, len(idx))
+            )
+            readable = list(range(len(idx)))
+        except Exception:  # noqa: BLE001 - find the sample(s) at fault one by one
+            payloads, got_list, readable = [], [], []
+            for j, i in enumerate(idx.tolist()):
+                try:
+                    p = reader.read_batch(np.array([i], dtype=np.int64))[0]
+                except CorruptSampleError as e:
+                    bad(i, e.problem)
+                    continue
+                except Exception as e:  # noqa: BLE001
+                    bad(i, f"unreadable: {type(e).__name__}: {e}")
+                    continue
+                payloads.append(p)
+                got_list.append(crc32(p))
+                readable.append(j)
+            got = np.asarray(got_list, dtype=np.uint32)
+        want = reader.crc32[idx[readable]]
+        for k in np.flatnonzero(got != want).tolist():
+            bad(int(idx[readable[k]]), f"crc32 mismatch (stored {want[k]:08x}, read {got[k]:08x})")
+        report.samples_checked += len(readable)
+        if decode and reader.spec.kind == "encoded":
+            from gpufeed.data.decoders import decode_bytes
+
+            for k, j in enumerate(readable):
+                try:
+                    decode_bytes(payloads[k])
+                except Exception as e:  # noqa: BLE001
+                    bad(int(idx[j]), f"cannot decode: {e}")
+        bar.update(len(idx))
+    bar.close()
+    labels = reader.labels
+    classes = reader.manifest.get("classes")
+    if classes is not None and len(labels):
+        out_of_range = np.flatnonzero((labels < -1) | (labels >= len(classes)))
+        for i in out_of_range[:10].tolist():
+            bad(i, f"label {labels[i]} outside the {len(classes)} classes")
+
+
+def _dir_size(root: Path) -> tuple[int, int]:
+    """(bytes of file content, bytes allocated on disk) under root."""
+    content = allocated = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            st = os.stat(os.path.join(dirpath, name))
+            content += st.st_size
+            allocated += getattr(st, "st_blocks", 0) * 512
+    return content, allocated
+
+
+def inspect(dest: str | os.PathLike) -> dict[str, Any]:
+    """What DEST holds: format, count, classes, sample dtype/shape, size on disk, shards,
+    skipped items, and who made it."""
+    dest = Path(dest)
+    manifest = read_manifest(dest)
+    content, allocated = _dir_size(dest)
+    sample = dict(manifest["sample"])
+    if sample.get("dtype"):
+        sample["dtype_name"] = np.dtype(sample["dtype"]).name
+    info: dict[str, Any] = {
+        "path": str(dest),
+        "format": manifest["format"],
+        "format_version": manifest["format_version"],
+        "count": manifest["count"],
+        "classes": manifest.get("classes"),
+        "num_classes": len(manifest["classes"]) if manifest.get("classes") is not None else None,
+        "sample": sample,
+        "size_bytes": content,
+        "disk_bytes": allocated,
+        "files": len(manifest.get("files", {})),
+        "skipped": len(manifest.get("skipped", [])),
+        "created_by": manifest.get("created_by"),
+        "source": manifest.get("source"),
+        "options": manifest.get("options"),
+    }
+    if manifest["count"]:
+        info["bytes_per_sample"] = round(content / manifest["count"], 1)
+    layout = manifest.get("layout", {})
+    if manifest["format"] == "tar":
+        info["shards"] = len(layout.get("shards", []))
+        info["pattern"] = layout.get("pattern")
+    if manifest["format"] == "hdf5":
+        info["datasets"] = layout.get("datasets")
+        info["compression"] = layout.get("compression")
+    if manifest["format"] == "mmap":
+        info["container"] = layout.get("container")
+    return info

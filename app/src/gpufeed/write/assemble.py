@@ -1,0 +1,135 @@
+"""Assembling the pack: every committed part through the format's writer into
+DEST.partial/out/, the manifest written last, then out/ renamed to DEST."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpufeed._version import __version__
+from gpufeed.errors import DiskFullError
+from gpufeed.formats import writer_class
+from gpufeed.formats.files import fsync_dir, is_disk_full, no_space_is_an_error
+from gpufeed.formats.manifest import (
+    MANIFEST_SCHEMA,
+    SOURCES_NAME,
+    file_entry,
+    write_manifest,
+    write_sources,
+)
+from gpufeed.formats.parts import Part
+from gpufeed.formats.spec import FORMAT_VERSION, SampleSpec
+from gpufeed.write import progress
+from gpufeed.write.guard import (
+    OUT_DIR,
+    PARTS_DIR,
+    REPLACED_DIR,
+    check_removable,
+    occupied,
+    remove_tree,
+)
+from gpufeed.write.options import MANIFEST_OPTIONS
+from gpufeed.write.scan import Source
+from gpufeed.write.staging import part_path
+
+__all__ = ["assemble"]
+
+
+def assemble(src: Source, dest: Path, partial: Path, nparts: int, state: dict, quiet: bool):
+    parts_dir = partial / PARTS_DIR
+    paths = [part_path(parts_dir, p) for p in range(nparts)]
+    spec_json, sizes, items = None, [], []
+    skipped = [{"item": None, "path": rel, "error": err} for rel, err in src.problems]
+    for path in paths:
+        with np.load(path) as z:
+            s = json.loads(str(z["spec"]))
+            spec_json = spec_json or s
+            sizes.append(np.diff(z["offsets"]))
+            items.append(z["items"])
+            for it, err in zip(z["skip_items"].tolist(), z["skip_errors"].tolist(), strict=True):
+                skipped.append({"item": it, "path": src.rel[it], "error": err})
+    sizes_all = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+    items_all = np.concatenate(items) if items else np.zeros(0, dtype=np.int64)
+    count = len(sizes_all)
+    spec = SampleSpec.from_json(spec_json) if spec_json else None
+    out = partial / OUT_DIR
+    if out.exists():
+        remove_tree(out, "redo the unfinished output")
+    out.mkdir()
+    fmt = state["format"]
+    options = {
+        "classes": src.classes,
+        "compression": state["compression"],
+        "shard_size": state["shard_size"],
+        "shard_bytes": state["shard_bytes"],
+        "container": state["container"],
+        "sample_sizes": sizes_all,
+    }
+    writer = writer_class(fmt)(out, spec, count, int(sizes_all.sum()), options)
+    info = _write_parts(writer, paths, quiet, fmt)
+    with no_space_is_an_error(out / SOURCES_NAME):
+        write_sources(out / SOURCES_NAME, (src.rel[i] for i in items_all.tolist()))
+    files = {name: file_entry(out, name) for name in sorted([*info["files"], SOURCES_NAME])}
+    manifest = {
+        "gpufeed_manifest": MANIFEST_SCHEMA,
+        "format": fmt,
+        "format_version": FORMAT_VERSION,
+        "count": count,
+        "classes": src.classes,
+        "sample": (spec or SampleSpec("encoded")).to_json(),
+        "files": files,
+        "layout": info["layout"],
+        "source": {
+            "path": str(src.path),
+            "kind": src.kind,
+            "items": len(src),
+            "digest": state["source_digest"],
+        },
+        "options": {k: state[k] for k in MANIFEST_OPTIONS if k in state},
+        "skipped": skipped,
+        "created_by": f"gpufeed {__version__}",
+    }
+    for name in os.listdir(out):
+        if name not in files:
+            os.unlink(out / name)  # leftovers such as lock.mdb: the manifest lists everything
+    write_manifest(out, manifest)
+    fsync_dir(out)
+    _swap_into_place(out, dest, partial, src)
+    return manifest
+
+
+def _write_parts(writer, paths: list[Path], quiet: bool, fmt: str) -> dict[str, Any]:
+    """Every committed part through the format writer; a full disk is a DiskFullError naming
+    the file being written, and the writer's files are closed quietly on any failure."""
+    bar = progress.progress_bar(len(paths), 0, quiet, f"write {fmt}", unit="part")
+    try:
+        for path in paths:
+            writer.add(Part.load(path))
+            bar.update(1)
+        return writer.finish()
+    except BaseException as e:
+        writer.abort()
+        where = writer.current_file or writer.out
+        if isinstance(e, (OSError, RuntimeError)) and is_disk_full(e, where):
+            raise DiskFullError(where) from None
+        raise
+    finally:
+        bar.close()
+
+
+def _swap_into_place(out: Path, dest: Path, partial: Path, src: Source) -> None:
+    """out/ becomes DEST. A DEST there (a pack gpufeed made: checked again now) is first moved
+    into DEST.partial, which is deleted with it afterwards: a crash in between leaves either
+    the old pack or the new one at DEST, and a resumable DEST.partial."""
+    if occupied(dest):
+        check_removable(dest, "replace it (--overwrite)", src)
+        replaced = partial / REPLACED_DIR
+        if replaced.exists():
+            remove_tree(replaced, "drop a pack replaced by an earlier run")
+        os.rename(dest, replaced)
+    os.rename(out, dest)
+    fsync_dir(dest.parent)

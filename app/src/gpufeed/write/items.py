@@ -1,0 +1,98 @@
+"""Reading one source item: a file becomes a sample's stored bytes, its spec and crc32.
+
+Runs in pack worker processes too (gpufeed.write.pool): no exception escapes
+:func:`load_item`, so one bad file cannot take the pool down.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.formats.checksums import crc32
+from gpufeed.pixels import to_8bit
+from gpufeed.write.scan import IMAGE_EXTS
+
+__all__ = ["LoadOptions", "load_item", "stamp"]
+
+
+# --------------------------------------------------------------------------- reading items
+@dataclass(frozen=True)
+class LoadOptions:
+    encode: str = "keep"
+    resize: tuple[int, int] | None = None  # (height, width)
+
+
+def stamp(path: str) -> tuple[int, int]:
+    """(size, mtime_ns) of a source file, (-1, -1) when it cannot be stat'ed: what a resume
+    compares to notice a file changed since its part was committed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (-1, -1)
+    return (st.st_size, st.st_mtime_ns)
+
+
+def load_item(path: str, opts: LoadOptions) -> tuple:
+    """Read one source file. Returns ("ok", stamp, payload, spec_json, ext, crc) or
+    ("error", stamp, msg); stamp is the file's (size, mtime_ns) before it was read.
+
+    Runs in pack worker processes: no exception escapes, so one bad file cannot take the
+    pool down, and the parent decides whether it stops the pack or is skipped.
+    """
+    before = stamp(path)
+    try:
+        ext = Path(path).suffix.lower()
+        if ext in IMAGE_EXTS:
+            payload, spec, ext = _load_image(path, ext, opts)
+        elif ext == ".npy":
+            payload, spec = _array_payload(np.load(path, allow_pickle=False))
+            ext = ".npy"
+        elif ext == ".pt":
+            payload, spec = _array_payload(_load_pt(path))
+            ext = ".npy"
+        else:
+            return ("error", before, f"unsupported file type {ext!r}")
+        return ("ok", before, payload, spec, ext.lstrip("."), crc32(payload))
+    except Exception as e:  # noqa: BLE001 - reported with the file name by the parent
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return ("error", before, f"{type(e).__name__}: {msg}" if msg else type(e).__name__)
+
+
+def _load_image(path: str, ext: str, opts: LoadOptions):
+    from PIL import Image
+
+    with open(path, "rb") as f:
+        data = f.read()
+    with Image.open(io.BytesIO(data)) as img:
+        img.load()  # a full decode: truncated or corrupt files fail here, not at train time
+        if opts.encode == "keep":
+            return data, {"kind": "encoded"}, ext
+        rgb = to_8bit(img).convert("RGB")  # 16-bit scaled, never clipped (gpufeed.pixels)
+        if opts.resize is not None:
+            h, w = opts.resize
+            rgb = rgb.resize((w, h), Image.BILINEAR)
+        arr = np.asarray(rgb).transpose(2, 0, 1)  # HWC -> CHW, like torchvision.io
+    payload, spec = _array_payload(arr)
+    return payload, spec, ".npy"
+
+
+def _load_pt(path: str) -> np.ndarray:
+    import torch
+
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(obj, torch.Tensor):
+        raise ValueError(f"holds a {type(obj).__name__}, expected one tensor")
+    return obj.detach().contiguous().numpy()
+
+
+def _array_payload(arr: np.ndarray):
+    if arr.dtype.hasobject:
+        raise ValueError("object arrays cannot be packed")
+    arr = np.ascontiguousarray(arr)
+    spec = {"kind": "array", "dtype": arr.dtype.str, "shape": list(arr.shape)}
+    return arr.tobytes(), spec

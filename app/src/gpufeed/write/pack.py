@@ -1,0 +1,225 @@
+"""Pack a source tree into a packed format: parallel, resumable, atomic, with a manifest.
+
+The stages, one module each: the source listed (scan), options checked (options), items read
+(items, in a pool of workers: pool) and committed as parts (staging), the parts assembled by
+the format's writer with the manifest last (assemble); guard says what may be deleted.
+
+How a pack survives a crash at any point (kill -9 included):
+  1. Everything happens under DEST.partial/. state.json records the options and a digest of
+     the source listing; a resume with anything different is refused.
+  2. Source items are read in fixed ranges of `part_size` items. Each range is committed as
+     one staged file, parts/part-NNNNNN.npz (written to a temporary name, fsynced, renamed),
+     holding the samples' bytes, labels, crc32s and the items skipped in it. --resume keeps
+     every committed part and redoes only the rest, so its output cannot depend on where the
+     previous run stopped.
+  3. When every part is committed, the format writer assembles them into DEST.partial/out/
+     from scratch (HDF5 is not crash-safe while written, so it is only ever written in one
+     pass from committed parts), then the manifest is written last and out/ is renamed to
+     DEST. A DEST without manifest.json never exists.
+  4. One pack at a time per DEST: the run holds a lock on DEST.partial (gpufeed.formats.lock) until
+     DEST.partial is gone. --overwrite replaces only a pack gpufeed made (gpufeed.write.guard): an
+     old DEST is moved into DEST.partial, the new one renamed into place, then DEST.partial
+     (with the old pack) deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpufeed._version import __version__
+from gpufeed.errors import UsageError
+from gpufeed.formats.files import atomic_write_json
+from gpufeed.formats.lock import PackLock
+from gpufeed.formats.manifest import PARTIAL_SUFFIX, read_manifest
+from gpufeed.storage.urls import require_local
+from gpufeed.write.assemble import assemble
+from gpufeed.write.guard import (
+    PARTS_DIR,
+    STATE_NAME,
+    check_removable,
+    clear_partial,
+    is_pack,
+    occupied,
+    remove_partial,
+    source_clash,
+)
+from gpufeed.write.items import LoadOptions
+from gpufeed.write.options import MANIFEST_OPTIONS, check_options, parse_resize
+from gpufeed.write.scan import Source, scan_source
+from gpufeed.write.staging import commit_parts, drop_changed_parts
+
+__all__ = ["pack"]
+
+
+def pack(
+    source: str | os.PathLike,
+    dest: str | os.PathLike,
+    format: str = "hdf5",  # noqa: A002 - the public name, as in the CLI
+    *,
+    workers: int | None = None,
+    shard_size: int | None = None,
+    shard_bytes: int | None = None,
+    compression: str | None = None,
+    encode: str = "keep",
+    resize: str | tuple[int, int] | None = None,
+    container: str = "npy",
+    resume: bool = False,
+    overwrite: bool = False,
+    on_error: str = "stop",
+    quiet: bool = False,
+    part_size: int | None = None,
+    log: Callable[[str], None] | None = None,
+    follow_symlinks: bool = False,
+) -> dict[str, Any]:
+    """Pack SOURCE into DEST (a folder) in `format`; returns the manifest.
+
+    encode: "keep" stores images as their encoded bytes (decoded when read), "raw" stores
+    decoded uint8 CHW arrays (all images must share a size, or pass resize="HxW"; 16-bit
+    images are scaled to 8 bits, see gpufeed.pixels).
+    on_error: "stop" raises SourceError naming the file (the partial stays resumable);
+    "skip" leaves the file (or unreadable folder, or link not followed) out and lists it in
+    manifest["skipped"].
+    workers: reader processes; None reads the first items in-process and starts
+    default_workers() processes only when the rest would take longer than starting them.
+    overwrite: replace DEST if it is a pack gpufeed made (anything else is refused, see
+    gpufeed.write.guard), or discard an unfinished DEST.partial.
+    follow_symlinks: follow symbolic links to folders in SOURCE (loops and second links to a
+    folder are problems, see gpufeed.write.scan); by default they are problems themselves.
+    """
+    # A URL is never a local folder (s3://b/x would become ./s3:/b/x); uploading is phase 2.
+    require_local(dest, "pack into a local folder, then gpufeed.storage.upload_pack(it, URL)")
+    opts = check_options(
+        format, encode, on_error, compression, container, shard_size, shard_bytes, part_size
+    )
+    resize_hw = parse_resize(resize)
+    if resize_hw is not None and encode != "raw":
+        raise UsageError("--resize needs --encode raw (encoded images are stored as they are)")
+    src = scan_source(source, follow_symlinks=follow_symlinks)
+    dest = Path(dest).absolute()
+    partial = dest.with_name(dest.name + PARTIAL_SUFFIX)
+    say = log or (lambda msg: None if quiet else print(msg, file=sys.stderr))
+    _check_destination(dest, src, resume, overwrite)
+    src.check(on_error)
+    state = {
+        "gpufeed": __version__,
+        "source": str(src.path),
+        "source_digest": src.digest(),
+        "items": len(src),
+        "format": format,
+        "encode": encode,
+        "resize": list(resize_hw) if resize_hw else None,
+        "on_error": on_error,
+        **({"follow_symlinks": True} if follow_symlinks else {}),
+        **opts,
+    }
+    with PackLock(dest, partial) as lock:
+        finished = _finished_pack(dest, state, resume, overwrite, say)
+        if finished is not None:
+            remove_partial(partial, lock)  # only its cleanup was cut short
+            return finished
+        _prepare_partial(partial, state, resume, overwrite, say)
+        parts_dir = partial / PARTS_DIR
+        load_opts = LoadOptions(encode=encode, resize=resize_hw)
+        nparts = max(1, -(-len(src) // state["part_size"]))
+        drop_changed_parts(src, parts_dir, nparts, state["part_size"], say)
+        commit_parts(
+            src, parts_dir, nparts, state["part_size"], load_opts, workers, on_error, quiet
+        )
+        manifest = assemble(src, dest, partial, nparts, state, quiet)
+        remove_partial(partial, lock)
+    return manifest
+
+
+def _check_destination(dest: Path, src: Source, resume: bool, overwrite: bool) -> None:
+    """Refusals that need no lock: DEST is or holds the source or lies inside it; DEST exists
+    and may not be replaced."""
+    clash = source_clash(dest, src)
+    if clash:
+        raise UsageError(f"{dest}: cannot pack into it: {clash}; choose a destination elsewhere")
+    exists = occupied(dest)
+    if exists and overwrite:
+        check_removable(dest, "replace it (--overwrite)", src)
+    elif exists and not resume:
+        raise UsageError(_exists_message(dest))
+
+
+def _exists_message(dest: Path) -> str:
+    if is_pack(dest):
+        return f"{dest}: already exists; pass --overwrite to replace it"
+    return (
+        f"{dest}: already exists and is not a gpufeed pack; choose another destination "
+        "(gpufeed replaces only packs it made)"
+    )
+
+
+def _finished_pack(dest: Path, state: dict, resume: bool, overwrite: bool, say):
+    """With --resume, a DEST finished by an earlier run of this very pack (the run was
+    stopped after its final rename): its manifest. Another DEST is refused."""
+    if overwrite or not occupied(dest):
+        return None
+    if not resume or not is_pack(dest):
+        raise UsageError(_exists_message(dest))
+    manifest = read_manifest(dest)
+    if not _made_by(manifest, state):
+        raise UsageError(
+            f"{dest}: already exists, packed from other sources or with other settings; "
+            "pass --overwrite to replace it"
+        )
+    say(f"{dest}: already complete (finished by an earlier run)")
+    return manifest
+
+
+def _made_by(manifest: dict, state: dict) -> bool:
+    source = manifest.get("source", {})
+    same_source = source.get("digest", state["source_digest"]) == state["source_digest"]
+    options = manifest.get("options", {})
+    return (
+        same_source
+        and manifest.get("format") == state["format"]
+        and source.get("items") == state["items"]
+        and all(options.get(k) == state.get(k) for k in MANIFEST_OPTIONS if k in options)
+    )
+
+
+def _prepare_partial(partial: Path, state: dict, resume: bool, overwrite: bool, say) -> None:
+    """DEST.partial, locked and ours, made ready: continued (resume), emptied (overwrite, or
+    fresh), or refused. No other pack can be running: this one holds the lock."""
+    state_path = partial / STATE_NAME
+    if state_path.exists() and resume:
+        try:
+            old = json.loads(state_path.read_text())
+        except (OSError, ValueError):
+            old = None
+        if old is not None:
+            _check_same_settings(partial, old, state)
+            (partial / PARTS_DIR).mkdir(exist_ok=True)
+            return
+        say(f"{partial}: no readable {STATE_NAME}; starting over")
+    elif state_path.exists() and not overwrite:
+        raise UsageError(
+            f"{partial}: an unfinished pack is there; pass --resume to continue it "
+            "or --overwrite to start over"
+        )
+    clear_partial(partial, "start the pack over")
+    (partial / PARTS_DIR).mkdir()
+    atomic_write_json(state_path, state)
+
+
+def _check_same_settings(partial: Path, old: dict, state: dict) -> None:
+    if old.get("on_error") == "stop" and state["on_error"] == "skip":
+        # parts committed under "stop" hold no skips, so they are valid under
+        # "skip" too: stop at a bad file, then resume skipping it, is allowed
+        old["on_error"] = "skip"
+        atomic_write_json(partial / STATE_NAME, {**old, "on_error": "skip"})
+    diff = sorted(k for k in set(old) | set(state) if k != "gpufeed" and old.get(k) != state.get(k))
+    if diff:
+        what = ", ".join(f"{k}: {old.get(k)!r} -> {state.get(k)!r}" for k in diff)
+        raise UsageError(
+            f"{partial}: was started with different settings ({what}); "
+            "resume with the same ones, or pass --overwrite to start over"
+        )

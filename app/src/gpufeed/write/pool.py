@@ -1,0 +1,114 @@
+"""The pack's readers: :func:`load_item` over the source, in order, in-process or in a pool
+of worker processes started only when they pay off."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+
+from gpufeed.errors import PackWorkerError
+from gpufeed.write.items import LoadOptions, load_item
+
+__all__ = ["default_workers", "ordered_map"]
+
+MAX_DEFAULT_WORKERS = 8
+# workers=None reads the first items in-process for up to this long, then starts worker
+# processes only if the rest would outlast starting them
+PROBE_S = 0.25
+# what starting one spawned pack worker (numpy, PIL and torch imported) costs; measured in
+# docs/benchmarks.md
+WORKER_START_S = 2.0
+PR_SET_PDEATHSIG = 1
+
+
+# --------------------------------------------------------------------------- pack
+def default_workers() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return max(1, min(n, MAX_DEFAULT_WORKERS))
+
+
+def _run_chunk(paths: list[str], opts: LoadOptions) -> list[tuple]:
+    return [load_item(p, opts) for p in paths]
+
+
+def _die_with_parent(parent: int) -> None:
+    """Pack worker initializer: the kernel kills this worker when the pack process dies,
+    however it dies (kill -9 included), so no worker outlives it holding the caller's
+    stdout or the resource tracker's pipe. Linux only (prctl); elsewhere a no-op."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+
+
+def ordered_map(
+    paths: Iterable[str],
+    opts: LoadOptions,
+    workers: int,
+    chunk: int = 16,
+    measure_total: int | None = None,
+) -> Iterator[tuple]:
+    """load_item over paths, results in input order, at most a few chunks per worker in
+    flight (memory stays bounded however large the source).
+
+    With measure_total (the number of paths), the first items are read in-process for
+    PROBE_S and the pool starts only if the rest, split over the workers, saves more than
+    WORKER_START_S (for small sources, starting workers costs more than they save: see
+    docs/benchmarks.md)."""
+    it = iter(paths)
+    if workers > 1 and measure_total is not None:
+        done, spent = 0, 0.0
+        for p in it:
+            t = time.perf_counter()
+            res = load_item(p, opts)
+            spent += time.perf_counter() - t
+            done += 1
+            yield res
+            if spent >= PROBE_S:
+                break
+        rest_s = spent / max(done, 1) * (measure_total - done)
+        if rest_s * (1 - 1 / workers) <= WORKER_START_S:
+            workers = 1
+    if workers <= 1:
+        for p in it:
+            yield load_item(p, opts)
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from itertools import islice
+
+    chunks = iter(lambda: list(islice(it, chunk)), [])
+    from concurrent.futures.process import BrokenProcessPool
+
+    # spawn: the parent may hold torch threads or h5py state that must not be forked
+    with ProcessPoolExecutor(
+        workers,
+        mp_context=mp.get_context("spawn"),
+        initializer=_die_with_parent,
+        initargs=(os.getpid(),),
+    ) as ex:
+        pending = deque(ex.submit(_run_chunk, c, opts) for c in islice(chunks, workers * 4))
+        while pending:
+            try:
+                results = pending.popleft().result()
+            except BrokenProcessPool:
+                raise PackWorkerError(
+                    "a pack worker process died (killed, out of memory, or it failed to "
+                    "start: workers are spawned, so a script calling gpufeed.pack() needs "
+                    "`if __name__ == '__main__':`); committed parts are kept, rerun with "
+                    "--resume (or workers=1 to read in-process)"
+                ) from None
+            nxt = next(chunks, None)
+            if nxt is not None:
+                pending.append(ex.submit(_run_chunk, nxt, opts))
+            yield from results

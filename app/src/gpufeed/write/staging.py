@@ -1,0 +1,188 @@
+"""Committing parts: the source read in fixed ranges of items, each range saved as one
+staged part (parts/part-NNNNNN.npz, gpufeed.formats.parts) that a resume keeps.
+
+A resume redoes only the parts that are missing, and reads again a part any of whose source
+files changed since it was committed, so the pack cannot depend on where a run stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.errors import SourceError
+from gpufeed.formats.parts import Part
+from gpufeed.formats.spec import SampleSpec
+from gpufeed.write import progress
+from gpufeed.write.items import stamp
+from gpufeed.write.pool import default_workers, ordered_map
+from gpufeed.write.scan import Source
+
+__all__ = [
+    "PartBuilder",
+    "commit_parts",
+    "drop_changed_parts",
+    "first_spec",
+    "items_of",
+    "part_path",
+    "spec_text",
+]
+
+
+def spec_text(spec: dict) -> str:
+    if spec["kind"] != "array":
+        return "encoded bytes"
+    return "x".join(str(s) for s in spec["shape"]) + " " + np.dtype(spec["dtype"]).name
+
+
+class PartBuilder:
+    """One part's samples and skips, gathered item by item, then built into a Part."""
+
+    def __init__(self):
+        self.payloads: list[bytes] = []
+        self.labels: list[int] = []
+        self.crcs: list[int] = []
+        self.items: list[int] = []
+        self.exts: list[str] = []
+        self.skip_items: list[int] = []
+        self.skip_errors: list[str] = []
+        self.stamps: list[tuple[int, int]] = []
+        self.spec: dict | None = None
+
+    def add(self, i: int, result: tuple, spec: dict | None, src: Source):
+        """Take source item ``i``'s load_item ``result``: (the pack's sample spec so far, the
+        error that keeps the item out, or None when it was added)."""
+        self.stamps.append(result[1])
+        if result[0] == "error":
+            return spec, result[2]
+        _, _, payload, item_spec, ext, crc = result
+        if spec is None:
+            spec = item_spec
+        elif item_spec != spec:
+            hint = " (try --encode keep or --resize)" if src.kind != "arrays" else ""
+            return spec, (
+                f"sample is {spec_text(item_spec)}, but earlier samples are "
+                f"{spec_text(spec)}; every sample must match" + hint
+            )
+        self.payloads.append(payload)
+        self.labels.append(int(src.labels[i]))
+        self.crcs.append(crc)
+        self.items.append(i)
+        self.exts.append(ext)
+        self.spec = self.spec or spec
+        return spec, None
+
+    def skip(self, i: int, error: str) -> None:
+        self.skip_items.append(i)
+        self.skip_errors.append(error)
+
+    def build(self) -> Part:
+        sizes = np.fromiter(
+            (len(p) for p in self.payloads), dtype=np.int64, count=len(self.payloads)
+        )
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        payload = np.frombuffer(b"".join(self.payloads), dtype=np.uint8)
+        return Part(
+            payload=payload,
+            offsets=offsets,
+            labels=np.asarray(self.labels, dtype=np.int64),
+            crc32=np.asarray(self.crcs, dtype=np.uint32),
+            items=np.asarray(self.items, dtype=np.int64),
+            exts=np.asarray(self.exts, dtype="<U8"),
+            skip_items=np.asarray(self.skip_items, dtype=np.int64),
+            skip_errors=np.asarray(self.skip_errors, dtype=str),
+            spec=SampleSpec.from_json(self.spec) if self.spec else None,
+            stamps=np.asarray(self.stamps, dtype=np.int64).reshape(-1, 2),
+        )
+
+
+def part_path(parts_dir: Path, p: int) -> Path:
+    return parts_dir / f"part-{p:06d}.npz"
+
+
+def first_spec(parts_dir: Path, nparts: int) -> dict | None:
+    for p in range(nparts):
+        path = part_path(parts_dir, p)
+        if path.exists():
+            with np.load(path) as z:
+                spec = json.loads(str(z["spec"]))
+            if spec:
+                return spec
+    return None
+
+
+def items_of(p: int, part_size: int, n: int) -> range:
+    return range(p * part_size, min((p + 1) * part_size, n))
+
+
+def drop_changed_parts(src: Source, parts_dir: Path, nparts: int, part_size: int, say) -> None:
+    """On resume: a committed part any of whose source files changed (size or mtime) since it
+    was read is read again, never kept stale. Parts of older gpufeeds (no stamps) are kept."""
+    for p in range(nparts):
+        path = part_path(parts_dir, p)
+        if not path.exists():
+            continue
+        with np.load(path) as z:
+            stamps = z["stamps"] if "stamps" in z.files else None
+        if stamps is None:
+            continue
+        items = items_of(p, part_size, len(src))
+        old = [tuple(x) for x in stamps.tolist()]
+        changed = [i for i, was in zip(items, old, strict=True) if stamp(src.paths[i]) != was]
+        if changed:
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            say(f"{src.paths[changed[0]]}{more}: changed since it was read; reading it again")
+            path.unlink()
+
+
+def commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error, quiet):
+    for tmp in parts_dir.glob("*.tmp"):
+        tmp.unlink()
+    todo = [p for p in range(nparts) if not part_path(parts_dir, p).exists()]
+    done_items = sum(
+        min(part_size, len(src) - p * part_size) for p in range(nparts) if p not in set(todo)
+    )
+    if not todo:
+        return
+    spec = first_spec(parts_dir, nparts)
+    auto = workers is None
+    workers = default_workers() if auto else max(0, int(workers))
+    todo_count = sum(len(range(p * part_size, min((p + 1) * part_size, len(src)))) for p in todo)
+    slow = float(os.environ.get("GPUFEED_TEST_SLOW_MS", "0") or 0) / 1000.0
+
+    def items_in(p):
+        return items_of(p, part_size, len(src))
+
+    todo_items = (i for p in todo for i in items_in(p))
+    results = ordered_map(
+        (src.paths[i] for i in todo_items),
+        load_opts,
+        workers,
+        measure_total=todo_count if auto else None,
+    )
+    bar = progress.progress_bar(len(src), done_items, quiet, "pack")
+    skipped = 0
+    try:
+        for p in todo:
+            builder = PartBuilder()
+            for i in items_in(p):
+                res = next(results)
+                if slow:
+                    time.sleep(slow)
+                spec, error = builder.add(i, res, spec, src)
+                if error is not None:
+                    if on_error == "stop":
+                        raise SourceError(f"{src.paths[i]}: {error}")
+                    builder.skip(i, error)
+                    skipped += 1
+                    bar.set_postfix(skipped=skipped, refresh=False)
+                bar.update(1)
+            builder.build().save(part_path(parts_dir, p))
+    finally:
+        bar.close()
+        results.close()

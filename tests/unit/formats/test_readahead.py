@@ -1,0 +1,160 @@
+"""Reading large samples ahead: madvise(WILLNEED) really fills the page cache, batches carry the
+batch after them to the reader, and what the loader yields does not change."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import pickle
+import time
+
+import numpy as np
+import pytest
+import torch
+from unit_sources import write_arrays
+
+import gpufeed
+from gpufeed.data.samplers import LookaheadBatch, SortedBatchSampler
+from gpufeed.formats import open_reader
+from gpufeed.formats.readahead import PREFETCH_MIN_BYTES, advise_rows, take_rows
+
+FORMATS = ["hdf5", "lmdb", "tar", "mmap"]
+ROW = 128 << 10  # one sample: 128 KiB, above PREFETCH_MIN_BYTES
+
+
+def resident_pages(arr: np.ndarray) -> np.ndarray:
+    """mincore(2) over a mapped array: True per page in the page cache."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    page = mmap.PAGESIZE
+    start = arr.ctypes.data - arr.ctypes.data % page
+    length = arr.ctypes.data + arr.nbytes - start
+    vec = (ctypes.c_ubyte * (-(-length // page)))()
+    rc = libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), vec)
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    first = (arr.ctypes.data - start) // page
+    return (np.frombuffer(vec, dtype=np.uint8) & 1).astype(bool)[first:]
+
+
+def evict(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_take_rows_equals_fancy_indexing():
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 255, (50, 3, 8, 8), dtype=np.uint8)
+    idx = np.array([49, 0, 7, 7, 23], dtype=np.int64)
+    out = np.empty((len(idx), 3, 8, 8), dtype=np.uint8)
+    assert take_rows(data, idx, out) is out
+    np.testing.assert_array_equal(out, data[idx])
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
+def test_advise_rows_reads_just_those_rows_into_the_page_cache(tmp_path):
+    path = tmp_path / "rows.bin"  # raw, so rows start on page boundaries
+    np.ones((64, ROW), dtype=np.uint8).tofile(path)
+    os.sync()
+    evict(path)
+    data = np.memmap(path, dtype=np.uint8, mode="r", shape=(64, ROW))
+    per_row = ROW // mmap.PAGESIZE
+    if resident_pages(data).reshape(64, per_row).any(axis=1).all():
+        pytest.skip(f"{tmp_path}: this filesystem keeps files in memory (tmpfs?)")
+    wanted = np.array([40, 3, 17], dtype=np.int64)
+    advise_rows(data, wanted)
+    deadline = time.monotonic() + 10
+    while True:
+        rows = resident_pages(data).reshape(64, per_row).all(axis=1)
+        if rows[wanted].all() or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert rows[wanted].all(), "the advised rows did not reach the page cache"
+    # far from any advised row: left alone (the kernel's own readahead window is < 1 row)
+    assert not rows[[10, 30, 55]].any()
+
+
+def test_advise_rows_leaves_small_rows_alone(monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        "gpufeed.formats.readahead.advise_willneed", lambda regions: calls.append(list(regions))
+    )
+    advise_rows(np.zeros((8, PREFETCH_MIN_BYTES // 2), np.uint8), np.arange(8))
+    assert calls == []
+    advise_rows(np.zeros((8, PREFETCH_MIN_BYTES), np.uint8), np.array([5, 1]))
+    assert [n for _, n in calls[0]] == [PREFETCH_MIN_BYTES] * 2
+
+
+def test_lookahead_batches_carry_the_batch_k_later():
+    plain = SortedBatchSampler(list(range(23))[::-1], 5)
+    ahead = SortedBatchSampler(list(range(23))[::-1], 5)
+    ahead.lookahead = 2
+    want = list(plain)
+    got = list(ahead)
+    assert [list(b) for b in got] == want
+    assert all(isinstance(b, LookaheadBatch) for b in got)
+    assert [b.ahead for b in got] == [want[2], want[3], want[4], None, None]
+    back = pickle.loads(pickle.dumps(got[1]))  # what a DataLoader worker receives
+    assert list(back) == want[1] and back.ahead == want[3]
+
+
+@pytest.fixture(scope="module")
+def large_arrays(tmp_path_factory):
+    root = tmp_path_factory.mktemp("large")
+    write_arrays(root, {"x": 12, "y": 12}, shape=(2, 256, 256), seed=3)  # 128 KiB each
+    return root
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_reader_prefetch_is_a_hint_that_changes_nothing(large_arrays, tmp_path, fmt):
+    dest = tmp_path / f"ds.{fmt}"
+    gpufeed.pack(large_arrays, dest, format=fmt, workers=1, quiet=True)
+    reader = open_reader(dest)
+    assert reader.mean_sample_bytes() == 2 * 256 * 256
+    idx = np.array([3, 9, 20], dtype=np.int64)
+    before = reader.read_batch(idx)
+    reader.prefetch(idx)
+    reader.prefetch(np.array([0, 23], dtype=np.int64))
+    np.testing.assert_array_equal(reader.read_batch(idx), before)
+
+
+@pytest.mark.parametrize("fmt", ["mmap", "lmdb"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_reads_the_next_batch_ahead_for_large_samples(
+    large_arrays, tmp_path, monkeypatch, fmt, workers
+):
+    dest = tmp_path / f"ds.{fmt}"
+    gpufeed.pack(large_arrays, dest, format=fmt, workers=1, quiet=True)
+    asked: list[list[int]] = []
+    if workers == 0:
+        reader_cls = type(open_reader(dest))
+        real = reader_cls.prefetch
+        monkeypatch.setattr(
+            reader_cls, "prefetch", lambda self, idx: (asked.append(idx.tolist()), real(self, idx))
+        )
+    ds = gpufeed.open_dataset(dest)
+    loader = gpufeed.make_loader(ds, 4, shuffle=True, seed=5, num_workers=workers)
+    assert loader.plan.lookahead == max(1, workers)
+    got = [(x.clone(), y.clone()) for x, y in loader]
+    loader.set_epoch(0)
+    loader.batch_sampler.lookahead = 0
+    want = [(x.clone(), y.clone()) for x, y in loader]
+    assert len(got) == len(want) == 6
+    for (gx, gy), (wx, wy) in zip(got, want, strict=True):
+        assert torch.equal(gx, wx) and torch.equal(gy, wy)
+    if workers == 0:
+        # every batch but the first was asked for one batch early
+        loader.batch_sampler.set_epoch(0)
+        order = list(loader.batch_sampler._batches())
+        assert asked == order[1:]
+
+
+def test_loader_does_not_read_ahead_small_samples(array_folder, tmp_path):
+    dest = tmp_path / "ds.mmap"
+    gpufeed.pack(array_folder, dest, format="mmap", workers=1, quiet=True)
+    loader = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, num_workers=0)
+    assert loader.plan.lookahead == 0
+    assert not any(isinstance(b, LookaheadBatch) for b in loader.batch_sampler)

@@ -1,0 +1,242 @@
+"""gpufeed bench: the timing core, the command on a tiny pack, the no-CUDA paths, and the
+comparison suite's helpers (the suite itself runs with `make bench`, not here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import gpufeed
+from gpufeed import cli
+from gpufeed.tools import bench, gpu_report, timing
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def mmap_pack(tmp_path_factory, array_folder):
+    dest = tmp_path_factory.mktemp("bench") / "pack"
+    gpufeed.pack(array_folder, dest, format="mmap", workers=1, quiet=True)
+    return dest
+
+
+def fake_batches(n, size=4, delay=0.0):
+    for i in range(n):
+        if delay:
+            time.sleep(delay)
+        yield torch.zeros(size, 3, 2, 2, dtype=torch.uint8), torch.full((size,), i)
+
+
+def test_time_batches_counts_and_caps():
+    r = timing.time_batches(fake_batches(10))
+    assert (r.samples, r.batches, r.stopped_by) == (40, 10, "end")
+    assert r.samples_per_s > 0 and r.wait_fraction is None
+    r = timing.time_batches(fake_batches(10), max_samples=9)
+    assert (r.samples, r.stopped_by) == (12, "max_samples")
+
+
+def test_time_batches_data_wait_fraction():
+    # data takes 10 ms a batch, the step 1 ms: the step mostly waits
+    slow = timing.time_batches(fake_batches(6, delay=0.01), step=timing.sleep_step(0.001))
+    # data is instant, the step 10 ms: hardly any wait
+    fast = timing.time_batches(fake_batches(6), step=timing.sleep_step(0.01))
+    assert slow.wait_fraction > 0.6
+    assert fast.wait_fraction < 0.3
+
+
+def test_time_batches_closes_generator():
+    closed = []
+
+    def gen():
+        try:
+            yield from fake_batches(100)
+        finally:
+            closed.append(True)
+
+    timing.time_batches(gen(), max_samples=8)
+    assert closed == [True]
+
+
+def test_bench_command_json(mmap_pack, capsys):
+    code = cli.main(
+        [
+            "bench",
+            str(mmap_pack),
+            "-b",
+            "4",
+            "--workers",
+            "0",
+            "--epochs",
+            "2",
+            "--step-ms",
+            "1",
+            "--json",
+        ]
+    )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["plan"]["num_workers"] == 0
+    assert [p["samples"] for p in report["passes"]] == [17, 17]
+    assert 0 <= report["wait_fraction"] <= 1
+    assert report["samples_per_s"] > 0
+
+
+def test_bench_command_crop_decodes_with_the_fused_crop(tmp_path, jpeg_folder, capsys):
+    pack = tmp_path / "jpegs"
+    gpufeed.pack(jpeg_folder, pack, format="lmdb", workers=1, quiet=True)
+
+    def bench_mb(*extra):
+        argv = ["bench", str(pack), "-b", "4", "-j", "0", "--json", "--epochs", "3", *extra]
+        assert cli.main(argv) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert [p["samples"] for p in report["passes"]] == [13] * 3
+        return report
+
+    plain, cropped = bench_mb(), bench_mb("--crop", "8")
+    # bytes per sample: the 3x8x8 crop (not the 3x20x24 picture) and an int64 label
+    per_plain = plain["batch_mb_per_s"] / plain["samples_per_s"]
+    per_crop = cropped["batch_mb_per_s"] / cropped["samples_per_s"]
+    assert per_plain / per_crop == pytest.approx((3 * 20 * 24 + 8) / (3 * 8 * 8 + 8))
+
+
+def test_bench_command_table_reads_settings(mmap_pack, tmp_path, capsys):
+    settings = tmp_path / "loader.json"
+    settings.write_text(json.dumps({"num_workers": 0, "block_size": 8, "_batch_size": 4}))
+    assert cli.main(["bench", str(mmap_pack), "-b", "4", "--settings", str(settings)]) == 0
+    out = capsys.readouterr().out
+    assert "block_size=8" in out and "samples/s" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-CUDA path")
+def test_bench_device_cuda_without_cuda(mmap_pack, capsys, monkeypatch):
+    monkeypatch.delenv(bench.EXPECT_GPU_ENV, raising=False)
+    assert cli.main(["bench", str(mmap_pack), "-b", "8", "-j", "0", "--device", "cuda"]) == 0
+    captured = capsys.readouterr()
+    assert gpu_report.NO_CUDA in captured.err and gpu_report.NO_CUDA in captured.out
+    monkeypatch.setenv(bench.EXPECT_GPU_ENV, "1")
+    assert cli.main(["bench", str(mmap_pack), "-b", "8", "-j", "0", "--device", "cuda"]) == 1
+    assert gpu_report.gpu_report(device="cuda") == {"skipped": gpu_report.NO_CUDA}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-CUDA path")
+def test_smoke_gpu_script_cpu_path(tmp_path, monkeypatch, capsys):
+    import runpy
+
+    smoke = runpy.run_path(str(REPO / "bench" / "smoke_gpu.py"), run_name="smoke_gpu")
+    args = ["--samples", "16", "--size", "8", "--batch-size", "8"]
+    monkeypatch.delenv(bench.EXPECT_GPU_ENV, raising=False)
+    out = tmp_path / "r.json"
+    assert smoke["main"]([*args, "--json", str(out)]) == 0
+    assert gpu_report.NO_CUDA in capsys.readouterr().out
+    assert json.loads(out.read_text())["gpu"] == {"skipped": gpu_report.NO_CUDA}
+    monkeypatch.setenv(bench.EXPECT_GPU_ENV, "1")  # a GPU runner: no CUDA is a failure
+    assert smoke["main"](args) == 1
+    assert "GPUFEED_EXPECT_GPU=1" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the suite's helpers
+
+
+@pytest.fixture()
+def suite(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO))
+    from bench import suite
+
+    return suite
+
+
+def test_suite_evict_and_disk_bytes(suite, tmp_path):
+    f = tmp_path / "d" / "x.bin"
+    f.parent.mkdir()
+    f.write_bytes(os.urandom(1 << 16))
+    suite.evict([str(f), str(tmp_path / "missing")])  # no root needed, missing files ignored
+    assert suite.disk_bytes(tmp_path / "d") >= 1 << 16
+    assert suite.data_files(tmp_path / "d") == [str(f)]
+
+
+def test_suite_table_ratios_and_goals(suite):
+    rows = {
+        "perfile:0": {
+            "label": "per-file",
+            "disk_bytes": 1e6,
+            "peak_rss_bytes": 1e8,
+            "workers": 0,
+            "conditions": {"cold/shuffled": {"samples_per_s": 100.0, "first_batch_s": 0.1}},
+        },
+        "gpufeed:mmap": {
+            "label": "gpufeed mmap",
+            "disk_bytes": 1e6,
+            "peak_rss_bytes": 1e8,
+            "workers": 0,
+            "conditions": {"cold/shuffled": {"samples_per_s": 2000.0, "first_batch_s": 0.1}},
+        },
+        "peer:webdataset": {
+            "label": "webdataset",
+            "disk_bytes": 1e6,
+            "peak_rss_bytes": 1e8,
+            "workers": 2,
+            "conditions": {"cold/shuffled": {"samples_per_s": 1000.0, "first_batch_s": 0.2}},
+        },
+        "peer:ffcv": {"label": "ffcv", "skipped": "not importable"},
+    }
+    results = {
+        "cases": {
+            "raw": {
+                "sample_bytes": 1000.0,
+                "conditions": ["cold/shuffled"],
+                "rows": rows,
+                "bound": {
+                    "cold": {"samples_per_s": 4000.0, "MBps": 4.0},
+                    "warm": {"samples_per_s": 8000.0, "MBps": 8.0},
+                },
+            }
+        }
+    }
+    table = suite.build_table(results)
+    mm = next(t for t in table if t.get("key") == "gpufeed:mmap")
+    assert mm["vs_perfile"] == pytest.approx(20.0)
+    assert mm["vs_bound"] == pytest.approx(0.5)
+    assert mm["MBps"] == pytest.approx(2.0)
+    assert any(t.get("status") == "not importable" for t in table)
+    (goal,) = suite.goals(table)
+    assert "20.0x per-file" in goal and "2.00x the best peer (webdataset)" in goal
+    md = suite.fmt_table(table)
+    assert md.count("\n") == len(table) + 1 and "not run: not importable" in md
+    ratios = suite.ratio_tables(table).splitlines()
+    assert "| condition | vs | mmap |" in ratios
+    assert "| cold/shuffled | per-file | 20x |" in ratios
+    assert "| cold/shuffled | webdataset | 2.00x |" in ratios
+    assert "| cold/shuffled | read bound | 50% |" in ratios
+
+
+def test_suite_perfile_dataset_and_augment(suite, tmp_path):
+    from bench import data as bdata
+
+    case = bdata.Case("jpeg", "jpeg", 12, (3, 64, 64), tmp_path / "jpeg", crop=56)
+    bdata.generate(case)
+    files, labels = case.files(), case.labels()
+    assert len(files) == 12 and labels.shape == (12,)
+    ds = suite.PerFileDataset(files, labels, "jpeg", bdata.Augment(56))
+    x, y = ds[3]
+    assert x.shape == (3, 56, 56) and x.dtype == torch.uint8 and y == int(labels[3])
+    assert 500 < case.sample_bytes() < 12288  # a JPEG, smaller than the raw pixels
+
+
+def test_compare_plain_reads_both_loaders_side_by_side(mmap_pack, capsys):
+    """The measuring harness behind README's ratio (the numbers themselves are not checked:
+    speed is judged by running it, not by a test)."""
+    code = cli.main(["bench", str(mmap_pack), "-b", "4", "--compare-plain", "--seconds", "0.05"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "DataLoader" in out and "make_loader" in out and "ratio" in out
+    result = bench.compare_plain(mmap_pack, batch_size=4, workers=(0,), seconds=0.05, rounds=2)
+    row = result["workers"][0]
+    assert row["plain_samples_per_s"] > 0 and row["make_loader_samples_per_s"] > 0
+    assert row["make_loader_vs_plain"] == pytest.approx(
+        row["make_loader_samples_per_s"] / row["plain_samples_per_s"]
+    )
