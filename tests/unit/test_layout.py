@@ -1,0 +1,165 @@
+"""The package's layout rules (docs/architecture.md), checked on the source text:
+
+- each stage imports only the stages below it (errors/system < formats < storage < write <
+  batch < data < loading < tools/cli), lazy imports inside functions included;
+- no module imports another module's private name (``from gpufeed.x import _y``);
+- gpufeed.formats knows no torch, but for the .pt container (formats/pt.py, lazily);
+- no module over MAX_MODULE_LINES lines, no function body over MAX_FUNCTION_LINES lines
+  (signature and docstring not counted) unless its docstring says why ("Long because ...");
+- the public API stays small.
+
+``python tests/unit/test_layout.py`` prints the largest modules and functions.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "app" / "src" / "gpufeed"
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+MAX_PUBLIC_NAMES = 20
+# lowest first; a module may import from its own layer and the ones before it
+LAYERS = (
+    {"_version", "errors", "system"},
+    {"formats", "pixels"},
+    {"storage"},
+    {"write"},
+    {"batch"},
+    {"data"},
+    {"loading"},
+    {"tools", "cli", "cliargs", "__init__", "__main__"},
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def layer(name: str) -> int:
+    parts = name.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    return next(i for i, members in enumerate(LAYERS) if top in members)
+
+
+def imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module, names, line) of every gpufeed import in the file, nested ones included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, [a.name for a in node.names], node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, [], node.lineno) for a in node.names]
+    return [f for f in found if f[0] == "gpufeed" or f[0].startswith("gpufeed.")]
+
+
+def function_lengths(path: Path):
+    """(name, lines of its body without the docstring, docstring) of every function."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node) or ""
+            body = node.body[1:] if doc and len(node.body) > 1 else node.body
+            yield node.name, node.end_lineno - body[0].lineno + 1, doc
+
+
+def test_each_stage_imports_only_the_stages_below():
+    wrong = []
+    for name, path in MODULES.items():
+        for target, names, line in imports(path):
+            if target == "gpufeed":  # from gpufeed import x: a submodule or the API
+                targets = [f"gpufeed.{n}" for n in names if f"gpufeed.{n}" in MODULES]
+            else:
+                targets = [target]
+            wrong += [f"{name}:{line} -> {t}" for t in targets if layer(t) > layer(name)]
+    assert wrong == []
+
+
+def test_no_private_name_crosses_modules():
+    wrong = [
+        f"{name}:{line} imports {target}.{n}"
+        for name, path in MODULES.items()
+        for target, names, line in imports(path)
+        for n in names
+        if n.startswith("_") and not n.startswith("__") and target != name
+    ]
+    assert wrong == []
+
+
+def test_formats_know_no_torch():
+    for name, path in MODULES.items():
+        if not name.startswith("gpufeed.formats"):
+            continue
+        tree = ast.parse(path.read_text())
+        torch = [
+            n.lineno
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+            and any(
+                (getattr(n, "module", None) or a.name).split(".")[0] == "torch" for a in n.names
+            )
+        ]
+        if name == "gpufeed.formats.pt":
+            top = {n.lineno for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
+            assert torch and not set(torch) & top, "formats/pt.py imports torch lazily"
+        else:
+            assert torch == [], f"{name} imports torch (lines {torch})"
+
+
+def test_modules_and_functions_are_small():
+    long_modules = {
+        name: n
+        for name, path in MODULES.items()
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    long_functions = [
+        f"{name}.{fn}: {n} lines"
+        for name, path in MODULES.items()
+        for fn, n, doc in function_lengths(path)
+        if n > MAX_FUNCTION_LINES and "Long because" not in doc
+    ]
+    assert long_modules == {} and long_functions == []
+
+
+def test_the_public_api_is_small_and_resolves():
+    import gpufeed
+
+    assert len(gpufeed.__all__) <= MAX_PUBLIC_NAMES
+    for name in gpufeed.__all__:
+        assert getattr(gpufeed, name) is not None, name
+
+
+def test_a_moved_public_name_still_resolves_with_a_warning():
+    import gpufeed
+    from gpufeed.data.map_style import HDF5Dataset
+
+    with pytest.warns(DeprecationWarning, match="gpufeed.HDF5Dataset moved to gpufeed.data"):
+        assert gpufeed.HDF5Dataset is HDF5Dataset
+    with pytest.raises(AttributeError):
+        gpufeed.no_such_name  # noqa: B018
+
+
+def report() -> str:
+    sizes = sorted(((len(p.read_text().splitlines()), n) for n, p in MODULES.items()), reverse=True)
+    funcs = sorted(
+        ((n, f"{name}.{fn}") for name, p in MODULES.items() for fn, n, _ in function_lengths(p)),
+        reverse=True,
+    )
+    lines = [f"{len(MODULES)} modules; largest (limit {MAX_MODULE_LINES} lines):"]
+    lines += [f"  {n:5d}  {name}" for n, name in sizes[:8]]
+    lines.append(
+        f"longest function bodies (limit {MAX_FUNCTION_LINES} lines, docstring not counted):"
+    )
+    lines += [f"  {n:5d}  {name}" for n, name in funcs[:8]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(print(report()))
