@@ -54,7 +54,8 @@ for type in ed25519 rsa; do
 done
 
 # SSH sessions start with a clean environment; hand them the container's: the venv on PATH,
-# NVIDIA_*/CUDA_* for the driver libraries, the dataset path, our own settings.
+# NVIDIA_*/CUDA_* for the driver libraries, the dataset path, our own settings, and
+# torch.compile's cache folders (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR: the cache volume).
 config="$run_dir/sshd_config"
 {
     cat <<CONFIG
@@ -77,7 +78,7 @@ X11Forwarding no
 AllowTcpForwarding yes
 Subsystem sftp internal-sftp
 CONFIG
-    env | grep -E '^(PATH|VIRTUAL_ENV|LANG|LC_ALL|LD_LIBRARY_PATH|PYTHON[A-Z_]*|NVIDIA_[A-Z_]*|CUDA_[A-Z_]*|NCCL_[A-Z_]*|TORCH_[A-Z_]*|HF_[A-Z_]*|GPUFEED_[A-Z_]*|OMP_NUM_THREADS)=' \
+    env | grep -E '^(PATH|VIRTUAL_ENV|LANG|LC_ALL|LD_LIBRARY_PATH|PYTHON[A-Z_]*|NVIDIA_[A-Z_]*|CUDA_[A-Z_]*|NCCL_[A-Z_]*|TORCH_[A-Z_]*|TORCHINDUCTOR_[A-Z_]*|TRITON_[A-Z_]*|HF_[A-Z_]*|GPUFEED_[A-Z_]*|OMP_NUM_THREADS)=' \
         | grep -v '"' | {
             # sshd takes only the first SetEnv line, so all of them go on one.
             printf 'SetEnv'

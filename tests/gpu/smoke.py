@@ -8,7 +8,10 @@ Checks, in order; the first failure ends the run with a non-zero exit and a FAIL
 1. preflight: the image's preflight (driver >= the floor, GPU answers), when it is installed;
 2. ``torch.cuda.is_available()`` and at least one device (never skipped: no GPU is a failure);
 3. a bf16 matrix product on the GPU against a float64 reference of the same bf16 inputs;
-4. gpufeed's loader -> ``DevicePrefetcher`` path on the GPU (batches/s against a plain
+4. ``torch.compile`` on the GPU (Inductor's Triton kernels, built in this image): a small model's
+   training step compiled with ``mode="default"``, its gradients against eager ones, eager and
+   compiled step times (tests/gpu/compile_check.py, which the image tests run on the CPU);
+5. gpufeed's loader -> ``DevicePrefetcher`` path on the GPU (batches/s against a plain
    ``.to()``), then the benchmarks' GPU script, bench/smoke_gpu.py (``gpufeed bench --device
    cuda`` on a synthetic pack where the repository is not there; ``GPUFEED_SMOKE_BENCH``
    names another command).
@@ -110,6 +113,18 @@ def check_bf16_matmul(size: int) -> dict:
     return {"status": "passed", **result}
 
 
+def check_compile() -> dict:
+    """torch.compile on the GPU: Triton kernels for the forward and backward graphs, their
+    gradients against eager ones, and eager against compiled step time."""
+    import compile_check  # beside this script: sys.path[0] when run as tests/gpu/smoke.py
+
+    result = compile_check.run("cuda", rounds=5, steps=20)
+    problems = compile_check.problems(result)
+    if problems:
+        raise Failed("; ".join(problems))
+    return {"status": "passed", **result}
+
+
 def check_prefetch(batches: int = 64) -> dict:
     """gpufeed's loader and DevicePrefetcher on the GPU: synthetic uint8 image batches
     copied and converted on a side stream, against a plain .to() in the loop."""
@@ -189,6 +204,12 @@ def table(results: dict) -> str:
                 f"rel. error {r['relative_error']:.2e} < {r['tolerance']}, "
                 f"{r['tflops']:.0f} TFLOP/s"
             )
+        elif name == "compile" and r.get("status") == "passed":
+            text = (
+                f"eager {r['eager_step_ms']:.2f} ms, compiled {r['compiled_step_ms']:.2f} ms a "
+                f"step ({r['speedup']:.2f}x), "
+                f"first compiled step {r['first_compiled_step_s']:.0f} s"
+            )
         elif name == "prefetch" and r.get("status") == "passed":
             text = ", ".join(f"{k} {v:.0f} batches/s" for k, v in r["batches_per_s"].items())
         else:
@@ -210,6 +231,7 @@ def main(argv=None) -> int:
         ("preflight", check_preflight),
         ("cuda", check_cuda),
         ("bf16_matmul", lambda: check_bf16_matmul(args.size)),
+        ("compile", check_compile),
         ("prefetch", check_prefetch),
         ("bench", lambda: run_bench(out)),
     ]

@@ -14,11 +14,9 @@ from collections.abc import Callable, Iterator
 
 import docker.errors
 import pytest
-from imagetools import Running
+from imagetools import CPU_ENV, Running
 
 import docker
-
-CPU_ENV = {"GPUFEED_ALLOW_CPU": "1"}
 
 
 def _image_name(variable: str) -> str:

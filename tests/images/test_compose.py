@@ -94,11 +94,24 @@ def test_compose_up_both_services_healthy_with_read_only_data(compose_project, c
         f"{url}/api/kernels", headers={"Authorization": f"token {token}"}, timeout=10
     ).ok
 
+    # torch.compile's cache: one volume both services write as the non-root user, and SSH
+    # sessions are told where it is.
+    probe = compose(
+        "exec", "-T", "jupyter", "sh", "-c", 'touch "$TORCHINDUCTOR_CACHE_DIR/probe"', check=False
+    )
+    assert probe.returncode == 0, probe.stderr
+
     ssh_ports = compose("port", "ssh", "2222").stdout.strip()
     assert ssh_ports == f"127.0.0.1:{env['SSH_PORT']}", ssh_ports
     client = ssh_connect(int(env["SSH_PORT"]), client_key)
     try:
         code, out = ssh_run(client, "cat /data/sample.bin")
         assert code == 0 and out == "gpufeed", out
+        code, out = ssh_run(
+            client,
+            'test -f "$TORCHINDUCTOR_CACHE_DIR/probe" && test -w "$TRITON_CACHE_DIR" && '
+            'echo "$TORCHINDUCTOR_CACHE_DIR"',
+        )
+        assert code == 0 and out.strip() == "/var/cache/torch/inductor", out
     finally:
         client.close()

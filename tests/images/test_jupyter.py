@@ -179,3 +179,72 @@ def test_image_metadata(docker_client, jupyter_image, ssh_image):
         assert labels["io.gpufeed.thresholds"] == "thresholds-cuda12.env"
         assert config["User"] not in ("", "root", "0")
         assert config["Entrypoint"][:3] == ["tini", "-g", "--"]
+
+
+def wait_for_json(url: str, headers: dict, ready, timeout: float = 90):
+    """GET url until ready(json) holds; the first request starts TensorBoard (a few seconds)."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        response = requests.get(url, headers=headers, timeout=30)
+        last = (response.status_code, response.text[:300])
+        if response.ok and ready(response.json()):
+            return response.json()
+        time.sleep(1)
+    raise AssertionError(f"{url} not ready after {timeout} s: {last}")
+
+
+def test_tensorboard_through_jupyter_behind_the_token(run_container, jupyter_image, token):
+    running, url = start_jupyter(run_container, jupyter_image, {"JUPYTER_TOKEN": token})
+    # Without the token: sent to the login page, and TensorBoard is not even started.
+    for path in ("/tensorboard/", "/tensorboard/data/runs"):
+        refused = requests.get(url + path, timeout=10, allow_redirects=False)
+        assert refused.status_code == 302 and "/login" in refused.headers["Location"], path
+        wrong = requests.get(
+            url + path, headers={"Authorization": "token nope"}, timeout=10, allow_redirects=False
+        )
+        assert wrong.status_code in (302, 403), path
+    assert running.exec("pgrep", "-f", "bin/tensorboard")[0] != 0, "started without the token"
+
+    # A notebook's SummaryWriter() writes under runs/ of its working directory (/workspace).
+    execute(
+        url,
+        token,
+        "from torch.utils.tensorboard import SummaryWriter\n"
+        "w = SummaryWriter(comment='-probe')\n"
+        "for step in range(3): w.add_scalar('loss', 1.0 / (step + 1), step)\n"
+        "w.close(); print(w.log_dir)\n",
+    )
+    headers = {"Authorization": f"token {token}"}
+    page = requests.get(f"{url}/tensorboard/", headers=headers, timeout=90)
+    assert page.ok and "tb-relative-root" in page.text, page.text[:300]
+    (run,) = wait_for_json(f"{url}/tensorboard/data/runs", headers, lambda runs: len(runs) == 1)
+    assert run.endswith("-probe"), run
+    scalars = requests.get(
+        f"{url}/tensorboard/data/plugin/scalars/scalars",
+        params={"run": run, "tag": "loss"},
+        headers=headers,
+        timeout=30,
+    ).json()
+    assert [round(value, 3) for _, _, value in scalars] == [1.0, 0.5, 0.333]
+    # Inside the container it listens on the loopback only: the proxy is the one way in.
+    code, args = running.exec("pgrep", "-a", "-f", "bin/tensorboard")
+    assert code == 0 and "--host 127.0.0.1" in args and "--logdir /workspace/runs" in args, args
+
+
+def test_jupyterlab_does_not_fetch_news(run_container, jupyter_image, token):
+    # JupyterLab's first-open question "get notified about official Jupyter news?" is answered
+    # "never" by the image's overrides.json; asked through the running server's settings API.
+    _, url = start_jupyter(run_container, jupyter_image, {"JUPYTER_TOKEN": token})
+    response = requests.get(
+        f"{url}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+    )
+    response.raise_for_status()
+    setting = response.json()
+    properties = setting["schema"]["properties"]
+    effective = {
+        key: setting["settings"].get(key, properties[key]["default"]) for key in properties
+    }
+    assert effective["fetchNews"] == "false", effective
+    assert effective["checkForUpdates"] is False, effective

@@ -97,6 +97,10 @@ def test_both_recipes_run_the_image_torchrun_and_the_shared_volumes():
         assert volumes[mounts["/workspace"]["name"]]["persistentVolumeClaim"]
         assert spec["securityContext"]["runAsUser"] == 1000
         assert container["resources"]["limits"]["nvidia.com/gpu"] > 0
+        # torch.compile's caches outlive the pod: on the shared /workspace volume
+        env = {e["name"]: e.get("value", "") for e in container["env"]}
+        for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+            assert env[variable].startswith("/workspace/"), (name, variable)
     assert len(images) == 1 and "pytorch-cuda-v2.9-ssh" in images.pop()
 
 
@@ -157,10 +161,16 @@ def test_sbatch_runs_torchrun_on_every_node_with_c10d_on_the_first(fake_slurm):
     assert "PET_NPROC_PER_NODE=gpu" in lines
     assert "/opt/gpufeed/examples/train_ddp.py" in lines
     assert "--checkpoint=/workspace/checkpoints/gpufeed-ddp.pt" in lines
+    mounts = next(a for a in lines if a.startswith("--container-mounts=")).split(",")
+    work = mounts[1].removesuffix(":/workspace")
+    assert f"{work}/torch-cache:/var/cache/torch" in mounts  # COMPILE_CACHE_DIR's default
+    assert os.path.isdir(f"{work}/torch-cache")
 
 
 def test_sbatch_passes_arguments_and_takes_apptainer(fake_slurm):
     lines = fake_slurm("--epochs", "20", RUNTIME="apptainer")
     assert lines[:3] == ["--kill-on-bad-exit=1", "apptainer", "exec"]
     assert "docker://ghcr.io/gpufeed/pytorch-cuda-v2.9-ssh:0.1.0-torch2.9.1-cuda12.8" in lines
+    binds = lines[lines.index("--bind") + 1].split(",")
+    assert binds[-1].endswith("/torch-cache:/var/cache/torch"), binds
     assert lines[-8:-6] == ["--epochs", "20"]
