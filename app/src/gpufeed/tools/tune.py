@@ -141,6 +141,7 @@ def tune(
             batch_size,
         )
     result.seconds = time.perf_counter() - t_start
+    result.overhead_miss_s = search.costs.worst_miss
     return result
 
 
@@ -280,6 +281,8 @@ class _TrialCosts:
 
     def __init__(self):
         self.seen: dict[int, float] = {}
+        # the most a trial's overhead exceeded its estimate: what the budget could not foresee
+        self.worst_miss = 0.0
 
     def overhead(self, settings: Mapping[str, Any]) -> float:
         nw = int(settings.get("num_workers", 0) or 0)
@@ -292,9 +295,11 @@ class _TrialCosts:
         return v * max(1.0, nw / max(k, 1))
 
     def measure(self, dataset, bs, settings, seconds, to_device=None) -> tuple[float, float]:
+        estimate = self.overhead(settings)
         t = time.perf_counter()
         rate, first = _measure(dataset, bs, settings, seconds, to_device)
         extra = max(0.0, time.perf_counter() - t - seconds)
+        self.worst_miss = max(self.worst_miss, extra - estimate)
         nw = int(settings.get("num_workers", 0) or 0)
         self.seen[nw] = max(extra, self.seen.get(nw, 0.0))
         return rate, first
@@ -358,12 +363,17 @@ def _compare(
         seconds = (left - overhead) / len(contenders)
     seconds = max(0.05, seconds)
     rates: dict[str, list[float]] = {k: [] for k in contenders}
-    for _ in range(rounds):
+    for r in range(rounds):
+        # a later round starts only if it still fits, with the start-ups measured so far
+        round_s = seconds * len(contenders)
+        round_s += sum(costs.overhead({"num_workers": w}) for w in workers.values())
+        if r and time.perf_counter() + round_s > deadline:
+            break
         for name, settings in contenders.items():
             size = tuned_bs if name == "tuned" else bs
             rates[name].append(costs.measure(dataset, size, settings, seconds, to_device)[0])
     result.comparison = c = {k: statistics.median(v) for k, v in rates.items()}
-    log(f"side by side (median of {rounds} interleaved rounds):")
+    log(f"side by side (median of {len(rates['tuned'])} interleaved rounds):")
     for k, v in c.items():
         log(f"  {k:<9} {v:>10,.0f} samples/s  {result.comparison_settings[k]}")
     # The recommendation is what measured fastest here, and a change from make_loader's

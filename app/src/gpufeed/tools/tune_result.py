@@ -37,6 +37,9 @@ class TuneResult:
     # or one that measured faster there (often the defaults: short trials are noisy)
     chosen: str = "tuned"
     searched: Trial | None = None  # the search's winner, when the check chose another
+    # the most one trial's start-up and shutdown took beyond what was measured before it:
+    # the part of a run past its budget that the budget could not foresee
+    overhead_miss_s: float = 0.0
 
     @property
     def settings(self) -> dict[str, Any]:
