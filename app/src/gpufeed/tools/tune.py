@@ -121,6 +121,7 @@ def tune(
     # side-by-side check, whose time is then all reading
     if compare:
         search.default_workers = _default_workers(dataset, batch_size, search.costs)
+    fixed_s = time.perf_counter() - t_start
     best = search.workers(base)
     best = search.prefetch(best)
     best = search.batch(best, batch_sizes or [max(1, batch_size // 2), batch_size * 2])
@@ -129,8 +130,9 @@ def tune(
     if not iterable:
         best = search.block(best)
     result = TuneResult(best=best, trials=search.trials, cpus=cpus, seconds=0.0)
+    squeezed_s = 0.0
     if compare:
-        _compare(
+        squeezed_s = _compare(
             dataset,
             result,
             search.deadline,
@@ -142,6 +144,9 @@ def tune(
         )
     result.seconds = time.perf_counter() - t_start
     result.overhead_miss_s = search.costs.worst_miss
+    # what ran whatever the budget: warm-up, make_loader's probe, the first two trials, and a
+    # side-by-side check that had to run at its shortest
+    result.minimum_s = fixed_s + sum(search.trial_walls[:2]) + squeezed_s
     return result
 
 
@@ -170,6 +175,7 @@ class _Search:
     trial_s: float
     costs: _TrialCosts = field(default_factory=lambda: _TrialCosts())
     trials: list[Trial] = field(default_factory=list)
+    trial_walls: list[float] = field(default_factory=list)
     default_workers: int = 0
 
     def compare_reserve(self) -> float:
@@ -186,7 +192,9 @@ class _Search:
         return end <= self.search_end and end + self.compare_reserve() <= self.deadline
 
     def run(self, stage: str, bs: int, settings: dict[str, Any]) -> Trial:
+        started = time.perf_counter()
         rate, first = self.costs.measure(self.dataset, bs, settings, self.trial_s, self.to_device)
+        self.trial_walls.append(time.perf_counter() - started)
         t = Trial(dict(settings), bs, rate, first, stage)
         self.trials.append(t)
         self.log(f"  {stage:<10} {t.describe():<70} {rate:>10,.0f} samples/s")
@@ -327,10 +335,12 @@ def _compare(
     costs=None,
     min_gain=1.05,
     batch_size: int | None = None,
-) -> None:
+) -> float:
     """Measure the winner (at its batch size), and make_loader's defaults and the 1x/2x-cores
     rule at the requested ``batch_size`` (what runs without tune) side by side: interleaved
-    rounds, the median per contender, all ending by ``deadline``."""
+    rounds, the median per contender, all ending by ``deadline`` if one round of 0.05 s per
+    contender fits; returns how long it ran past what fitted (0.0 when it fitted)."""
+    started = time.perf_counter()
     costs = costs or _TrialCosts()
     tuned_bs = result.best.batch_size
     bs = batch_size or tuned_bs
@@ -361,6 +371,7 @@ def _compare(
     if seconds < 0.1:
         rounds = 1
         seconds = (left - overhead) / len(contenders)
+    squeezed = seconds < 0.05
     seconds = max(0.05, seconds)
     rates: dict[str, list[float]] = {k: [] for k in contenders}
     for r in range(rounds):
@@ -394,6 +405,7 @@ def _compare(
             f"recommending {chosen}: the search's choice measured {c['tuned'] / c[chosen]:.2f}x "
             f"it side by side"
         )
+    return time.perf_counter() - started if squeezed else 0.0
 
 
 def add_arguments(p) -> None:
@@ -464,6 +476,12 @@ def main(args) -> int:
         compare=not args.no_compare,
         log=log,
     )
+    if result.seconds > args.budget:
+        log(
+            f"ran {result.seconds:.1f} s for a {args.budget:.0f} s budget: the parts that always "
+            f"run (warm-up, make_loader's probe, in-process and one worker, one side-by-side "
+            f"round) took {result.minimum_s:.1f} s; give --budget more"
+        )
     if args.write:
         write_settings(result, args.write)
         log(f"wrote {args.write}")

@@ -40,6 +40,9 @@ class TuneResult:
     # the most one trial's start-up and shutdown took beyond what was measured before it:
     # the part of a run past its budget that the budget could not foresee
     overhead_miss_s: float = 0.0
+    # the time of what runs whatever the budget (warm-up, make_loader's probe, the first two
+    # trials, a side-by-side check squeezed to its shortest): a budget below it is overrun
+    minimum_s: float = 0.0
 
     @property
     def settings(self) -> dict[str, Any]:
