@@ -477,11 +477,7 @@ def main(args) -> int:
         log=log,
     )
     if result.seconds > args.budget:
-        log(
-            f"ran {result.seconds:.1f} s for a {args.budget:.0f} s budget: the parts that always "
-            f"run (warm-up, make_loader's probe, in-process and one worker, one side-by-side "
-            f"round) took {result.minimum_s:.1f} s; give --budget more"
-        )
+        log(result.overrun_note(args.budget))
     if args.write:
         write_settings(result, args.write)
         log(f"wrote {args.write}")

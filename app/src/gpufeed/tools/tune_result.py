@@ -62,6 +62,14 @@ class TuneResult:
             },
         }
 
+    def overrun_note(self, budget_s: float) -> str:
+        """Why a run outlasted its budget."""
+        return (
+            f"ran {self.seconds:.1f} s for a {budget_s:.0f} s budget: the parts that always run "
+            f"(warm-up, make_loader's probe, in-process and one worker, one side-by-side round) "
+            f"took {self.minimum_s:.1f} s; give --budget more"
+        )
+
     def ratios(self) -> dict[str, float]:
         """The chosen settings' samples/s over each other contender's, side by side."""
         c = self.comparison
