@@ -86,7 +86,7 @@ def test_getting_started_notebook_executes(run_container, jupyter_image):
         "sh",
         "-c",
         "cd /workspace && jupyter nbconvert --to notebook --execute getting-started.ipynb "
-        "--output /tmp/executed.ipynb --ExecutePreprocessor.timeout=240 2>&1",
+        "--output /tmp/executed.ipynb --ExecutePreprocessor.timeout=600 2>&1",
     )
     seconds = time.monotonic() - start
     assert code == 0, f"the notebook failed ({seconds:.0f} s):\n{out[-6000:]}"
