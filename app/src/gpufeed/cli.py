@@ -237,9 +237,10 @@ def _cmd_inspect(args) -> int:
     if args.quiet:  # the exit status says it is a readable pack
         return EXIT_OK
     s = info["sample"]
-    sample = (
-        f"{s['dtype_name']} {'x'.join(map(str, s['shape']))}" if s["kind"] == "array" else "encoded"
-    )
+    if s["kind"] == "array":
+        sample = f"{s['dtype_name']} {'x'.join(map(str, s['shape']))}"
+    else:
+        sample = s["text"] if s["kind"] == "fields" else "encoded"
     classes = info["classes"]
     if classes is None:
         class_text = "none (labels from the source or -1)"

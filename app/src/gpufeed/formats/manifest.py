@@ -130,7 +130,7 @@ def read_manifest(dest: str | Path) -> dict[str, Any]:
             raise NotPackedError(
                 busy_message(dest, partial)
                 or f"{dest}: no {MANIFEST_NAME}; a pack into it is unfinished ({partial}); "
-                f"finish it with `gpufeed pack SOURCE {dest} --resume`"
+                + _how_to_finish(partial, dest)
             )
         if not dest.exists():
             raise NotPackedError(f"{dest}: does not exist")
@@ -152,6 +152,21 @@ def read_manifest(dest: str | Path) -> dict[str, Any]:
             f"reads ({FORMAT_VERSION}); upgrade gpufeed"
         )
     return manifest
+
+
+def _how_to_finish(partial: Path, dest: Path) -> str:
+    """A Writer's unfinished pack is finished by a Writer, a pack's by `gpufeed pack`."""
+    try:
+        writer = json.loads((partial / "state.json").read_text()).get("writer")
+    except (OSError, ValueError, AttributeError):
+        writer = False
+    if writer:
+        return (
+            "it was written by gpufeed.Writer and not closed (the writer stopped or crashed): "
+            f"continue it with gpufeed.Writer({str(dest)!r}, ..., resume=True) and write from "
+            "sample `written` on, or start over with overwrite=True"
+        )
+    return f"finish it with `gpufeed pack SOURCE {dest} --resume`"
 
 
 def write_manifest(dest: str | Path, manifest: dict[str, Any]) -> None:
