@@ -53,7 +53,7 @@ from gpufeed.write.guard import (
 from gpufeed.write.options import check_options
 from gpufeed.write.staging import part_path
 
-__all__ = ["PART_BYTES", "WrittenSource", "Writer"]
+__all__ = ["PART_BYTES", "WrittenSource", "Writer", "label_of"]
 
 # a part is committed every part_size samples or PART_BYTES bytes, whichever comes first
 PART_BYTES = 64 << 20
@@ -164,7 +164,7 @@ class Writer:
         self.item_names: list[str] | None = None
         self._pending: list[tuple[int, bytes, int]] = []
         self._pending_bytes = 0
-        self._items = 0
+        self._items = 0  # inputs done: gpufeed.pack(fn, inputs) goes on from here
         if state_path.exists() and resume:
             self._resume(json.loads(state_path.read_text()))
             return
@@ -217,17 +217,33 @@ class Writer:
         """Add one sample dict: every field of the schema, nothing else."""
         self.add_item(self._items, [sample])
 
+    @property
+    def inputs_done(self) -> int:
+        """Inputs committed or written so far (after a resume: where to go on from)."""
+        return self._items
+
+    def set_schema(self, schema: Schema) -> None:
+        """The schema, once (from the first sample when none was given)."""
+        if self.schema is None:
+            self.schema = schema
+            self._save_state()
+
     def add_item(self, item: int, samples: list) -> None:
         """The samples of one input (``gpufeed.pack(fn, inputs)``: fn's output for
         inputs[item]); a part is committed only between inputs, so a resume restarts at an
         input boundary."""
         self._check_open()
-        for sample in samples:
-            if self.schema is None:
-                self.schema = infer_schema(sample)
-                self._save_state()
-            record = encode_record(self.schema, sample)
-            self._pending.append((item, record, _label_of(self.schema, sample)))
+        if samples and self.schema is None:
+            self.set_schema(infer_schema(samples[0]))
+        records = [(encode_record(self.schema, s), label_of(self.schema, s)) for s in samples]
+        self.add_records(item, records)
+
+    def add_records(self, item: int, records: list[tuple[bytes, int]]) -> None:
+        """Encoded samples of input ``item``: (record, label) each (add_item's work, done
+        in a worker process by gpufeed.pack(fn, inputs))."""
+        self._check_open()
+        for record, label in records:
+            self._pending.append((item, record, label))
             self._pending_bytes += len(record)
             self.written += 1
         self._items = max(self._items, item + 1)
@@ -305,7 +321,7 @@ class Writer:
             self.abandon()
 
 
-def _label_of(schema: Schema, sample: Mapping[str, Any]) -> int:
+def label_of(schema: Schema, sample: Mapping[str, Any]) -> int:
     """The pack's per-sample label (class-balanced samplers, verify): an int field named
     "label", else -1."""
     try:
