@@ -21,8 +21,10 @@ is a :class:`FieldBatch`, a dict of the fields collated (:func:`collate_fields`)
   fixed-shape tensors (arrays, same-size images)   stacked: [B, ...]
   ragged tensors (tokens, boxes, waveforms)        a list of B tensors, or with ``pad=``
                                                    {name: value}: one tensor padded with value
-                                                   to the longest, plus ``NAME_mask`` (bool,
-                                                   True where real) over the dimensions that vary
+                                                   to the largest size in each dimension, plus
+                                                   ``NAME_mask``, bool, the same shape, True
+                                                   where a value is real (every batch, even
+                                                   one whose sizes happen to agree)
   int, float                                       int64, float64 tensors [B] (as default_collate)
   str, bytes, JSON values                          lists of B
 
@@ -163,18 +165,18 @@ class FieldBatch(dict):
 
 
 def _pad(values: list[torch.Tensor], fill) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged tensors padded with ``fill`` to the largest size in each dimension, and the
-    mask (True where a value is real) over the dimensions that vary."""
-    shapes = torch.tensor([list(v.shape) for v in values], dtype=torch.int64)
-    top = shapes.max(0).values.tolist()
-    vary = [d for d in range(shapes.shape[1]) if bool((shapes[:, d] != top[d]).any())]
-    out = new_batch_tensor((len(values), *top), values[0].dtype)
+    """Tensors padded with ``fill`` to the largest size in each dimension, and a mask of
+    the same shape, True where a value is real."""
+    top = torch.tensor([list(v.shape) for v in values], dtype=torch.int64).max(0).values
+    shape = (len(values), *top.tolist())
+    out = new_batch_tensor(shape, values[0].dtype)
     out.fill_(fill)
-    mask = new_batch_tensor((len(values), *[top[d] for d in vary]), torch.bool)
+    mask = new_batch_tensor(shape, torch.bool)
     mask.zero_()
     for b, v in enumerate(values):
-        out[(b, *[slice(0, n) for n in v.shape])] = v
-        mask[(b, *[slice(0, v.shape[d]) for d in vary])] = True
+        where = (b, *[slice(0, n) for n in v.shape])
+        out[where] = v
+        mask[where] = True
     return out, mask
 
 
@@ -186,12 +188,10 @@ def collate_fields(samples: Sequence[Mapping], pad: Mapping[str, Any] | None = N
     for name in samples[0] if samples else ():
         values = [s[name] for s in samples]
         first = values[0]
-        if isinstance(first, torch.Tensor):
-            stacked = stack(values)
-            if isinstance(stacked, list) and name in pad:
-                out[name], out[f"{name}_mask"] = _pad(values, pad[name])
-            else:
-                out[name] = stacked
+        if isinstance(first, torch.Tensor) and name in pad:
+            out[name], out[f"{name}_mask"] = _pad(values, pad[name])
+        elif isinstance(first, torch.Tensor):
+            out[name] = stack(values)
         elif isinstance(first, (int, np.integer)) and not isinstance(first, bool):
             out[name] = torch.as_tensor(values, dtype=torch.int64)
         elif isinstance(first, (float, np.floating)):
