@@ -83,7 +83,8 @@ class PackedDataset(SampleReading, Dataset):
         pad: dict[str, Any] | None = None,
         **reader_options: Any,
     ):
-        reader = open_reader(path, **reader_options)
+        make = reader_options.pop("reader", None)  # an in-place reader class (open_dataset)
+        reader = make(path, **reader_options) if make else open_reader(path, **reader_options)
         if self.format_name and reader.format_name != self.format_name:
             raise UsageError(
                 f"{path}: is a {reader.format_name} dataset, not {self.format_name}; "

@@ -81,6 +81,11 @@ class SampleReading:
                 f"{reader.root}: decode={decode!r} decodes encoded images, but this pack holds "
                 f"{reader.spec.kind} samples"
             )
+        if verify_crc and not getattr(reader, "checksums", True):
+            raise UsageError(
+                f"{reader.root}: verify_crc=True, but data read in place ({reader.format_name}) "
+                "stores no checksums; pack it (gpufeed pack) to have them"
+            )
         if batch_transform is not None and reader.spec.kind == "fields":
             raise UsageError(
                 f"{reader.root}: batch_transform takes one stacked tensor; this pack's samples "

@@ -32,10 +32,12 @@ __all__ = [
     "decode_record",
     "decode_value",
     "encode_record",
+    "join_record",
     "member_bytes",
     "member_name",
     "record_from_members",
     "split_record",
+    "stored_from_member",
 ]
 
 TAR_EXT = {"array": "npy", "ragged": "npy", "str": "txt", "int": "cls", "float": "json"}
@@ -150,9 +152,7 @@ def encode_record(schema: Schema, sample: Mapping[str, Any]) -> bytes:
             + (f": missing {missing}" if missing else "")
             + (f": not in the schema {extra}" if extra else "")
         )
-    values = [encode_value(f, sample[f.name]) for f in schema.fields]
-    sizes = np.fromiter(map(len, values), dtype=_INT64, count=len(values))
-    return sizes.tobytes() + b"".join(values)
+    return join_record([encode_value(f, sample[f.name]) for f in schema.fields])
 
 
 def split_record(schema: Schema, record) -> list[memoryview]:
@@ -240,7 +240,9 @@ def member_bytes(field: Field, stored) -> bytes:
     return bytes(stored)
 
 
-def _stored_from_member(field: Field, data: bytes) -> bytes:
+def stored_from_member(field: Field, data: bytes) -> bytes:
+    """A tar member's bytes -> the field's stored record bytes (member_bytes undone; also
+    how a WebDataset shard's members are read in place)."""
     if field.compression:
         return data
     kind = field.type
@@ -253,7 +255,7 @@ def _stored_from_member(field: Field, data: bytes) -> bytes:
             return body
         return np.asarray(shape, dtype=_INT64).tobytes() + body
     if kind == "int":
-        return np.asarray(int(data), dtype=_INT64).tobytes()
+        return np.asarray(int(data.strip() or b"x"), dtype=_INT64).tobytes()
     if kind == "float":
         return np.asarray(float(json.loads(data)), dtype="<f8").tobytes()
     return data
@@ -275,7 +277,12 @@ def record_from_members(schema: Schema, span) -> bytes:
         data = bytes(view[pos + 512 : pos + 512 + size])
         if len(data) != size:
             raise ValueError(f"field {field.name!r}'s member is truncated")
-        stored.append(_stored_from_member(field, data))
+        stored.append(stored_from_member(field, data))
         pos += 512 + size + (-size) % 512
+    return join_record(stored)
+
+
+def join_record(stored: list[bytes]) -> bytes:
+    """Each field's stored bytes, in schema order -> the record."""
     sizes = np.fromiter(map(len, stored), dtype=_INT64, count=len(stored))
     return sizes.tobytes() + b"".join(stored)

@@ -34,7 +34,7 @@ from gpufeed.write.options import ON_ERROR
 from gpufeed.write.pool import default_workers, die_with_parent
 from gpufeed.write.writer import Writer, label_of
 
-__all__ = ["pack_function"]
+__all__ = ["pack_function", "pack_in_place"]
 
 CHUNK = 16
 _JOB: dict[str, Any] = {}  # in a worker: fn, inputs, schema (set by _start_worker)
@@ -170,3 +170,65 @@ def _take(w: Writer, i: int, result: tuple, inputs: Sequence, on_error: str) -> 
     if len(result) == 3 and w.schema is None:
         w.set_schema(result[2])
     w.add_records(i, result[1])
+
+
+READ_BATCH = 256
+
+
+def pack_in_place(
+    source: str | os.PathLike,
+    dest: str | os.PathLike,
+    format: str = "hdf5",  # noqa: A002 - the public name
+    *,
+    datasets=None,
+    index_dir: str | os.PathLike | None = None,
+    on_error: str = "stop",
+    resume: bool = False,
+    overwrite: bool = False,
+    quiet: bool = False,
+    encode: str = "keep",
+    resize=None,
+    workers: int | None = None,  # noqa: ARG001 - read in-process: the reads are sequential
+    log=None,  # noqa: ARG001 - as pack_files takes it
+    follow_symlinks: bool = False,  # noqa: ARG001 - as pack_files takes it
+    **writer_options: Any,
+) -> dict[str, Any]:
+    """Pack data read in place (WebDataset shards, an HDF5 file given ``datasets``:
+    gpufeed.formats.inplace) into DEST: its records copied as they are read, in order,
+    through a Writer (crash-safe, ``resume=True`` goes on after the committed samples)."""
+    from gpufeed.formats.inplace import open_in_place
+
+    if encode != "keep" or resize is not None:
+        raise UsageError("--encode raw and --resize apply to image folders, not to shards or HDF5")
+    reader = open_in_place(source, datasets=datasets, index_dir=index_dir)
+    if reader is None:
+        raise UsageError(f"{source}: not WebDataset shards (pass datasets= for an HDF5 file)")
+    w = Writer(
+        dest, format, reader.spec.schema, resume=resume, overwrite=overwrite, quiet=quiet,
+        **writer_options,
+    )  # fmt: skip
+    w.item_names = [f"{reader.location(i)}#{i}" for i in range(reader.count)]
+    bar = progress.progress_bar(reader.count, w.inputs_done, quiet, "pack")
+    try:
+        for lo in range(w.inputs_done, reader.count, READ_BATCH):
+            hi = min(lo + READ_BATCH, reader.count)
+            for i in range(lo, hi):
+                _take(w, i, _read_one(reader, i), w.item_names, on_error)
+            bar.update(hi - lo)
+        manifest = w.close()
+    except BaseException:
+        w.abandon()
+        raise
+    finally:
+        bar.close()
+    return manifest
+
+
+def _read_one(reader, i: int) -> tuple:
+    import numpy as np
+
+    try:
+        record = reader.read_batch(np.array([i], dtype=np.int64))[0]
+    except Exception as e:  # noqa: BLE001 - a sample that cannot be read is that input's error
+        return "error", f"{type(e).__name__}: {e}"
+    return "ok", [(record, int(reader.labels[i]))]

@@ -65,11 +65,23 @@ def pack(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
     ``pack(fn, inputs, DEST, format="hdf5", workers=N, ...)``: ``fn(input)`` returns a sample
     dict (or yields several) for each input, run in N worker processes, written in input
     order; see :func:`gpufeed.write.convert.pack_function`.
+
+    ``pack(SHARDS, DEST, ...)`` (WebDataset tar shards) or ``pack(FILE.h5, DEST,
+    datasets={"image": "/images", "label": "/labels"})``: data gpufeed reads in place, copied
+    into a pack (:func:`gpufeed.write.convert.pack_in_place`).
     """
     if callable(source):
         from gpufeed.write.convert import pack_function
 
         return pack_function(source, dest, *args, **kwargs)
+    from gpufeed.formats.webdataset import is_webdataset
+
+    if kwargs.get("datasets") is not None or is_webdataset(source):
+        from gpufeed.write.convert import pack_in_place
+
+        return pack_in_place(source, dest, *args, **kwargs)
+    kwargs.pop("datasets", None)
+    kwargs.pop("index_dir", None)
     return pack_files(source, dest, *args, **kwargs)
 
 
