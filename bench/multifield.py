@@ -8,8 +8,9 @@
   webdataset's ShardWriter and read in place through gpufeed's cached member index, against
   gpufeed's own tar pack of them (gpufeed.Writer): every sample in a shuffled order, batches
   of 256 through ``get_batch``, with and without decoding the JPEGs.
-- ``compression``: a raw float32 [64, 64] array and a 2 KiB text per sample, stored plain and
-  with ``"compression": "zstd"``: bytes on disk, and reading every sample.
+- ``compression``: a 2 KiB text, a smooth float32 [64, 64] array, 512 int32 token ids per
+  sample, each stored plain and with ``"compression": "zstd"``: bytes on disk, and reading
+  every sample.
 - ``convert``: the same samples written by ``gpufeed.pack(fn, inputs, workers=W)``,
   ``litdata.optimize(num_workers=W)``, MosaicML's ``MDSWriter`` and webdataset's
   ``ShardWriter`` (both single-process writers: fed by a pool of W processes making the samples,
@@ -121,31 +122,31 @@ def run_compression(root: Path, n: int, reps: int) -> None:
     rng = np.random.default_rng(0)
     words = np.array("the a of cat dog runs over under quickly slowly red blue".split())
     texts = [" ".join(rng.choice(words, 400)) for _ in range(64)]
-    # smooth arrays (a sensor field, an embedding map): what raw float arrays usually hold
-    base = np.cumsum(rng.standard_normal((64, 64, 64)), axis=2).astype(np.float32)
-
-    def sample(i):
-        return {"x": base[i % 64], "text": texts[i % 64], "label": i}
-
-    rows = {}
-    for comp in (None, "zstd"):
-        schema = {
-            "x": {"type": "array", "dtype": "float32", "shape": [64, 64], "compression": comp},
-            "text": {"type": "str", "compression": comp},
-            "label": "int",
-        }
-        dest = root / f"c-{comp}"
-        with gpufeed.Writer(dest, format="lmdb", schema=schema) as w:
-            for i in range(n):
-                w.write(sample(i))
-        rows[comp or "none"] = (dir_bytes(dest), gpufeed.open_dataset(dest))
-    rates = best_rates({k: (lambda d=v[1]: read_all(d, n)) for k, v in rows.items()}, reps, n)
-    plain, z = rows["none"][0], rows["zstd"][0]
-    print(f"compression: {n} samples (float32 64x64 smooth array + 2 KiB text), lmdb")
-    print(f"  bytes on disk: none {plain / 1e6:.1f} MB, zstd {z / 1e6:.1f} MB "
-          f"(zstd / none = {z / plain:.2f}x)")  # fmt: skip
-    print(f"  read: none {rates['none']:,.0f}/s, zstd {rates['zstd']:,.0f}/s "
-          f"(zstd / none = {rates['zstd'] / rates['none']:.2f}x)")  # fmt: skip
+    # smooth arrays (a sensor field, a depth map), and token ids (int32, a 50k vocabulary)
+    smooth = np.cumsum(rng.standard_normal((64, 64, 64)), axis=2).astype(np.float32)
+    tokens = rng.zipf(1.3, (64, 512)).clip(0, 50_000).astype(np.int32)
+    kinds = {
+        "text (2 KiB)": ("str", None, lambda i: texts[i % 64]),
+        "float32 64x64 smooth array": ("array", ("float32", [64, 64]), lambda i: smooth[i % 64]),
+        "int32 tokens (512)": ("ragged", ("int32", [-1]), lambda i: tokens[i % 64]),
+    }
+    print(f"compression: {n} samples of one field, lmdb")
+    for what, (kind, arr, make) in kinds.items():
+        packs = {}
+        for comp in (None, "zstd"):
+            field = {"type": kind, "compression": comp}
+            if arr:
+                field.update(dtype=arr[0], shape=arr[1])
+            dest = root / f"c-{kind}-{comp}"
+            with gpufeed.Writer(dest, format="lmdb", schema={"v": field}) as w:
+                for i in range(n):
+                    w.write({"v": make(i)})
+            packs[comp or "none"] = (dir_bytes(dest), gpufeed.open_dataset(dest))
+        rates = best_rates({k: (lambda d=v[1]: read_all(d, n)) for k, v in packs.items()}, reps, n)
+        size = packs["zstd"][0] / packs["none"][0]
+        speed = rates["zstd"] / rates["none"]
+        print(f"  {what:28} bytes zstd/none {size:.2f}x   read zstd/none {speed:.2f}x "
+              f"({rates['none']:,.0f}/s plain)")  # fmt: skip
 
 
 def main(argv=None) -> int:

@@ -47,6 +47,11 @@ SCHEMA = {
     "count": "int",
     "score": "float",
     "meta": "json",
+    "zarr": {"type": "array", "dtype": "float64", "shape": [3, 2], "compression": "zstd"},
+    "ztok": {"type": "ragged", "dtype": "uint16", "shape": [-1], "compression": "zstd"},
+    "ztext": {"type": "str", "compression": "zstd"},
+    "zblob": {"type": "bytes", "compression": "zstd"},
+    "zmeta": {"type": "json", "compression": "zstd"},
 }
 
 
@@ -67,12 +72,17 @@ def _sample(i: int) -> dict:
         "count": -(2**62) + i,
         "score": [0.1, -1e300, 5e-324, float("nan"), float("inf")][i % 5],
         "meta": {"i": i, "boxes": [[1, 2.5]], "name": None, "ok": True},
+        "zarr": rng.standard_normal((3, 2)),
+        "ztok": np.arange(i * 50, dtype=np.uint16),
+        "ztext": "zstd " * i * 30,
+        "zblob": bytes(i * 100),
+        "zmeta": {"i": [i] * i},
     }
 
 
 def _check_same(got: dict, want: dict) -> None:
     assert list(got) == list(want)
-    for name in ("fixed", "cplx", "big", "tokens", "boxes", "planes"):
+    for name in ("fixed", "cplx", "big", "tokens", "boxes", "planes", "zarr", "ztok"):
         g, w = got[name], np.asarray(want[name])
         assert isinstance(g, torch.Tensor)
         g = g.numpy()
@@ -81,7 +91,7 @@ def _check_same(got: dict, want: dict) -> None:
         np.testing.assert_array_equal(g, w)
     assert got["png"].dtype == torch.uint8 and tuple(got["png"].shape) == (3, 6, 10)
     assert tuple(got["jpg"].shape) == (3, 6, 10) and tuple(got["webp"].shape) == (3, 6, 10)
-    for name in ("blob", "text", "count", "meta"):
+    for name in ("blob", "text", "count", "meta", "ztext", "zblob", "zmeta"):
         assert got[name] == want[name] and type(got[name]) is type(want[name]), name
     assert np.float64(got["score"]).tobytes() == np.float64(want["score"]).tobytes()
 
@@ -136,13 +146,10 @@ def test_plain_libraries_read_the_documented_layouts(tmp_path):
     env.close()
     with tarfile.open(tmp_path / "tar" / "shard-000000.tar") as t:
         names = t.getnames()
+        exts = "jpg png webp npy npy npy npy npy npy bin txt cls json json".split()
+        exts += ["npy.zst", "npy.zst", "txt.zst", "bin.zst", "json.zst"]
         assert names[: len(SCHEMA)] == [
-            f"000000000.{n}.{e}"
-            for n, e in zip(
-                SCHEMA,
-                "jpg png webp npy npy npy npy npy npy bin txt cls json json".split(),
-                strict=True,
-            )
+            f"000000000.{n}.{e}" for n, e in zip(SCHEMA, exts, strict=True)
         ]
         boxes = np.load(io.BytesIO(t.extractfile("000000002.boxes.npy").read()))
         np.testing.assert_array_equal(boxes, samples[2]["boxes"])
@@ -259,3 +266,18 @@ def test_a_record_that_does_not_add_up_is_an_error():
     assert [bytes(v) for v in split_record(schema, rec)] == [b"xy", b"z"]
     with pytest.raises(ValueError, match="do not add up"):
         split_record(schema, rec[:-1])
+
+
+def test_zstd_fields_are_smaller_on_disk_and_recorded_in_the_manifest(tmp_path):
+    text = "the same words again and again " * 60
+    for comp in (None, "zstd"):
+        schema = {"t": {"type": "str", "compression": comp}, "image": "png"}
+        with gpufeed.Writer(tmp_path / str(comp), format="mmap", schema=schema) as w:
+            for i in range(50):
+                w.write({"t": text + str(i), "image": _image("png", i)[0]})
+    size = {c: (tmp_path / str(c) / "encoded.npy").stat().st_size for c in (None, "zstd")}
+    assert size["zstd"] < size[None] - 50 * len(text) // 2
+    fields = json.loads((tmp_path / "zstd" / "manifest.json").read_text())["sample"]["fields"]
+    assert fields == [{"name": "t", "type": "str", "compression": "zstd"},
+                      {"name": "image", "type": "image", "format": "png"}]  # fmt: skip
+    assert gpufeed.open_dataset(tmp_path / "zstd")[7]["t"] == text + "7"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,14 +48,26 @@ ZSTD_LEVEL = 3
 _INT64 = np.dtype("<i8")
 
 
-def _zstd():
-    try:
-        import zstandard
-    except ImportError:
-        raise UsageError(
-            "zstd field compression needs the zstandard package (pip install zstandard)"
-        ) from None
-    return zstandard
+_ZSTD = threading.local()  # one compressor and decompressor per thread: making one per
+# value cost more than decompressing a 16 KiB field
+
+
+def _zstd(kind: str):
+    """This thread's zstd compressor ("c") or decompressor ("d")."""
+    codec = getattr(_ZSTD, kind, None)
+    if codec is None:
+        try:
+            import zstandard
+        except ImportError:
+            raise UsageError(
+                "zstd field compression needs the zstandard package (pip install zstandard)"
+            ) from None
+        if kind == "c":
+            codec = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        else:
+            codec = zstandard.ZstdDecompressor()
+        setattr(_ZSTD, kind, codec)
+    return codec
 
 
 def _as_array(field: Field, value: Any) -> np.ndarray:
@@ -135,7 +148,7 @@ def encode_value(field: Field, value: Any) -> bytes:
     """One field's stored bytes (compressed when the field says so)."""
     data = _encode_plain(field, value)
     if field.compression == "zstd":
-        return _zstd().ZstdCompressor(level=ZSTD_LEVEL).compress(data)
+        return _zstd("c").compress(data)
     return data
 
 
@@ -172,7 +185,7 @@ def split_record(schema: Schema, record) -> list[memoryview]:
 
 def _plain(field: Field, data) -> memoryview | bytes:
     if field.compression == "zstd":
-        return _zstd().ZstdDecompressor().decompress(bytes(data))
+        return _zstd("d").decompress(data)
     return data
 
 
