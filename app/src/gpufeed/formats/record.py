@@ -16,6 +16,7 @@ extension and holds the zstd frame of the bytes above.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -224,6 +225,7 @@ def member_name(key: str, field: Field) -> str:
     return f"{key}.{field.name}.{ext}" + (".zst" if field.compression else "")
 
 
+@functools.lru_cache(maxsize=256)  # fixed-shape fields: one header for every sample
 def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
     head = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": tuple(shape)}
     buf = io.BytesIO()
