@@ -143,7 +143,9 @@ def run_convert(root: Path, n: int, workers: int, reps: int) -> None:
     for kind, (make, schema) in KINDS.items():
         best = {c: float("inf") for c in names}
         for rep in range(reps):
-            for c in names:
+            # each pass in a rotated order: no candidate always runs first (cold) or right
+            # after a given peer (whose processes may still be exiting)
+            for c in names[rep % len(names) :] + names[: rep % len(names)]:
                 out = root / f"out-{rep}-{c.replace(' ', '_')}"
                 t = time.perf_counter()
                 CANDIDATES[c](make, schema, paths[kind], out, workers)
