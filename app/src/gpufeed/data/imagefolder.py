@@ -8,7 +8,6 @@ a file changes its folder's). Samples are ``(image, label)``, as a pack of it gi
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 from pathlib import Path
@@ -18,9 +17,8 @@ import numpy as np
 
 from gpufeed.errors import CorruptSampleError, GpufeedError, NotPackedError
 from gpufeed.formats.base import Reader
-from gpufeed.formats.files import atomic_write_bytes
 from gpufeed.formats.manifest import MANIFEST_NAME, PARTIAL_SUFFIX
-from gpufeed.formats.webdataset import index_folder
+from gpufeed.formats.webdataset import cached_index, index_folder
 from gpufeed.write.scan import scan_source
 
 __all__ = ["ImageFolderReader", "is_image_folder"]
@@ -50,15 +48,15 @@ def _folders_stamp(root: Path) -> str:
 
 def _listing(root: Path, where: Path) -> dict[str, Any]:
     key = hashlib.sha256(os.path.realpath(root).encode("utf-8", "surrogateescape")).hexdigest()
-    path = where / f"imagefolder-{key[:24]}.npz"
     stamp = _folders_stamp(root)
-    if path.exists():
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                if str(z["stamp"]) == stamp:
-                    return {k: z[k] for k in z.files}
-        except (OSError, ValueError, KeyError):
-            pass
+    return cached_index(
+        where / f"imagefolder-{key[:24]}.npz",
+        lambda cached: str(cached["stamp"]) == stamp,
+        lambda: {**_list(root), "stamp": np.asarray(stamp)},
+    )
+
+
+def _list(root: Path) -> dict[str, Any]:
     try:
         src = scan_source(root)
         if src.kind != "imagefolder" or not src.classes:
@@ -68,20 +66,11 @@ def _listing(root: Path, where: Path) -> dict[str, Any]:
             f"{root}: no {MANIFEST_NAME}, and not an image folder to read in place ({e}); "
             "make a pack with `gpufeed pack`"
         ) from None
-    listing = {
+    return {
         "rel": np.asarray(src.rel, dtype=str),
         "labels": src.labels,
         "classes": np.asarray(json.dumps(src.classes)),
-        "stamp": np.asarray(stamp),
     }
-    buf = io.BytesIO()
-    np.savez(buf, **listing)
-    try:
-        where.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, buf.getvalue())
-    except OSError:
-        pass  # a read-only cache folder: listed again on each open
-    return listing
 
 
 class ImageFolderReader(Reader):

@@ -36,7 +36,14 @@ from gpufeed.formats.files import atomic_write_bytes
 from gpufeed.formats.record import join_record, stored_from_member
 from gpufeed.formats.schema import Field, Schema
 
-__all__ = ["WebDatasetReader", "expand_shards", "index_folder", "is_webdataset", "load_index"]
+__all__ = [
+    "WebDatasetReader",
+    "cached_index",
+    "expand_shards",
+    "index_folder",
+    "is_webdataset",
+    "load_index",
+]
 
 IMAGE_EXT = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp"}
 INT_EXT = ("cls", "cls2", "index", "id")
@@ -225,29 +232,39 @@ def _pread(path: Path, size: int, offset: int) -> bytes:
         return f.read(size)
 
 
+def cached_index(path: Path, fresh, build) -> dict[str, Any]:
+    """The arrays cached at ``path`` (an .npz) when ``fresh(them)``, else ``build()``'s,
+    cached there (atomically; a cache folder that cannot be written is no error: the index
+    is built again on each open)."""
+    if path.exists():
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                cached = {k: z[k] for k in z.files}
+            if fresh(cached):
+                return cached
+        except (OSError, ValueError, KeyError):
+            pass  # an unreadable cache is rebuilt
+    index = build()
+    buf = io.BytesIO()
+    np.savez(buf, **index)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, buf.getvalue())
+    except OSError:
+        pass
+    return index
+
+
 def load_index(shards: list[Path], where: Path) -> dict[str, Any]:
     """The cached index of these shards, built (and cached) when missing or stale."""
     real = [os.path.realpath(s) for s in shards]
     key = hashlib.sha256("\n".join(real).encode("utf-8", "surrogateescape")).hexdigest()[:24]
-    path = where / f"webdataset-{key}.npz"
     stats = _stats(shards)
-    if path.exists():
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                if np.array_equal(z["stats"], stats):
-                    return {k: z[k] for k in z.files}
-        except (OSError, ValueError, KeyError):
-            pass  # an unreadable cache is rebuilt
-    index = _build(shards)
-    index["stats"] = stats
-    buf = io.BytesIO()
-    np.savez(buf, **index)
-    try:
-        where.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, buf.getvalue())
-    except OSError:
-        pass  # a read-only cache folder: the index is rebuilt on each open
-    return index
+    return cached_index(
+        where / f"webdataset-{key}.npz",
+        lambda cached: np.array_equal(cached["stats"], stats),
+        lambda: {**_build(shards), "stats": stats},
+    )
 
 
 class WebDatasetReader(Reader):

@@ -17,6 +17,7 @@ manifest's ``skipped``.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 from collections import deque
@@ -25,6 +26,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from itertools import islice
 from typing import Any
+
+import numpy as np
 
 from gpufeed.errors import PackWorkerError, SourceError, UsageError
 from gpufeed.formats.record import encode_record
@@ -129,7 +132,7 @@ def pack_function(
     )
     w.item_names = [_name(x, i) for i, x in enumerate(inputs)]
     bar = progress.progress_bar(len(inputs), w.inputs_done, quiet, "pack", unit="input")
-    try:
+    with _writing(w, bar):
         start = w.inputs_done
         while w.schema is None and start < len(inputs):  # the first sample says the schema
             _take(w, start, _first(fn, inputs[start]), inputs, on_error)
@@ -138,13 +141,19 @@ def pack_function(
         for i, result in _results(fn, inputs, start, w.schema, workers):
             _take(w, i, result, inputs, on_error)
             bar.update(1)
-        manifest = w.close()
+        return w.close()
+
+
+@contextlib.contextmanager
+def _writing(w: Writer, bar):
+    """A conversion's Writer: left resumable (abandoned, not finished) on any error."""
+    try:
+        yield
     except BaseException:
         w.abandon()
         raise
     finally:
         bar.close()
-    return manifest
 
 
 def _first(fn, item) -> tuple:
@@ -209,24 +218,16 @@ def pack_in_place(
     )  # fmt: skip
     w.item_names = [f"{reader.location(i)}#{i}" for i in range(reader.count)]
     bar = progress.progress_bar(reader.count, w.inputs_done, quiet, "pack")
-    try:
+    with _writing(w, bar):
         for lo in range(w.inputs_done, reader.count, READ_BATCH):
             hi = min(lo + READ_BATCH, reader.count)
             for i in range(lo, hi):
                 _take(w, i, _read_one(reader, i), w.item_names, on_error)
             bar.update(hi - lo)
-        manifest = w.close()
-    except BaseException:
-        w.abandon()
-        raise
-    finally:
-        bar.close()
-    return manifest
+        return w.close()
 
 
 def _read_one(reader, i: int) -> tuple:
-    import numpy as np
-
     try:
         record = reader.read_batch(np.array([i], dtype=np.int64))[0]
     except Exception as e:  # noqa: BLE001 - a sample that cannot be read is that input's error
