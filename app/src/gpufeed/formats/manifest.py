@@ -3,15 +3,16 @@
 Fields:
   gpufeed_manifest   1 (this file's own schema version)
   format             hdf5 | lmdb | tar | mmap
-  format_version     on-disk layout version of that format
+  format_version     on-disk layout version: 1 for array/encoded samples, 2 for fields
   count              samples stored
   classes            class names, label i is classes[i] (null when the source had none)
   sample             {"kind": "array", "dtype": "uint8", "shape": [3, 64, 64]} or
-                     {"kind": "encoded"} (JPEG/PNG bytes decoded on read)
+                     {"kind": "encoded"} (JPEG/PNG bytes decoded on read) or
+                     {"kind": "fields", "fields": [...]} (multi-field samples: formats/schema.py)
   files              {name: {"bytes": n, "sha256": hex}} for every data file: plain names of
                      regular files inside the pack (readers refuse anything else)
   layout             format details (dataset names, key format, shard pattern, ...)
-  source             {"path": ..., "kind": imagefolder | arrays | listfile, "items": n,
+  source             {"path": ..., "kind": imagefolder | arrays | listfile | python, "items": n,
                       "digest": sha256 of the listing}
   options            pack options that shaped the bytes (encode, compression, shard sizes,
                      follow_symlinks when set)

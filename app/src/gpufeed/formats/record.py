@@ -20,6 +20,7 @@ import functools
 import io
 import json
 import math
+import struct
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -176,12 +177,16 @@ def split_record(schema: Schema, record) -> list[memoryview]:
     head = 8 * n
     if len(view) < head:
         raise ValueError(f"record of {len(view)} bytes is shorter than its {n} field sizes")
-    sizes = np.frombuffer(view[:head], dtype=_INT64)
-    ends = head + np.cumsum(sizes)
-    if (sizes < 0).any() or int(ends[-1]) != len(view):
-        raise ValueError(f"record field sizes {sizes.tolist()} do not add up to {len(view)}")
-    starts = [head, *ends[:-1].tolist()]
-    return [view[a:b] for a, b in zip(starts, ends.tolist(), strict=True)]
+    sizes = struct.unpack_from(f"<{n}q", view)
+    out, pos = [], head
+    for size in sizes:
+        if size < 0:
+            break
+        out.append(view[pos : pos + size])
+        pos += size
+    if pos != len(view) or len(out) != n:
+        raise ValueError(f"record field sizes {list(sizes)} do not add up to {len(view)}")
+    return out
 
 
 def _plain(field: Field, data) -> memoryview | bytes:

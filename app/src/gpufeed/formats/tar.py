@@ -82,6 +82,7 @@ def _header_template() -> bytes:
 
 
 _HEADER = _header_template()
+_ZEROS = bytes(BLOCK)
 
 
 def npy_header(spec: SampleSpec) -> bytes:
@@ -106,6 +107,7 @@ class TarWriter(Writer):
         self.labels = np.empty(count, dtype=np.int64)
         self.crcs = np.empty(count, dtype=np.uint32)
         self.names: list[str] = []
+        self._suffixes: list[str] | None = None  # ".NAME.EXT" of each field's member
         self.f = None
         self.in_shard = 0
         self.pos = 0
@@ -179,10 +181,20 @@ class TarWriter(Writer):
         field like any other). Returns (offset, size) of the span from the first member's
         header to the last member's data, what the index records and the reader parses."""
         schema = self.spec.schema
-        first = self.pos
-        for field, stored in zip(schema.fields, split_record(schema, record), strict=True):
+        if self._suffixes is None:
+            self._suffixes = [member_name("", f) for f in schema.fields]
+        first = pos = self.pos
+        chunks = []
+        for field, suffix, stored in zip(
+            schema.fields, self._suffixes, split_record(schema, record), strict=True
+        ):
             data = member_bytes(field, stored)
-            end = self._member(member_name(key, field), [data]) + len(data)
+            pad = (-len(data)) % BLOCK
+            chunks += [member_header(key + suffix, len(data)), data, _ZEROS[:pad]]
+            end = pos + BLOCK + len(data)
+            pos = end + pad
+        self.f.write(b"".join(chunks))  # one write per sample: a write per member cost more
+        self.pos = pos
         return first, end - first
 
     def finish(self) -> dict[str, Any]:
