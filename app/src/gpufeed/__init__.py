@@ -1,6 +1,7 @@
 """gpufeed: packed datasets that keep the GPU fed.
 
     gpufeed.pack(source, dest, format="hdf5")       files -> packed format (+ manifest.json)
+    gpufeed.Writer(dest, format, schema)            sample dicts -> packed format
     gpufeed.verify(dest) / gpufeed.inspect(dest)    check / describe a pack
     gpufeed.open_dataset(dest)                      the right dataset for a pack
     gpufeed.make_loader(dataset, batch_size)        a DataLoader with measured defaults
@@ -26,6 +27,7 @@ from gpufeed._version import __version__
 # name -> the module that defines it
 _EXPORTS = {
     "pack": "gpufeed.write.pack",
+    "Writer": "gpufeed.write.writer",
     "verify": "gpufeed.tools.verify",
     "inspect": "gpufeed.tools.verify",
     "open_dataset": "gpufeed.data.open",

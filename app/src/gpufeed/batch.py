@@ -14,6 +14,20 @@ Datasets read a batch at a time and build either from the same two pieces (the s
 read and their labels) with :func:`to_samples` or :func:`to_batch`, so a new kind of sample is
 a change here, not in every dataset.
 
+A multi-field pack's sample is a dict of its fields (gpufeed.formats.schema): tensors for
+arrays and decoded images, str, bytes, int, float or a JSON value for the others. Its batch
+is a :class:`FieldBatch`, a dict of the fields collated (:func:`collate_fields`):
+
+  fixed-shape tensors (arrays, same-size images)   stacked: [B, ...]
+  ragged tensors (tokens, boxes, waveforms)        a list of B tensors, or with ``pad=``
+                                                   {name: value}: one tensor padded with value
+                                                   to the largest size in each dimension, plus
+                                                   ``NAME_mask``, bool, the same shape, True
+                                                   where a value is real (every batch, even
+                                                   one whose sizes happen to agree)
+  int, float                                       int64, float64 tensors [B] (as default_collate)
+  str, bytes, JSON values                          lists of B
+
 The rules every stage uses to look inside a batch live here too: how many samples it holds
 (:func:`batch_len`: the loader counts them for resumption, bench and watch for rates), its
 tensors (:func:`iter_tensors`) and their bytes (:func:`batch_nbytes`).
@@ -30,9 +44,11 @@ from torch.utils.data import default_collate, get_worker_info
 
 __all__ = [
     "Batch",
+    "FieldBatch",
     "batch_len",
     "batch_nbytes",
     "collate",
+    "collate_fields",
     "is_batch",
     "iter_tensors",
     "new_batch_tensor",
@@ -134,16 +150,62 @@ def _rows(samples) -> Sequence[torch.Tensor]:
 
 def to_samples(samples, labels: np.ndarray, kept: np.ndarray, count: int) -> list:
     """The ``count`` samples of a read batch, in the order asked for: ``(tensor, int label)``
-    at each position in ``kept`` (the positions that were read and decoded), ``None`` at the
-    others (skipped as corrupt). ``samples`` and ``labels`` hold the kept ones, in order."""
+    (or the field dict of a multi-field pack) at each position in ``kept`` (the positions
+    that were read and decoded), ``None`` at the others (skipped as corrupt). ``samples``
+    and ``labels`` hold the kept ones, in order."""
     out: list = [None] * count
     for pos, sample, label in zip(kept.tolist(), _rows(samples), labels.tolist(), strict=True):
-        out[pos] = (sample, label)
+        out[pos] = sample if isinstance(sample, dict) else (sample, label)
     return out
 
 
-def to_batch(samples, labels: np.ndarray) -> Batch:
-    """A read batch as one :class:`Batch` (samples stacked when their shapes agree)."""
+class FieldBatch(dict):
+    """A multi-field batch: field name -> collated values (see the module docstring). A
+    dict; ``collate`` passes it through unchanged, as it does a Batch."""
+
+
+def _pad(values: list[torch.Tensor], fill) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tensors padded with ``fill`` to the largest size in each dimension, and a mask of
+    the same shape, True where a value is real."""
+    top = torch.tensor([list(v.shape) for v in values], dtype=torch.int64).max(0).values
+    shape = (len(values), *top.tolist())
+    out = new_batch_tensor(shape, values[0].dtype)
+    out.fill_(fill)
+    mask = new_batch_tensor(shape, torch.bool)
+    mask.zero_()
+    for b, v in enumerate(values):
+        where = (b, *[slice(0, n) for n in v.shape])
+        out[where] = v
+        mask[where] = True
+    return out, mask
+
+
+def collate_fields(samples: Sequence[Mapping], pad: Mapping[str, Any] | None = None):
+    """Field dicts -> one :class:`FieldBatch` (module docstring). ``pad``: ragged field ->
+    its fill value; those fields come out padded with a ``NAME_mask``, others as lists."""
+    out = FieldBatch()
+    pad = pad or {}
+    for name in samples[0] if samples else ():
+        values = [s[name] for s in samples]
+        first = values[0]
+        if isinstance(first, torch.Tensor) and name in pad:
+            out[name], out[f"{name}_mask"] = _pad(values, pad[name])
+        elif isinstance(first, torch.Tensor):
+            out[name] = stack(values)
+        elif isinstance(first, (int, np.integer)) and not isinstance(first, bool):
+            out[name] = torch.as_tensor(values, dtype=torch.int64)
+        elif isinstance(first, (float, np.floating)):
+            out[name] = torch.as_tensor(values, dtype=torch.float64)
+        else:
+            out[name] = values
+    return out
+
+
+def to_batch(samples, labels: np.ndarray, pad: Mapping[str, Any] | None = None):
+    """A read batch as one :class:`Batch` (samples stacked when their shapes agree), or a
+    :class:`FieldBatch` for field dicts (``pad``: see collate_fields)."""
+    if isinstance(samples, list) and samples and isinstance(samples[0], dict):
+        return collate_fields(samples, pad)
     if not isinstance(samples, torch.Tensor):
         samples = stack(samples)
     return Batch(samples, torch.as_tensor(np.asarray(labels, dtype=np.int64)))
@@ -155,15 +217,20 @@ def _is_label(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def collate(data):
-    """A ``collate_fn`` that gives :class:`Batch` es: a Batch passes through unchanged; a list
-    of ``(tensor, int label)`` samples (skipped ones, ``None``, are dropped) becomes a Batch;
-    anything else goes to torch's ``default_collate``. Use it with a plain DataLoader over a
-    dataset opened with ``on_error="skip"`` (torch's default_collate cannot collate None)."""
-    if is_batch(data):
+def collate(data, pad: Mapping[str, Any] | None = None):
+    """A ``collate_fn`` that gives :class:`Batch` es: a Batch (or FieldBatch) passes through
+    unchanged; a list of ``(tensor, int label)`` samples (skipped ones, ``None``, are
+    dropped) becomes a Batch, a list of field dicts a FieldBatch (``pad``: ragged field ->
+    fill value, see collate_fields; pass it with functools.partial); anything else goes to
+    torch's ``default_collate``. Use it with a plain DataLoader over a dataset opened with
+    ``on_error="skip"`` (torch's default_collate cannot collate None), and over multi-field
+    packs with ragged fields (default_collate cannot stack them)."""
+    if is_batch(data) or isinstance(data, FieldBatch):
         return data
     if isinstance(data, list):
         data = [d for d in data if d is not None]
+        if data and all(isinstance(d, dict) for d in data):
+            return collate_fields(data, pad)
         if data and all(
             isinstance(d, tuple)
             and len(d) == 2

@@ -73,15 +73,22 @@ def _add_pack(sub, common) -> None:
     p = sub.add_parser(
         "pack",
         parents=[common],
-        help="pack an image folder, a folder of .npy/.pt files or a list file",
+        help="pack an image folder, .npy/.pt files, a list file, WebDataset shards or HDF5",
         description="Pack SOURCE (image-folder tree with class subfolders, a folder of .npy/.pt "
-        "files, or a list file of `path label` lines) into DEST. The pack is written under "
+        "files, a list file of `path label` lines, WebDataset tar shards, or an HDF5 file "
+        "with --datasets) into DEST. The pack is written under "
         "DEST.partial and renamed to DEST when complete; an interrupted pack continues with "
         "--resume.",
     )
     p.add_argument("source", metavar="SOURCE", type=existing_path)
     p.add_argument("dest", metavar="DEST")
     p.add_argument("--format", "-f", choices=FORMATS, required=True)
+    p.add_argument(
+        "--datasets",
+        type=cliargs.datasets,
+        help="SOURCE is an HDF5 file: its datasets, one row per sample, as FIELD=PATH,... or "
+        "PATH,... (fields named by the last path component)",
+    )
     p.add_argument(
         "--workers",
         "-j",
@@ -198,6 +205,7 @@ def _cmd_pack(args) -> int:
         part_size=args.part_size,
         log=log,
         follow_symlinks=args.follow_symlinks,
+        datasets=args.datasets,
     )
     if args.json:
         print(json.dumps(manifest, indent=2, default=str))
@@ -237,9 +245,10 @@ def _cmd_inspect(args) -> int:
     if args.quiet:  # the exit status says it is a readable pack
         return EXIT_OK
     s = info["sample"]
-    sample = (
-        f"{s['dtype_name']} {'x'.join(map(str, s['shape']))}" if s["kind"] == "array" else "encoded"
-    )
+    if s["kind"] == "array":
+        sample = f"{s['dtype_name']} {'x'.join(map(str, s['shape']))}"
+    else:
+        sample = s["text"] if s["kind"] == "fields" else "encoded"
     classes = info["classes"]
     if classes is None:
         class_text = "none (labels from the source or -1)"

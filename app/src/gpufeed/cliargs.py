@@ -152,6 +152,18 @@ def compression(text: str) -> str:
     return text
 
 
+def datasets(text: str) -> dict[str, str] | list[str]:
+    """--datasets FIELD=PATH,... (or PATH,...): an HDF5 file's datasets, one row per sample."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise Error("--datasets: name at least one dataset, e.g. image=/images,label=/labels")
+    if all("=" in t for t in items):
+        return {k.strip(): v.strip() for k, v in (t.split("=", 1) for t in items)}
+    if any("=" in t for t in items):
+        raise Error("--datasets: give every dataset as FIELD=PATH, or none")
+    return items
+
+
 def resize(text: str) -> tuple[int, int]:
     from gpufeed.errors import UsageError
     from gpufeed.write.options import parse_resize

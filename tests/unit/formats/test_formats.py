@@ -252,3 +252,27 @@ def test_tar_shard_size_limits(array_folder, tmp_path):
         array_folder, tmp_path / "t", format="tar", workers=1, quiet=True, shard_size=5
     )
     assert m["layout"]["shard_counts"] == [5, 5, 5, 2]
+
+
+def test_tar_member_headers_are_the_bytes_tarfile_writes():
+    """formats/tar.py builds ustar headers itself (tarfile's cost most of a tar pack's
+    assembly): byte for byte what tarfile writes, so packs stay the same."""
+    import tarfile
+
+    from gpufeed.formats.tar import member_header
+
+    for name, size in [("000000001.jpg", 0), ("000000001.caption.txt", 12345),
+                       ("é" * 40, 8**11 - 1), ("x" * 100, 5)]:  # fmt: skip
+        ti = tarfile.TarInfo(name)
+        ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = (
+            size,
+            0,
+            0o644,
+            0,
+            0,
+            "",
+            "",
+        )
+        assert member_header(name, size) == ti.tobuf(
+            tarfile.USTAR_FORMAT, "utf-8", "surrogateescape"
+        )

@@ -61,6 +61,8 @@ class PackedDataset(SampleReading, Dataset):
     out: ``dataset[i]`` and its place in ``__getitems__`` are ``None`` (pass
     ``collate_fn=gpufeed.collate`` to a plain DataLoader, which drops them; torch's
     default_collate cannot), ``get_batch`` and ``make_loader`` give a shorter batch.
+    pad (multi-field packs): ragged field -> fill value; get_batch pads those fields and adds
+    NAME_mask (gpufeed.batch.collate_fields); others come as lists.
     decode=False returns encoded samples as 1-D uint8 tensors (e.g. for GPU JPEG decoding);
     decode=a batch decoder, such as gpufeed.RandomResizedCrop(224), decodes and
     augments a batch in one pass (then transform, if given, runs on its output). Other
@@ -78,9 +80,11 @@ class PackedDataset(SampleReading, Dataset):
         verify_crc: bool = False,
         on_error: str = "raise",
         decode: bool = True,
+        pad: dict[str, Any] | None = None,
         **reader_options: Any,
     ):
-        reader = open_reader(path, **reader_options)
+        make = reader_options.pop("reader", None)  # an in-place reader class (open_dataset)
+        reader = make(path, **reader_options) if make else open_reader(path, **reader_options)
         if self.format_name and reader.format_name != self.format_name:
             raise UsageError(
                 f"{path}: is a {reader.format_name} dataset, not {self.format_name}; "
@@ -88,7 +92,7 @@ class PackedDataset(SampleReading, Dataset):
             )
         self.path = str(path)
         self._reader_options = dict(reader_options)
-        self._init_reading(reader, transform, batch_transform, verify_crc, on_error, decode)
+        self._init_reading(reader, transform, batch_transform, verify_crc, on_error, decode, pad)
 
     def _read_options(self) -> dict[str, Any]:
         return self._reader_options
@@ -117,7 +121,7 @@ class PackedDataset(SampleReading, Dataset):
         out as one :class:`~gpufeed.batch.Batch` (samples stacked, labels int64), skipped
         samples left out. ``make_loader`` calls it for each batch."""
         samples, labels, _ = self._read_samples(indices)
-        return to_batch(samples, labels)
+        return to_batch(samples, labels, self.pad)
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """PyTorch's batched fetch: the list of what ``self[i]`` returns for each index (a
@@ -141,8 +145,7 @@ class PackedDataset(SampleReading, Dataset):
         return state
 
     def __repr__(self) -> str:
-        spec = self.reader.spec
-        what = f"{spec.dtype}{list(spec.shape)}" if spec.kind == "array" else "encoded"
+        what = self.reader.spec.describe()
         return f"{type(self).__name__}({self.path!r}, {len(self)} samples, {what})"
 
 

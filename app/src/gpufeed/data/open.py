@@ -6,8 +6,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpufeed.data.map_style import HDF5Dataset, LMDBDataset, MmapDataset, TarIndexedDataset
+from gpufeed.data.imagefolder import ImageFolderReader, is_image_folder
+from gpufeed.data.map_style import (
+    HDF5Dataset,
+    LMDBDataset,
+    MmapDataset,
+    PackedDataset,
+    TarIndexedDataset,
+)
 from gpufeed.data.streaming import TarShardDataset
+from gpufeed.errors import NotPackedError
 from gpufeed.formats.manifest import read_manifest
 
 __all__ = ["MAP_STYLE", "open_dataset"]
@@ -24,9 +32,17 @@ MAP_STYLE = {
 def open_dataset(path: str | os.PathLike, **options: Any):
     """The dataset for a finished pack, by its manifest's format: HDF5Dataset, LMDBDataset,
     MmapDataset, or TarShardDataset (iterable; pass map_style=True for TarIndexedDataset).
-    A folder without manifest.json (an unfinished pack) raises NotPackedError."""
+    A path without manifest.json is read in place when it is WebDataset tar shards, an
+    image-folder tree or an HDF5 file given ``datasets=`` (gpufeed.formats.inplace; an
+    index is cached in ``index_dir=``); anything else (an unfinished pack, say) raises
+    NotPackedError."""
     map_style = options.pop("map_style", None)
-    fmt = read_manifest(path)["format"]
+    try:
+        fmt = read_manifest(path)["format"]
+    except NotPackedError:
+        if is_image_folder(path) and options.get("datasets") is None:
+            return PackedDataset(path, reader=ImageFolderReader, **options)
+        return PackedDataset(path, **options)  # in place, or NotPackedError again
     if fmt == "tar" and not map_style:
         return TarShardDataset(path, **options)
     return MAP_STYLE[fmt](Path(path), **options)

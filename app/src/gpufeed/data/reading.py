@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from gpufeed.data.decoders import array_to_tensor, decode_bytes, raw_bytes_tensor
+from gpufeed.data.fields import decode_fields
 from gpufeed.errors import CorruptSampleError, UsageError
 from gpufeed.formats.base import Reader
 from gpufeed.formats.checksums import crc32, row_crcs
@@ -65,7 +66,9 @@ class SampleReading:
     on_error: str
     decode: bool | Callable
 
-    def _init_reading(self, reader, transform, batch_transform, verify_crc, on_error, decode):
+    def _init_reading(
+        self, reader, transform, batch_transform, verify_crc, on_error, decode, pad=None
+    ):
         if on_error not in ON_ERROR:
             raise UsageError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.reader = reader
@@ -78,8 +81,20 @@ class SampleReading:
                 f"{reader.root}: decode={decode!r} decodes encoded images, but this pack holds "
                 f"{reader.spec.kind} samples"
             )
+        if verify_crc and not getattr(reader, "checksums", True):
+            raise UsageError(
+                f"{reader.root}: verify_crc=True, but data read in place ({reader.format_name}) "
+                "stores no checksums; pack it (gpufeed pack) to have them"
+            )
+        if batch_transform is not None and reader.spec.kind == "fields":
+            raise UsageError(
+                f"{reader.root}: batch_transform takes one stacked tensor; this pack's samples "
+                "are field dicts: use transform (one dict) or a collate_fn"
+            )
         # True, False or a batch decoder (gpufeed.data.decoders.RandomResizedCrop)
         self.decode = decode if callable(decode) else bool(decode)
+        # multi-field packs: ragged field -> fill value, padded in get_batch (batch.py)
+        self.pad = _check_pad(reader, pad)
         self.skipped = 0
         self._sources: list[str] | None = None
 
@@ -96,6 +111,7 @@ class SampleReading:
             describe(self.transform),
             describe(self.batch_transform),
             f"decode={self.decode}",
+            f"pad={self.pad}",
             f"verify_crc={self.verify_crc}",
             repr(sorted(self._read_options().items())),
         ]
@@ -207,7 +223,15 @@ class SampleReading:
             tensors = list(batch.unbind(0))
         else:
             tensors, kept_list = [], []
+            fields = self.reader.spec.schema if self.reader.spec.kind == "fields" else None
             for j, payload in zip(keep.tolist(), payloads, strict=True):
+                if fields is not None:
+                    try:
+                        tensors.append(decode_fields(fields, payload, self.decode))
+                        kept_list.append(j)
+                    except Exception as e:  # noqa: BLE001 - a record that does not decode
+                        self._fail(self._corrupt(int(idx[j]), f"cannot decode: {e}"))
+                    continue
                 if not self.decode:
                     tensors.append(raw_bytes_tensor(payload))
                     kept_list.append(j)
@@ -221,6 +245,20 @@ class SampleReading:
         if self.transform is not None:
             tensors = [self.transform(t) for t in tensors]
         return tensors, kept
+
+
+def _check_pad(reader: Reader, pad) -> dict[str, Any] | None:
+    if not pad:
+        return None
+    schema = reader.spec.schema
+    ragged = [f.name for f in schema.fields if f.ragged] if schema is not None else []
+    wrong = [name for name in pad if name not in ragged]
+    if wrong:
+        raise UsageError(
+            f"{reader.root}: pad={pad!r}: {wrong} are not ragged fields of this pack "
+            f"(ragged fields: {ragged or 'none'})"
+        )
+    return dict(pad)
 
 
 def describe(fn) -> str:

@@ -119,6 +119,7 @@ class TarShardDataset(SampleReading, IterableDataset):
         read_size: int = 64,
         rank: int | None = None,
         world_size: int | None = None,
+        pad: dict[str, Any] | None = None,
     ):
         reader = open_reader(path)
         if reader.format_name != "tar":
@@ -132,7 +133,7 @@ class TarShardDataset(SampleReading, IterableDataset):
         self.read_size = int(read_size)
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
-        self._init_reading(reader, transform, None, verify_crc, on_error, decode)
+        self._init_reading(reader, transform, None, verify_crc, on_error, decode, pad)
 
     @property
     def shards(self) -> list[str]:
@@ -230,7 +231,7 @@ class TarShardDataset(SampleReading, IterableDataset):
         make_loader iterates this; ``iter()`` yields the same kind of stream sample by
         sample."""
         for samples, labels, _ in self._stream(batch_size, drop_last):
-            yield to_batch(samples, labels)
+            yield to_batch(samples, labels, self.pad)
 
     def __iter__(self):
         for samples, labels, kept in self._stream(self.read_size, False):

@@ -67,10 +67,21 @@ def reader_class(fmt: str) -> type[Reader]:
 
 
 def open_reader(path: str | Path, **options: Any) -> Reader:
-    """The reader for a finished pack, chosen by its manifest."""
+    """The reader for a finished pack, chosen by its manifest; for a path without one, the
+    reader of data read in place (WebDataset shards, an HDF5 file given ``datasets=``:
+    gpufeed.formats.inplace), else NotPackedError."""
+    from gpufeed.errors import NotPackedError
     from gpufeed.formats.manifest import read_manifest
 
-    manifest = read_manifest(path)
+    try:
+        manifest = read_manifest(path)
+    except NotPackedError:
+        from gpufeed.formats.inplace import open_in_place
+
+        reader = open_in_place(path, **options)
+        if reader is None:
+            raise
+        return reader
     root = Path(path)
     if root.is_file():
         root = root.parent

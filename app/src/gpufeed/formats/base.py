@@ -144,7 +144,8 @@ class Reader:
         return str(self.root)
 
     def read(self, index: int):
-        """One sample: a numpy array (kind "array") or a bytes-like object (kind "encoded")."""
+        """One sample: a numpy array (kind "array") or a bytes-like object (kind "encoded",
+        or "fields": the sample's record, gpufeed.formats.record)."""
         batch = self.read_batch(np.array([index], dtype=np.int64))
         return batch[0]
 

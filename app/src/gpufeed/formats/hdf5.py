@@ -24,7 +24,7 @@ import numpy as np
 from gpufeed.errors import DataError, UsageError
 from gpufeed.formats.base import ContiguousWriter, Reader
 from gpufeed.formats.readahead import advise_buffers, advise_rows, advise_samples, take_rows
-from gpufeed.formats.spec import FORMAT_VERSION, SampleSpec
+from gpufeed.formats.spec import SampleSpec
 
 FILE_NAME = "data.h5"
 CHUNK_BYTES = 1 << 16
@@ -75,11 +75,11 @@ class HDF5Writer(ContiguousWriter):
     def finish(self) -> dict[str, Any]:
         assert self.n == self.count, (self.n, self.count)
         kw = dict(track_times=False)
-        if self.spec.kind == "encoded":
+        if self.spec.kind != "array":
             self.f.create_dataset("offsets", data=self.offsets, **kw)
         self.f.create_dataset("labels", data=self.labels, **kw)
         self.f.create_dataset("crc32", data=self.crcs, **kw)
-        self.f.attrs["gpufeed_format_version"] = FORMAT_VERSION
+        self.f.attrs["gpufeed_format_version"] = self.spec.format_version
         self.f.attrs["sample"] = json.dumps(self.spec.to_json())
         self.f.attrs["classes"] = json.dumps(self.options.get("classes"))
         self.f.close()
@@ -124,7 +124,7 @@ class HDF5Reader(Reader):
             with h5py.File(self.path, "r") as f:
                 self.labels = f["labels"][...]
                 self.crc32 = f["crc32"][...]
-                self.offsets = f["offsets"][...] if self.spec.kind == "encoded" else None
+                self.offsets = f["offsets"][...] if self.spec.kind != "array" else None
                 ds = f[self.data_name]
                 stored = ds.shape[0]
                 offset = ds.id.get_offset()

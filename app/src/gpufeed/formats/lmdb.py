@@ -25,7 +25,7 @@ from gpufeed.formats.files import is_disk_full
 from gpufeed.formats.npy import npy_bytes, npy_from_bytes
 from gpufeed.formats.parts import Part
 from gpufeed.formats.readahead import advise_buffers
-from gpufeed.formats.spec import FORMAT_VERSION, SampleSpec
+from gpufeed.formats.spec import SampleSpec
 
 DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
@@ -126,7 +126,7 @@ class LMDBWriter(Writer):
         assert self.n == self.count
         self._flush()
         meta = {
-            "format_version": FORMAT_VERSION,
+            "format_version": self.spec.format_version,
             "count": self.count,
             "sample": self.spec.to_json(),
             "classes": self.options.get("classes"),
@@ -259,7 +259,7 @@ class LMDBReader(Reader):
                 raise CorruptSampleError(self.location(missing), int(missing), "record missing")
             sizes = list(map(len, values))
             advise_buffers(values, sizes)
-            if self.spec.kind == "encoded":
+            if self.spec.kind != "array":
                 return [bytes(v) for v in values]
             width = self.spec.nbytes
             if sizes.count(width) != len(sizes):

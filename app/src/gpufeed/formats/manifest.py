@@ -3,15 +3,16 @@
 Fields:
   gpufeed_manifest   1 (this file's own schema version)
   format             hdf5 | lmdb | tar | mmap
-  format_version     on-disk layout version of that format
+  format_version     on-disk layout version: 1 for array/encoded samples, 2 for fields
   count              samples stored
   classes            class names, label i is classes[i] (null when the source had none)
   sample             {"kind": "array", "dtype": "uint8", "shape": [3, 64, 64]} or
-                     {"kind": "encoded"} (JPEG/PNG bytes decoded on read)
+                     {"kind": "encoded"} (JPEG/PNG bytes decoded on read) or
+                     {"kind": "fields", "fields": [...]} (multi-field samples: formats/schema.py)
   files              {name: {"bytes": n, "sha256": hex}} for every data file: plain names of
                      regular files inside the pack (readers refuse anything else)
   layout             format details (dataset names, key format, shard pattern, ...)
-  source             {"path": ..., "kind": imagefolder | arrays | listfile, "items": n,
+  source             {"path": ..., "kind": imagefolder | arrays | listfile | python, "items": n,
                       "digest": sha256 of the listing}
   options            pack options that shaped the bytes (encode, compression, shard sizes,
                      follow_symlinks when set)
@@ -130,7 +131,7 @@ def read_manifest(dest: str | Path) -> dict[str, Any]:
             raise NotPackedError(
                 busy_message(dest, partial)
                 or f"{dest}: no {MANIFEST_NAME}; a pack into it is unfinished ({partial}); "
-                f"finish it with `gpufeed pack SOURCE {dest} --resume`"
+                + _how_to_finish(partial, dest)
             )
         if not dest.exists():
             raise NotPackedError(f"{dest}: does not exist")
@@ -152,6 +153,21 @@ def read_manifest(dest: str | Path) -> dict[str, Any]:
             f"reads ({FORMAT_VERSION}); upgrade gpufeed"
         )
     return manifest
+
+
+def _how_to_finish(partial: Path, dest: Path) -> str:
+    """A Writer's unfinished pack is finished by a Writer, a pack's by `gpufeed pack`."""
+    try:
+        writer = json.loads((partial / "state.json").read_text()).get("writer")
+    except (OSError, ValueError, AttributeError):
+        writer = False
+    if writer:
+        return (
+            "it was written by gpufeed.Writer and not closed (the writer stopped or crashed): "
+            f"continue it with gpufeed.Writer({str(dest)!r}, ..., resume=True) and write from "
+            "sample `written` on, or start over with overwrite=True"
+        )
+    return f"finish it with `gpufeed pack SOURCE {dest} --resume`"
 
 
 def write_manifest(dest: str | Path, manifest: dict[str, Any]) -> None:

@@ -46,7 +46,14 @@ class MmapWriter(ContiguousWriter):
         if self.container not in CONTAINERS:
             raise UsageError(f"unknown mmap container {self.container!r}; use npy or pt")
         if self.container == "pt" and self.spec.kind != "array":
-            raise UsageError("the .pt container holds fixed-shape arrays; use --encode raw")
+            what = (
+                f"multi-field samples ({self.spec.schema.describe()}); use the npy container"
+                if self.spec.kind == "fields"
+                else "encoded images; use --encode raw"
+            )
+            raise UsageError(
+                f"the .pt container holds one fixed-shape tensor per sample, not {what}"
+            )
         if self.spec.kind == "array":
             self.current_file = self.out / "samples.npy"
             shape = (count, *self.spec.shape)
@@ -66,7 +73,7 @@ class MmapWriter(ContiguousWriter):
         files = ["labels.npy", "crc32.npy"]
         self._save("labels.npy", self.labels)
         self._save("crc32.npy", self.crcs)
-        if self.spec.kind == "encoded":
+        if self.spec.kind != "array":
             self._save("offsets.npy", self.offsets)
             files += ["encoded.npy", "offsets.npy"]
         elif self.container == "pt":
@@ -93,7 +100,7 @@ class MmapReader(Reader):
             raise DataError(f"{self.root}: unknown mmap container {self.container!r}")
         self.labels = self._load("labels.npy")
         self.crc32 = self._load("crc32.npy")
-        self.offsets = self._load("offsets.npy") if self.spec.kind == "encoded" else None
+        self.offsets = self._load("offsets.npy") if self.spec.kind != "array" else None
         self.check_count("labels.npy", len(self.labels))
         self.check_count("crc32.npy", len(self.crc32))
         data = self.file(self.data_name, whole=True)
@@ -112,7 +119,7 @@ class MmapReader(Reader):
 
     @property
     def data_name(self) -> str:
-        if self.spec.kind == "encoded":
+        if self.spec.kind != "array":
             return "encoded.npy"
         return "samples.pt" if self.container == "pt" else "samples.npy"
 

@@ -7,10 +7,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FORMAT_VERSION", "SampleSpec"]
+from gpufeed.errors import DataError, UsageError
+from gpufeed.formats.schema import Schema
 
-# The on-disk layout version every format writes (the manifest's format_version).
-FORMAT_VERSION = 1
+__all__ = ["FIELDS_FORMAT_VERSION", "FORMAT_VERSION", "SampleSpec"]
+
+# The newest on-disk layout version this gpufeed reads (the manifest's format_version).
+# Image and array packs are written as version 1 (unchanged, so older gpufeeds read them);
+# multi-field packs as version 2, which older gpufeeds refuse by name instead of misreading.
+FORMAT_VERSION = 2
+FIELDS_FORMAT_VERSION = 2
+KINDS = ("array", "encoded", "fields")
 
 
 @dataclass(frozen=True)
@@ -19,25 +26,50 @@ class SampleSpec:
 
     kind "array": every sample is an array of `dtype` and `shape` (decoded images are uint8 CHW).
     kind "encoded": every sample is an encoded file's bytes (JPEG, PNG, ...), decoded on read.
+    kind "fields": every sample is a dict of named fields (`schema`), stored as one record
+    (gpufeed.formats.record). The first two are the (image, label) packs.
     """
 
     kind: str
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
+    schema: Schema | None = None
 
     @property
     def nbytes(self) -> int:
         if self.kind != "array":
-            raise ValueError("encoded samples have no fixed size")
+            raise ValueError(f"{self.kind} samples have no fixed size")
         return int(np.dtype(self.dtype).itemsize * int(np.prod(self.shape, dtype=np.int64)))
+
+    @property
+    def format_version(self) -> int:
+        return FIELDS_FORMAT_VERSION if self.kind == "fields" else 1
 
     def to_json(self) -> dict[str, Any]:
         if self.kind == "array":
             return {"kind": "array", "dtype": self.dtype, "shape": list(self.shape)}
+        if self.kind == "fields":
+            return {"kind": "fields", "fields": self.schema.to_json()}
         return {"kind": "encoded"}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SampleSpec:
-        if d["kind"] == "array":
+        kind = d.get("kind") if isinstance(d, dict) else None
+        if kind not in KINDS:
+            raise DataError(f"unknown sample kind {kind!r} in the manifest; expected {KINDS}")
+        if kind == "array":
             return cls("array", str(d["dtype"]), tuple(int(x) for x in d["shape"]))
+        if kind == "fields":
+            try:
+                return cls("fields", schema=Schema.from_json(d.get("fields")))
+            except UsageError as e:
+                raise DataError(f"the manifest's sample schema is invalid: {e}") from None
         return cls("encoded")
+
+    def describe(self) -> str:
+        """For inspect and repr: 'uint8[3, 64, 64]', 'encoded', or the fields."""
+        if self.kind == "array":
+            return f"{np.dtype(self.dtype).name}{list(self.shape)}"
+        if self.kind == "fields":
+            return self.schema.describe()
+        return "encoded"

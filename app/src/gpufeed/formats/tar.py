@@ -4,13 +4,17 @@ Each sample is a group of members sharing a key, the zero-padded sample index:
   000000123.npy   the sample: a .npy file (fixed-shape arrays) or the encoded image bytes
                   under its own extension (.jpg, .png, ...)
   000000123.cls   the label as decimal text (-1 when the source had none)
+A multi-field pack (manifest sample kind "fields") has one member per field instead,
+000000123.NAME.EXT, in schema order (gpufeed.formats.record: .npy, .txt, .cls, .json, .bin,
+.jpg/.png/.webp, .zst for a zstd field), and no .cls member of its own.
 Shards are named shard-000000.tar, shard-000001.tar, ...; the manifest records the
 brace-expandable pattern (shard-{000000..000012}.tar) that `webdataset.WebDataset` accepts.
 Members are plain ustar entries with fixed owner, mode and mtime, so packs are reproducible.
 
 index.npz beside the shards gives every sample's shard, data offset and size (for .npy members
-the offset points past the .npy header), label and crc32: it enables random access, per-sample
-verification and splitting shards without opening them.
+the offset points past the .npy header; for a multi-field sample, offset is its first member's
+header and size spans to the end of its last member's data), label and crc32: it enables
+random access, per-sample verification and splitting shards without opening them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from gpufeed.formats.files import fsync_dir
 from gpufeed.formats.npy import npy_bytes
 from gpufeed.formats.parts import Part
 from gpufeed.formats.readahead import PREFETCH_MIN_BYTES, advise_willneed, is_run
+from gpufeed.formats.record import member_bytes, member_name, record_from_members, split_record
 from gpufeed.formats.spec import SampleSpec
 
 INDEX_NAME = "index.npz"
@@ -45,13 +50,39 @@ def shard_pattern(n: int) -> str:
 
 
 def member_header(name: str, size: int) -> bytes:
-    ti = tarfile.TarInfo(name)
-    ti.size = size
-    ti.mtime = 0
-    ti.mode = 0o644
-    ti.uid = ti.gid = 0
-    ti.uname = ti.gname = ""
-    return ti.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+    """The ustar header tarfile writes for a regular file of owner 0, mode 0644, mtime 0
+    (byte for byte: a test compares), built directly: tarfile's TarInfo.tobuf cost 140 us a
+    member, most of a tar pack's assembly. Names over 100 bytes and members of 8 GiB and up
+    go through tarfile."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > 100 or size >= 8**11:
+        ti = tarfile.TarInfo(name)
+        ti.size = size
+        ti.mtime = 0
+        ti.mode = 0o644
+        ti.uid = ti.gid = 0
+        ti.uname = ti.gname = ""
+        return ti.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+    head = bytearray(_HEADER)
+    head[: len(raw)] = raw
+    head[124:136] = b"%011o\0" % size
+    head[148:155] = b"%06o\0" % sum(head)
+    return bytes(head)
+
+
+def _header_template() -> bytes:
+    head = bytearray(512)
+    head[100:124] = b"0000644\0" + b"0000000\0" * 2  # mode, uid, gid
+    head[136:148] = b"00000000000\0"  # mtime 0
+    head[148:156] = b" " * 8  # the checksum counts its own field as spaces
+    head[156:157] = b"0"  # a regular file
+    head[257:265] = b"ustar\x0000"
+    # devmajor and devminor stay NUL, as tarfile leaves them for regular files
+    return bytes(head)
+
+
+_HEADER = _header_template()
+_ZEROS = bytes(BLOCK)
 
 
 def npy_header(spec: SampleSpec) -> bytes:
@@ -76,6 +107,7 @@ class TarWriter(Writer):
         self.labels = np.empty(count, dtype=np.int64)
         self.crcs = np.empty(count, dtype=np.uint32)
         self.names: list[str] = []
+        self._suffixes: list[str] | None = None  # ".NAME.EXT" of each field's member
         self.f = None
         self.in_shard = 0
         self.pos = 0
@@ -120,6 +152,8 @@ class TarWriter(Writer):
             data = part.sample(j)
             label = b"%d" % int(part.labels[j])
             need = self._member_bytes(len(self.header) + len(data)) + self._member_bytes(len(label))
+            if self.spec.kind == "fields":  # a member per field, each with an .npy header at most
+                need = len(data) + 1280 * len(self.spec.schema.fields)
             if (
                 self.f is None
                 or self.in_shard >= self.max_count
@@ -127,16 +161,41 @@ class TarWriter(Writer):
             ):
                 self._start_shard()
             k = KEY_FORMAT.format(self.n)
-            ext = "npy" if self.spec.kind == "array" else str(part.exts[j])
-            start = self._member(f"{k}.{ext}", [self.header, data])
-            self._member(f"{k}.cls", [label])
+            if self.spec.kind == "fields":
+                start, size = self._field_members(k, data)
+            else:
+                ext = "npy" if self.spec.kind == "array" else str(part.exts[j])
+                start = self._member(f"{k}.{ext}", [self.header, data]) + len(self.header)
+                self._member(f"{k}.cls", [label])
+                size = len(data)
             self.shard[self.n] = len(self.names) - 1
-            self.offset[self.n] = start + len(self.header)
-            self.size[self.n] = len(data)
+            self.offset[self.n] = start
+            self.size[self.n] = size
             self.labels[self.n] = part.labels[j]
             self.crcs[self.n] = part.crc32[j]
             self.n += 1
             self.in_shard += 1
+
+    def _field_members(self, key: str, record) -> tuple[int, int]:
+        """A multi-field sample: one member per field, KEY.NAME.EXT (no .cls: a label is a
+        field like any other). Returns (offset, size) of the span from the first member's
+        header to the last member's data, what the index records and the reader parses."""
+        schema = self.spec.schema
+        if self._suffixes is None:
+            self._suffixes = [member_name("", f) for f in schema.fields]
+        first = pos = self.pos
+        chunks = []
+        for field, suffix, stored in zip(
+            schema.fields, self._suffixes, split_record(schema, record), strict=True
+        ):
+            data = member_bytes(field, stored)
+            pad = (-len(data)) % BLOCK
+            chunks += [member_header(key + suffix, len(data)), data, _ZEROS[:pad]]
+            end = pos + BLOCK + len(data)
+            pos = end + pad
+        self.f.write(b"".join(chunks))  # one write per sample: a write per member cost more
+        self.pos = pos
+        return first, end - first
 
     def finish(self) -> dict[str, Any]:
         assert self.n == self.count
@@ -289,13 +348,16 @@ class TarReader(Reader):
 
     def read_batch(self, indices: np.ndarray):
         run = self._run_in_one_shard(indices)
+        if self.spec.kind == "fields":
+            records = []
+            for i, span in zip(indices.tolist(), self._spans(indices, run), strict=True):
+                try:
+                    records.append(record_from_members(self.spec.schema, span))
+                except ValueError as e:
+                    raise CorruptSampleError(self.location(i), i, str(e)) from None
+            return records
         if self.spec.kind == "encoded":
-            if run:
-                span, rel = self._read_run(int(indices[0]), int(indices[-1]))
-                view = memoryview(span)
-                sizes = self.size[indices].tolist()
-                return [bytes(view[o : o + n]) for o, n in zip(rel.tolist(), sizes, strict=True)]
-            return [self._pread(int(i)) for i in indices]
+            return self._spans(indices, run)
         if run:
             return self._rows_of_run(indices)
         out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
@@ -309,6 +371,15 @@ class TarReader(Reader):
             if n != width:
                 raise CorruptSampleError(self.location(i), i, "shard is truncated")
         return out
+
+    def _spans(self, indices: np.ndarray, run: bool) -> list[bytes]:
+        """Each sample's stored bytes (its span in the shard), one read for a run."""
+        if run:
+            span, rel = self._read_run(int(indices[0]), int(indices[-1]))
+            view = memoryview(span)
+            sizes = self.size[indices].tolist()
+            return [bytes(view[o : o + n]) for o, n in zip(rel.tolist(), sizes, strict=True)]
+        return [self._pread(int(i)) for i in indices]
 
     def _rows_of_run(self, indices: np.ndarray) -> np.ndarray:
         width = self.spec.nbytes

@@ -14,6 +14,7 @@ from gpufeed.errors import CorruptSampleError, UnsafePathError
 from gpufeed.formats import reader_class
 from gpufeed.formats.checksums import crc32, row_crcs, sha256_file
 from gpufeed.formats.manifest import pack_file, read_manifest
+from gpufeed.formats.spec import SampleSpec
 
 MAX_PROBLEMS = 1000
 
@@ -186,12 +187,11 @@ def _check_samples(reader, report: VerifyReport, decode: bool, chunk: int, quiet
         for k in np.flatnonzero(got != want).tolist():
             bad(int(idx[readable[k]]), f"crc32 mismatch (stored {want[k]:08x}, read {got[k]:08x})")
         report.samples_checked += len(readable)
-        if decode and reader.spec.kind == "encoded":
-            from gpufeed.data.decoders import decode_bytes
-
+        if decode and reader.spec.kind != "array":
+            decoder = _decoder(reader.spec)
             for k, j in enumerate(readable):
                 try:
-                    decode_bytes(payloads[k])
+                    decoder(payloads[k])
                 except Exception as e:  # noqa: BLE001
                     bad(int(idx[j]), f"cannot decode: {e}")
         bar.update(len(idx))
@@ -202,6 +202,18 @@ def _check_samples(reader, report: VerifyReport, decode: bool, chunk: int, quiet
         out_of_range = np.flatnonzero((labels < -1) | (labels >= len(classes)))
         for i in out_of_range[:10].tolist():
             bad(i, f"label {labels[i]} outside the {len(classes)} classes")
+
+
+def _decoder(spec: SampleSpec):
+    """What --decode runs on each stored sample: the image decoder, or a multi-field
+    record's parse with its images decoded."""
+    if spec.kind == "fields":
+        from gpufeed.data.fields import decode_fields
+
+        return lambda payload: decode_fields(spec.schema, payload)
+    from gpufeed.data.decoders import decode_bytes
+
+    return decode_bytes
 
 
 def _dir_size(root: Path) -> tuple[int, int]:
@@ -222,6 +234,7 @@ def inspect(dest: str | os.PathLike) -> dict[str, Any]:
     manifest = read_manifest(dest)
     content, allocated = _dir_size(dest)
     sample = dict(manifest["sample"])
+    sample["text"] = SampleSpec.from_json(manifest["sample"]).describe()  # checks the schema
     if sample.get("dtype"):
         sample["dtype_name"] = np.dtype(sample["dtype"]).name
     info: dict[str, Any] = {

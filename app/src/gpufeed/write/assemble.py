@@ -22,7 +22,7 @@ from gpufeed.formats.manifest import (
     write_sources,
 )
 from gpufeed.formats.parts import Part
-from gpufeed.formats.spec import FORMAT_VERSION, SampleSpec
+from gpufeed.formats.spec import SampleSpec
 from gpufeed.write import progress
 from gpufeed.write.guard import (
     OUT_DIR,
@@ -77,14 +77,14 @@ def assemble(src: Source, dest: Path, partial: Path, nparts: int, state: dict, q
     manifest = {
         "gpufeed_manifest": MANIFEST_SCHEMA,
         "format": fmt,
-        "format_version": FORMAT_VERSION,
+        "format_version": (spec or SampleSpec("encoded")).format_version,
         "count": count,
         "classes": src.classes,
         "sample": (spec or SampleSpec("encoded")).to_json(),
         "files": files,
         "layout": info["layout"],
         "source": {
-            "path": str(src.path),
+            "path": None if src.path is None else str(src.path),
             "kind": src.kind,
             "items": len(src),
             "digest": state["source_digest"],

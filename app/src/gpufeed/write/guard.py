@@ -84,8 +84,9 @@ def register_owner(owner: str, made_by_us: Callable[[Path], bool], what: str) ->
 
 
 def source_clash(path: Path, source: Source | None) -> str | None:
-    """Why `path` must not be written or deleted for this source, or None."""
-    if source is None:
+    """Why `path` must not be written or deleted for this source, or None (always for
+    samples written from Python: they have no source folder)."""
+    if source is None or source.path is None:
         return None
     real = os.path.realpath(path)
     inside = real + os.sep

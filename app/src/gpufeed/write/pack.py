@@ -53,10 +53,39 @@ from gpufeed.write.options import MANIFEST_OPTIONS, check_options, parse_resize
 from gpufeed.write.scan import Source, scan_source
 from gpufeed.write.staging import commit_parts, drop_changed_parts
 
-__all__ = ["pack"]
+__all__ = ["pack", "pack_files"]
 
 
-def pack(
+def pack(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Make a pack; returns its manifest. Two ways:
+
+    ``pack(SOURCE, DEST, format="hdf5", ...)``: files (an image folder, a folder of .npy/.pt
+    arrays, a list file) -> a pack of (image, label) samples; see :func:`pack_files`.
+
+    ``pack(fn, inputs, DEST, format="hdf5", workers=N, ...)``: ``fn(input)`` returns a sample
+    dict (or yields several) for each input, run in N worker processes, written in input
+    order; see :func:`gpufeed.write.convert.pack_function`.
+
+    ``pack(SHARDS, DEST, ...)`` (WebDataset tar shards) or ``pack(FILE.h5, DEST,
+    datasets={"image": "/images", "label": "/labels"})``: data gpufeed reads in place, copied
+    into a pack (:func:`gpufeed.write.convert.pack_in_place`).
+    """
+    if callable(source):
+        from gpufeed.write.convert import pack_function
+
+        return pack_function(source, dest, *args, **kwargs)
+    from gpufeed.formats.webdataset import is_webdataset
+
+    if kwargs.get("datasets") is not None or is_webdataset(source):
+        from gpufeed.write.convert import pack_in_place
+
+        return pack_in_place(source, dest, *args, **kwargs)
+    kwargs.pop("datasets", None)
+    kwargs.pop("index_dir", None)
+    return pack_files(source, dest, *args, **kwargs)
+
+
+def pack_files(
     source: str | os.PathLike,
     dest: str | os.PathLike,
     format: str = "hdf5",  # noqa: A002 - the public name, as in the CLI

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from gpufeed.errors import PackWorkerError
 from gpufeed.write.items import LoadOptions, load_item
 
-__all__ = ["default_workers", "ordered_map"]
+__all__ = ["default_workers", "die_with_parent", "ordered_map"]
 
 MAX_DEFAULT_WORKERS = 8
 # workers=None reads the first items in-process for up to this long, then starts worker
@@ -38,7 +38,7 @@ def _run_chunk(paths: list[str], opts: LoadOptions) -> list[tuple]:
     return [load_item(p, opts) for p in paths]
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """Pack worker initializer: the kernel kills this worker when the pack process dies,
     however it dies (kill -9 included), so no worker outlives it holding the caller's
     stdout or the resource tracker's pipe. Linux only (prctl); elsewhere a no-op."""
@@ -94,7 +94,7 @@ def ordered_map(
     with ProcessPoolExecutor(
         workers,
         mp_context=mp.get_context("spawn"),
-        initializer=_die_with_parent,
+        initializer=die_with_parent,
         initargs=(os.getpid(),),
     ) as ex:
         pending = deque(ex.submit(_run_chunk, c, opts) for c in islice(chunks, workers * 4))

@@ -1,0 +1,308 @@
+"""One multi-field sample as stored: a record, and its tar members.
+
+A record (what HDF5, LMDB and mmap store per sample, and what crc32 covers in every format):
+
+  int64 little-endian [F]   the stored size of each field, in schema order
+  field bytes               each field's stored bytes (formats/schema.py), back to back
+
+Read one with numpy alone: ``sizes = np.frombuffer(rec, "<i8", F)``; field k starts at
+``8 * F + sizes[:k].sum()``. A ragged field's bytes start with its shape (int64 [ndim]).
+
+In tar shards each field is its own member, ``KEY.NAME.EXT`` (WebDataset's layout: the
+sample dict has the key ``NAME.EXT``): arrays as .npy, str .txt, int .cls (decimal), float
+and JSON .json, bytes .bin, images .jpg/.png/.webp; a zstd field adds .zst to its
+extension and holds the zstd frame of the bytes above.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import math
+import struct
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from gpufeed.errors import UsageError
+from gpufeed.formats.schema import Field, Schema, sniff_image
+
+__all__ = [
+    "TAR_EXT",
+    "decode_record",
+    "decode_value",
+    "encode_record",
+    "join_record",
+    "member_bytes",
+    "member_name",
+    "record_from_members",
+    "split_record",
+    "stored_from_member",
+]
+
+TAR_EXT = {"array": "npy", "ragged": "npy", "str": "txt", "int": "cls", "float": "json"}
+TAR_EXT.update(bytes="bin", json="json")
+IMAGE_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp"}
+ZSTD_LEVEL = 3
+_INT64 = np.dtype("<i8")
+
+
+_ZSTD = threading.local()  # one compressor and decompressor per thread: making one per
+# value cost more than decompressing a 16 KiB field
+
+
+def _zstd(kind: str):
+    """This thread's zstd compressor ("c") or decompressor ("d")."""
+    codec = getattr(_ZSTD, kind, None)
+    if codec is None:
+        try:
+            import zstandard
+        except ImportError:
+            raise UsageError(
+                "zstd field compression needs the zstandard package (pip install zstandard)"
+            ) from None
+        if kind == "c":
+            codec = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        else:
+            codec = zstandard.ZstdDecompressor()
+        setattr(_ZSTD, kind, codec)
+    return codec
+
+
+def _as_array(field: Field, value: Any) -> np.ndarray:
+    arr = np.asarray(value)
+    want = np.dtype(field.dtype)
+    if arr.dtype != want:
+        if arr.dtype.hasobject or not np.can_cast(arr.dtype, want, "same_kind"):
+            raise UsageError(
+                f"field {field.name!r}: {arr.dtype} values do not fit the schema's {want}"
+            )
+        arr = arr.astype(want)
+    if len(arr.shape) != len(field.shape) or any(
+        want_n >= 0 and n != want_n for n, want_n in zip(arr.shape, field.shape, strict=True)
+    ):
+        raise UsageError(
+            f"field {field.name!r}: shape {list(arr.shape)}, the schema says "
+            f"{field.describe()} (-1/* varies); declare varying sizes with -1"
+        )
+    return np.ascontiguousarray(arr)
+
+
+def _encode_plain(field: Field, value: Any) -> bytes:
+    kind = field.type
+    if kind == "array":
+        return _as_array(field, value).tobytes()
+    if kind == "ragged":
+        arr = _as_array(field, value)
+        return np.asarray(arr.shape, dtype=_INT64).tobytes() + arr.tobytes()
+    if kind == "image":
+        return _image_bytes(field, value)
+    if kind == "bytes" and isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if kind == "str" and isinstance(value, str):
+        return value.encode("utf-8")
+    if kind == "int" and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return np.asarray(value, dtype=_INT64).tobytes()
+    if kind == "float" and isinstance(value, (int, float, np.integer, np.floating)):
+        return np.asarray(value, dtype="<f8").tobytes()
+    if kind == "json":
+        try:
+            return json.dumps(value, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"field {field.name!r}: not JSON-able: {e}") from None
+    raise UsageError(
+        f"field {field.name!r}: the schema says {field.type}, got {type(value).__name__}"
+    )
+
+
+def _image_bytes(field: Field, value: Any) -> bytes:
+    """Encoded bytes as given (checked by their magic number), or an HWC/HW uint8 array
+    encoded in the field's format (PNG lossless; JPEG and WebP at quality 95)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        found = sniff_image(data[:16])
+        if found != field.format:
+            raise UsageError(
+                f"field {field.name!r}: expected {field.format} bytes, found "
+                f"{found or 'bytes of no image format gpufeed knows'}"
+            )
+        return data
+    from PIL import Image
+
+    arr = np.asarray(value)
+    if arr.dtype != np.uint8 or arr.ndim not in (2, 3):
+        raise UsageError(
+            f"field {field.name!r}: an image is encoded bytes or a uint8 HxW(xC) array, "
+            f"got {arr.dtype} {list(arr.shape)}"
+        )
+    buf = io.BytesIO()
+    kw = {} if field.format == "png" else {"quality": 95}
+    Image.fromarray(arr.squeeze(-1) if arr.ndim == 3 and arr.shape[2] == 1 else arr).save(
+        buf, format=field.format.upper(), **kw
+    )
+    return buf.getvalue()
+
+
+def encode_value(field: Field, value: Any) -> bytes:
+    """One field's stored bytes (compressed when the field says so)."""
+    data = _encode_plain(field, value)
+    if field.compression == "zstd":
+        return _zstd("c").compress(data)
+    return data
+
+
+def encode_record(schema: Schema, sample: Mapping[str, Any]) -> bytes:
+    """A sample dict -> its record; every field of the schema, nothing else."""
+    if not isinstance(sample, Mapping):
+        raise UsageError(f"a sample is a dict of fields, got {type(sample).__name__}")
+    names = schema.names
+    extra = [k for k in sample if k not in names]
+    missing = [k for k in names if k not in sample]
+    if extra or missing:
+        raise UsageError(
+            f"sample fields {sorted(sample)} differ from the schema's {names}"
+            + (f": missing {missing}" if missing else "")
+            + (f": not in the schema {extra}" if extra else "")
+        )
+    return join_record([encode_value(f, sample[f.name]) for f in schema.fields])
+
+
+def split_record(schema: Schema, record) -> list[memoryview]:
+    """The stored bytes of each field of a record (views, no copy)."""
+    view = memoryview(record).cast("B")
+    n = len(schema.fields)
+    head = 8 * n
+    if len(view) < head:
+        raise ValueError(f"record of {len(view)} bytes is shorter than its {n} field sizes")
+    sizes = struct.unpack_from(f"<{n}q", view)
+    out, pos = [], head
+    for size in sizes:
+        if size < 0:
+            break
+        out.append(view[pos : pos + size])
+        pos += size
+    if pos != len(view) or len(out) != n:
+        raise ValueError(f"record field sizes {list(sizes)} do not add up to {len(view)}")
+    return out
+
+
+def _plain(field: Field, data) -> memoryview | bytes:
+    if field.compression == "zstd":
+        return _zstd("d").decompress(data)
+    return data
+
+
+def decode_value(field: Field, data) -> Any:
+    """A field's stored bytes -> numpy array (array, ragged), bytes (image, bytes), str, int,
+    float or the JSON value. Arrays are fresh (writable) copies."""
+    data = _plain(field, data)
+    kind = field.type
+    if kind == "array":
+        return np.frombuffer(data, dtype=field.dtype).reshape(field.shape).copy()
+    if kind == "ragged":
+        nd = len(field.shape)
+        shape = np.frombuffer(data[: 8 * nd], dtype=_INT64).tolist()
+        return np.frombuffer(data[8 * nd :], dtype=field.dtype).reshape(shape).copy()
+    if kind in ("image", "bytes"):
+        return bytes(data)
+    if kind == "str":
+        return bytes(data).decode("utf-8")
+    if kind == "int":
+        return int(np.frombuffer(data, dtype=_INT64)[0])
+    if kind == "float":
+        return float(np.frombuffer(data, dtype="<f8")[0])
+    return json.loads(bytes(data))
+
+
+def decode_record(schema: Schema, record) -> dict[str, Any]:
+    parts = split_record(schema, record)
+    return {f.name: decode_value(f, d) for f, d in zip(schema.fields, parts, strict=True)}
+
+
+# -- tar members ------------------------------------------------------------------------
+
+
+def member_name(key: str, field: Field) -> str:
+    ext = IMAGE_EXT[field.format] if field.type == "image" else TAR_EXT[field.type]
+    return f"{key}.{field.name}.{ext}" + (".zst" if field.compression else "")
+
+
+@functools.lru_cache(maxsize=256)  # fixed-shape fields: one header for every sample
+def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
+    head = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": tuple(shape)}
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, head)
+    return buf.getvalue()
+
+
+def member_bytes(field: Field, stored) -> bytes:
+    """A field's stored record bytes -> its tar member's bytes (readable by webdataset's
+    default decoders: .npy, .txt, .cls, .json)."""
+    if field.compression:
+        return bytes(stored)  # the zstd frame of the record bytes, .zst
+    kind = field.type
+    if kind == "array":
+        return _npy_header(field.dtype, field.shape) + bytes(stored)
+    if kind == "ragged":
+        nd = len(field.shape)
+        shape = tuple(np.frombuffer(stored[: 8 * nd], dtype=_INT64).tolist())
+        return _npy_header(field.dtype, shape) + bytes(stored[8 * nd :])
+    if kind == "int":
+        return b"%d" % int(np.frombuffer(stored, dtype=_INT64)[0])
+    if kind == "float":
+        value = float(np.frombuffer(stored, dtype="<f8")[0])
+        if not math.isfinite(value):
+            return json.dumps(value).encode()  # NaN/Infinity: Python's json reads them back
+        return repr(value).encode()
+    return bytes(stored)
+
+
+def stored_from_member(field: Field, data: bytes) -> bytes:
+    """A tar member's bytes -> the field's stored record bytes (member_bytes undone; also
+    how a WebDataset shard's members are read in place)."""
+    if field.compression:
+        return data
+    kind = field.type
+    if kind in ("array", "ragged"):
+        f = io.BytesIO(data)
+        np.lib.format.read_magic(f)
+        shape, _, _ = np.lib.format.read_array_header_1_0(f)
+        body = data[f.tell() :]
+        if kind == "array":
+            return body
+        return np.asarray(shape, dtype=_INT64).tobytes() + body
+    if kind == "int":
+        return np.asarray(int(data.strip() or b"x"), dtype=_INT64).tobytes()
+    if kind == "float":
+        return np.asarray(float(json.loads(data)), dtype="<f8").tobytes()
+    return data
+
+
+def record_from_members(schema: Schema, span) -> bytes:
+    """A sample's span in a shard (its members, headers included, back to back) -> its
+    record. The members are the schema's fields in order (the writer wrote them so)."""
+    view = memoryview(span).cast("B")
+    pos, stored = 0, []
+    for field in schema.fields:
+        head = bytes(view[pos : pos + 512])
+        if len(head) < 512:
+            raise ValueError(f"shard ends before field {field.name!r}'s member")
+        name = head[:100].rstrip(b"\0").decode("utf-8", "replace")
+        if f".{field.name}." not in name:
+            raise ValueError(f"member {name!r} found where field {field.name!r} should be")
+        size = int(head[124:136].strip(b"\0 ") or b"0", 8)
+        data = bytes(view[pos + 512 : pos + 512 + size])
+        if len(data) != size:
+            raise ValueError(f"field {field.name!r}'s member is truncated")
+        stored.append(stored_from_member(field, data))
+        pos += 512 + size + (-size) % 512
+    return join_record(stored)
+
+
+def join_record(stored: list[bytes]) -> bytes:
+    """Each field's stored bytes, in schema order -> the record."""
+    sizes = np.fromiter(map(len, stored), dtype=_INT64, count=len(stored))
+    return sizes.tobytes() + b"".join(stored)

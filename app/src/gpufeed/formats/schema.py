@@ -1,0 +1,226 @@
+"""The sample schema: a sample is a dict of named fields, each of one type.
+
+A schema is written into the manifest (``sample: {"kind": "fields", "fields": [...]}``) and
+checked when a pack is opened. Field types, as a schema names them (a string shorthand, or
+the manifest's dict form):
+
+  type      shorthand          one value is                        stored as (one field's bytes)
+  array     "float32[3,64,64]"  an array of that dtype and shape     raw C-order bytes
+  ragged    "int32[-1]"         an array whose -1 dimensions vary    int64 shape, then raw bytes
+            "float32[-1,4]"     (tokens, boxes, waveforms)
+  image     "jpeg" "png" "webp" encoded image bytes (decoded on read) the file's bytes, as given
+  bytes     "bytes"             bytes                                as given
+  str       "str"               text                                 UTF-8
+  int       "int"               an integer                           int64 little-endian
+  float     "float"             a number                             float64 little-endian
+  json      "json"              any JSON-able value                  UTF-8 JSON
+
+A field may also say ``"compression": "zstd"`` (raw arrays, text, bytes, JSON; never images,
+which are compressed already): its stored bytes are a zstd frame of the bytes above.
+Everything here is numpy only: how a record is laid out is in formats/record.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpufeed.errors import UsageError
+
+__all__ = ["FIELD_TYPES", "IMAGE_FORMATS", "Field", "Schema", "infer_schema", "parse_schema"]
+
+IMAGE_FORMATS = ("jpeg", "png", "webp")
+SCALAR_TYPES = ("bytes", "str", "int", "float", "json")
+FIELD_TYPES = ("array", "ragged", "image", *SCALAR_TYPES)
+COMPRESSIONS = ("zstd",)
+# a name is a plain identifier: it becomes part of tar member names and HDF5 attributes
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+ARRAY_TEXT = re.compile(r"([A-Za-z0-9<>=|]+)\[([-0-9, ]*)\]")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One named field: its type and, for arrays, dtype and shape (-1: varies)."""
+
+    name: str
+    type: str
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+    format: str | None = None  # image: jpeg | png | webp
+    compression: str | None = None
+
+    @property
+    def ragged(self) -> bool:
+        return self.type == "ragged"
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "type": self.type}
+        if self.type in ("array", "ragged"):
+            d.update(dtype=self.dtype, shape=list(self.shape))
+        if self.type == "image":
+            d["format"] = self.format
+        if self.compression:
+            d["compression"] = self.compression
+        return d
+
+    def describe(self) -> str:
+        if self.type in ("array", "ragged"):
+            dims = ",".join("*" if s < 0 else str(s) for s in self.shape)
+            text = f"{np.dtype(self.dtype).name}[{dims}]"
+        elif self.type == "image":
+            text = f"image/{self.format}"
+        else:
+            text = self.type
+        return text + (f" ({self.compression})" if self.compression else "")
+
+
+def _array_field(name: str, dtype, shape, compression) -> Field:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise UsageError(f"field {name!r}: {dtype!r} is not a numpy dtype") from None
+    if dt.hasobject or dt.fields is not None or dt.subdtype is not None:
+        raise UsageError(f"field {name!r}: dtype {dt} cannot be stored as raw bytes")
+    shape = tuple(int(s) for s in shape)
+    if any(s < -1 for s in shape):
+        raise UsageError(f"field {name!r}: shape {list(shape)}: sizes are >= 0, or -1 (varies)")
+    kind = "ragged" if -1 in shape else "array"
+    return Field(name, kind, dtype=dt.str, shape=shape, compression=compression)
+
+
+def _parse_text(name: str, text: str, compression: str | None) -> Field:
+    text = text.strip()
+    low = text.lower()
+    if low in ("jpg", "jpeg", "png", "webp"):
+        return Field(name, "image", format="jpeg" if low == "jpg" else low)
+    if low in SCALAR_TYPES:
+        return Field(name, low, compression=compression)
+    m = ARRAY_TEXT.fullmatch(text)
+    if m:
+        dims = [d for d in m.group(2).replace(" ", "").split(",") if d]
+        return _array_field(name, m.group(1), [int(d) for d in dims], compression)
+    raise UsageError(
+        f"field {name!r}: unknown type {text!r}; use jpeg, png, webp, bytes, str, int, float, "
+        "json, an array such as 'float32[3,64,64]' or a ragged one such as 'int32[-1]'"
+    )
+
+
+def _parse_field(name: str, spec: Any) -> Field:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise UsageError(
+            f"field name {name!r}: use letters, digits and _ (not first), at most 64 characters"
+        )
+    if isinstance(spec, Field):
+        spec = spec.to_json()
+    if isinstance(spec, str):
+        return _parse_text(name, spec, None)
+    if not isinstance(spec, Mapping) or "type" not in spec:
+        raise UsageError(
+            f"field {name!r}: expected a type name or a dict with 'type', got {spec!r}"
+        )
+    kind, comp = str(spec["type"]), spec.get("compression") or None
+    if comp is not None and comp not in COMPRESSIONS:
+        raise UsageError(f"field {name!r}: compression {comp!r}; use one of {COMPRESSIONS}")
+    if kind in ("array", "ragged"):
+        if "dtype" not in spec or "shape" not in spec:
+            raise UsageError(f"field {name!r}: an {kind} field needs dtype and shape")
+        field = _array_field(name, spec["dtype"], spec["shape"], comp)
+        if field.type != kind:
+            raise UsageError(f"field {name!r}: type {kind} but shape {list(field.shape)}")
+        return field
+    if kind == "image":
+        fmt = str(spec.get("format", "jpeg")).lower()
+        fmt = "jpeg" if fmt == "jpg" else fmt
+        if fmt not in IMAGE_FORMATS:
+            raise UsageError(f"field {name!r}: image format {fmt!r}; use one of {IMAGE_FORMATS}")
+        if comp:
+            raise UsageError(f"field {name!r}: images are compressed already; no compression")
+        return Field(name, "image", format=fmt)
+    if kind in SCALAR_TYPES:
+        return Field(name, kind, compression=comp)
+    return _parse_text(name, kind, comp)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The fields of every sample, in a fixed order (the order they are stored in)."""
+
+    fields: tuple[Field, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+    def __getitem__(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [f.to_json() for f in self.fields]
+
+    @classmethod
+    def from_json(cls, fields: list[dict[str, Any]]) -> Schema:
+        if not isinstance(fields, list) or not fields:
+            raise UsageError(f"a schema is a non-empty list of fields, got {fields!r}")
+        return parse_schema({d.get("name"): d for d in fields})
+
+    def describe(self) -> str:
+        return ", ".join(f"{f.name}: {f.describe()}" for f in self.fields)
+
+
+def parse_schema(schema: Schema | Mapping[str, Any]) -> Schema:
+    """A Schema from ``{"image": "jpeg", "caption": "str", "tokens": "int32[-1]"}`` (or the
+    dict forms the manifest writes); a UsageError naming the field otherwise."""
+    if isinstance(schema, Schema):
+        return schema
+    if not isinstance(schema, Mapping) or not schema:
+        raise UsageError(
+            "schema: expected a dict of field name -> type, such as "
+            "{'image': 'jpeg', 'caption': 'str'}, got " + repr(schema)
+        )
+    return Schema(tuple(_parse_field(name, spec) for name, spec in schema.items()))
+
+
+def _infer_field(name: str, value: Any) -> Any:
+    if isinstance(value, bool):
+        raise UsageError(f"field {name!r}: bool; store it as int, or declare a schema")
+    if isinstance(value, (int, np.integer)):
+        return "int"
+    if isinstance(value, (float, np.floating)):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        fmt = sniff_image(bytes(value[:16]))
+        return fmt or "bytes"
+    if isinstance(value, (dict, list, tuple)) or value is None:
+        return "json"
+    arr = np.asarray(value)  # a tensor (numpy protocol) or an array
+    if arr.dtype.hasobject:
+        raise UsageError(f"field {name!r}: cannot infer a type for {type(value).__name__}")
+    return {"type": "array", "dtype": arr.dtype.str, "shape": list(arr.shape)}
+
+
+def infer_schema(sample: Mapping[str, Any]) -> Schema:
+    """The schema of a first sample: arrays fixed-shape (declare ragged ones: 'int32[-1]'),
+    image bytes by their magic number, the rest by Python type."""
+    if not isinstance(sample, Mapping) or not sample:
+        raise UsageError(f"a sample is a non-empty dict of fields, got {type(sample).__name__}")
+    return parse_schema({name: _infer_field(name, v) for name, v in sample.items()})
+
+
+def sniff_image(head: bytes) -> str | None:
+    """jpeg, png or webp by the file's magic number; None for anything else."""
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return "webp"
+    return None

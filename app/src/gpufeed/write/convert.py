@@ -1,0 +1,235 @@
+"""``gpufeed.pack(fn, inputs, dest)``: a pack made by a function of yours, in parallel.
+
+    def convert(path):                      # one input -> a sample dict (or yield several)
+        return {"image": open(path, "rb").read(), "caption": captions[path]}
+
+    gpufeed.pack(convert, paths, "/workspace/caps.lmdb", format="lmdb", workers=8)
+
+``fn(inputs[i])`` runs in worker processes (forked where the platform forks, so ``fn`` may be
+a lambda or a closure; spawned elsewhere, where fn and inputs must pickle), a few chunks per
+worker in flight (memory stays bounded); each sample is encoded into its record there too.
+The samples are written in input order through a :class:`~gpufeed.write.writer.Writer`, so
+the pack is crash-safe and resumable in the same way: ``resume=True`` keeps the committed
+inputs and converts the rest. ``on_error="stop"`` raises a SourceError naming the input (the
+partial pack stays resumable); ``"skip"`` leaves the input out and lists it in the
+manifest's ``skipped``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from itertools import islice
+from typing import Any
+
+import numpy as np
+
+from gpufeed.errors import PackWorkerError, SourceError, UsageError
+from gpufeed.formats.record import encode_record
+from gpufeed.formats.schema import Schema, infer_schema
+from gpufeed.write import progress
+from gpufeed.write.options import ON_ERROR
+from gpufeed.write.pool import default_workers, die_with_parent
+from gpufeed.write.writer import Writer, label_of
+
+__all__ = ["pack_function", "pack_in_place"]
+
+CHUNK = 16
+_JOB: dict[str, Any] = {}  # in a worker: fn, inputs, schema (set by _start_worker)
+
+
+def _samples(out: Any) -> list[Mapping]:
+    """fn's output: one dict, or an iterable of dicts (a generator yielding several)."""
+    if isinstance(out, Mapping):
+        return [out]
+    if out is None or isinstance(out, (str, bytes)):
+        raise UsageError(f"fn returned {type(out).__name__}; return a sample dict or yield dicts")
+    return list(out)
+
+
+def _convert(fn, item, schema: Schema) -> tuple:
+    """("ok", [(record, label)]) or ("error", message) for one input."""
+    try:
+        samples = _samples(fn(item))
+        return "ok", [(encode_record(schema, s), label_of(schema, s)) for s in samples]
+    except Exception as e:  # noqa: BLE001 - any failure of the user's fn is that input's error
+        return "error", f"{type(e).__name__}: {e}"
+
+
+def _start_worker(fn, inputs, schema, parent: int) -> None:
+    die_with_parent(parent)
+    _JOB.update(fn=fn, inputs=inputs, schema=schema)
+
+
+def _run(lo: int, hi: int) -> list[tuple]:
+    fn, inputs, schema = _JOB["fn"], _JOB["inputs"], _JOB["schema"]
+    return [_convert(fn, inputs[i], schema) for i in range(lo, hi)]
+
+
+def _results(fn, inputs: Sequence, start: int, schema: Schema, workers: int) -> Iterator:
+    """(index, result) for inputs[start:], in order; workers processes, or in-process."""
+    if workers <= 1:
+        for i in range(start, len(inputs)):
+            yield i, _convert(fn, inputs[i], schema)
+        return
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    ranges = iter((lo, min(lo + CHUNK, len(inputs))) for lo in range(start, len(inputs), CHUNK))
+    with ProcessPoolExecutor(
+        workers,
+        mp_context=mp.get_context(method),
+        initializer=_start_worker,
+        initargs=(fn, inputs, schema, os.getpid()),
+    ) as ex:
+        pending = deque((r, ex.submit(_run, *r)) for r in islice(ranges, workers * 4))
+        while pending:
+            (lo, _), future = pending.popleft()
+            try:
+                chunk = future.result()
+            except BrokenProcessPool:
+                raise PackWorkerError(
+                    "a pack worker process died (killed or out of memory); the committed "
+                    "inputs are kept: rerun with resume=True"
+                ) from None
+            nxt = next(ranges, None)
+            if nxt is not None:
+                pending.append((nxt, ex.submit(_run, *nxt)))
+            yield from enumerate(chunk, lo)
+
+
+def _name(item: Any, i: int) -> str:
+    return os.fspath(item) if isinstance(item, (str, os.PathLike)) else f"#{i}"
+
+
+def pack_function(
+    fn: Callable[[Any], Any],
+    inputs: Iterable,
+    dest: str | os.PathLike,
+    format: str = "hdf5",  # noqa: A002 - the public name
+    *,
+    schema: Schema | Mapping[str, Any] | None = None,
+    workers: int | None = None,
+    on_error: str = "stop",
+    resume: bool = False,
+    overwrite: bool = False,
+    quiet: bool = False,
+    **writer_options: Any,
+) -> dict[str, Any]:
+    """Pack ``fn(input)`` for every input into DEST (see the module docstring); returns the
+    manifest. schema: as for Writer (None: from the first sample). workers: processes (None:
+    default_workers(); 0 or 1: in-process). writer_options: compression, shard_size,
+    shard_bytes, container, part_size (as Writer takes them)."""
+    if on_error not in ON_ERROR:
+        raise UsageError(f"unknown on_error {on_error!r}; use stop or skip")
+    inputs = inputs if isinstance(inputs, Sequence) else list(inputs)
+    workers = default_workers() if workers is None else max(0, int(workers))
+    w = Writer(
+        dest, format, schema, resume=resume, overwrite=overwrite, quiet=quiet, **writer_options
+    )
+    w.item_names = [_name(x, i) for i, x in enumerate(inputs)]
+    bar = progress.progress_bar(len(inputs), w.inputs_done, quiet, "pack", unit="input")
+    with _writing(w, bar):
+        start = w.inputs_done
+        while w.schema is None and start < len(inputs):  # the first sample says the schema
+            _take(w, start, _first(fn, inputs[start]), inputs, on_error)
+            bar.update(1)
+            start += 1
+        for i, result in _results(fn, inputs, start, w.schema, workers):
+            _take(w, i, result, inputs, on_error)
+            bar.update(1)
+        return w.close()
+
+
+@contextlib.contextmanager
+def _writing(w: Writer, bar):
+    """A conversion's Writer: left resumable (abandoned, not finished) on any error."""
+    try:
+        yield
+    except BaseException:
+        w.abandon()
+        raise
+    finally:
+        bar.close()
+
+
+def _first(fn, item) -> tuple:
+    try:
+        samples = _samples(fn(item))
+    except Exception as e:  # noqa: BLE001 - as _convert
+        return "error", f"{type(e).__name__}: {e}"
+    if not samples:
+        return "ok", []
+    schema = infer_schema(samples[0])
+    return "ok", [(encode_record(schema, s), label_of(schema, s)) for s in samples], schema
+
+
+def _take(w: Writer, i: int, result: tuple, inputs: Sequence, on_error: str) -> None:
+    if result[0] == "error":
+        if on_error == "stop":
+            raise SourceError(
+                f"input {i} ({_name(inputs[i], i)}): {result[1]}; the inputs before it are "
+                "committed: fix it and rerun with resume=True, or pass on_error='skip'"
+            )
+        w.skip(i, result[1])
+        return
+    if len(result) == 3 and w.schema is None:
+        w.set_schema(result[2])
+    w.add_records(i, result[1])
+
+
+READ_BATCH = 256
+
+
+def pack_in_place(
+    source: str | os.PathLike,
+    dest: str | os.PathLike,
+    format: str = "hdf5",  # noqa: A002 - the public name
+    *,
+    datasets=None,
+    index_dir: str | os.PathLike | None = None,
+    on_error: str = "stop",
+    resume: bool = False,
+    overwrite: bool = False,
+    quiet: bool = False,
+    encode: str = "keep",
+    resize=None,
+    workers: int | None = None,  # noqa: ARG001 - read in-process: the reads are sequential
+    log=None,  # noqa: ARG001 - as pack_files takes it
+    follow_symlinks: bool = False,  # noqa: ARG001 - as pack_files takes it
+    **writer_options: Any,
+) -> dict[str, Any]:
+    """Pack data read in place (WebDataset shards, an HDF5 file given ``datasets``:
+    gpufeed.formats.inplace) into DEST: its records copied as they are read, in order,
+    through a Writer (crash-safe, ``resume=True`` goes on after the committed samples)."""
+    from gpufeed.formats.inplace import open_in_place
+
+    if encode != "keep" or resize is not None:
+        raise UsageError("--encode raw and --resize apply to image folders, not to shards or HDF5")
+    reader = open_in_place(source, datasets=datasets, index_dir=index_dir)
+    if reader is None:
+        raise UsageError(f"{source}: not WebDataset shards (pass datasets= for an HDF5 file)")
+    w = Writer(
+        dest, format, reader.spec.schema, resume=resume, overwrite=overwrite, quiet=quiet,
+        **writer_options,
+    )  # fmt: skip
+    w.item_names = [f"{reader.location(i)}#{i}" for i in range(reader.count)]
+    bar = progress.progress_bar(reader.count, w.inputs_done, quiet, "pack")
+    with _writing(w, bar):
+        for lo in range(w.inputs_done, reader.count, READ_BATCH):
+            hi = min(lo + READ_BATCH, reader.count)
+            for i in range(lo, hi):
+                _take(w, i, _read_one(reader, i), w.item_names, on_error)
+            bar.update(hi - lo)
+        return w.close()
+
+
+def _read_one(reader, i: int) -> tuple:
+    try:
+        record = reader.read_batch(np.array([i], dtype=np.int64))[0]
+    except Exception as e:  # noqa: BLE001 - a sample that cannot be read is that input's error
+        return "error", f"{type(e).__name__}: {e}"
+    return "ok", [(record, int(reader.labels[i]))]

@@ -1,0 +1,331 @@
+"""``gpufeed.Writer``: a pack written from Python objects, one sample dict at a time.
+
+    with gpufeed.Writer("caps.pack", format="tar", schema={"image": "jpeg", "caption": "str"}) as w:
+        for jpeg, text in data:
+            w.write({"image": jpeg, "caption": text})
+
+It is a pack like any other, made the same crash-safe way (gpufeed.write.pack): samples
+are committed in parts under DEST.partial/ (each part written, fsynced, renamed), the
+format's files are assembled from the committed parts when the writer closes without an
+error, the manifest is written last, and DEST appears by one rename. Until then DEST does
+not exist and ``open_dataset(DEST)`` raises NotPackedError saying so. The lock on
+DEST.partial keeps a second writer (or pack) out.
+
+After a crash (kill -9 included) ``Writer(DEST, ..., resume=True)`` keeps every committed
+part and says how many samples they hold (``written``): write from that sample on. Samples
+written after the last committed part are lost with the process (``flush()`` commits a part
+now). ``overwrite=True`` starts over (and replaces a finished pack gpufeed made). A writer
+left by an exception is not finished: the partial pack stays, resumable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpufeed._version import __version__
+from gpufeed.errors import UsageError
+from gpufeed.formats.checksums import crc32
+from gpufeed.formats.files import atomic_write_json
+from gpufeed.formats.lock import PackLock
+from gpufeed.formats.manifest import PARTIAL_SUFFIX
+from gpufeed.formats.parts import Part
+from gpufeed.formats.record import encode_record
+from gpufeed.formats.schema import Schema, infer_schema, parse_schema
+from gpufeed.formats.spec import SampleSpec
+from gpufeed.storage.urls import require_local
+from gpufeed.write.assemble import assemble
+from gpufeed.write.guard import (
+    PARTS_DIR,
+    STATE_NAME,
+    check_removable,
+    clear_partial,
+    occupied,
+    remove_partial,
+)
+from gpufeed.write.options import check_options
+from gpufeed.write.staging import part_path
+
+__all__ = ["PART_BYTES", "WrittenSource", "Writer", "label_of"]
+
+# a part is committed every part_size samples or PART_BYTES bytes, whichever comes first
+PART_BYTES = 64 << 20
+WRITER_KIND = "python"
+
+
+class _Names:
+    """sources.txt for written samples: what the writer was told, else '#index'."""
+
+    def __init__(self, names: list[str] | None):
+        self.names = names
+
+    def __getitem__(self, i: int) -> str:
+        if self.names is not None and i < len(self.names):
+            return self.names[i]
+        return f"#{i}"
+
+
+@dataclass
+class WrittenSource:
+    """What assemble needs to know of a source, for samples written from Python."""
+
+    count: int
+    names: list[str] | None = None
+    problems: list = field(default_factory=list)
+    path: None = None
+    kind: str = WRITER_KIND
+    classes: None = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def rel(self) -> _Names:
+        return _Names(self.names)
+
+    def real_dirs(self) -> set[str]:
+        return set()
+
+
+class Writer:
+    """Write sample dicts into a new pack at ``path`` (see the module docstring).
+
+    format: hdf5 | lmdb | tar | mmap. schema: ``{"image": "jpeg", "tokens": "int32[-1]"}``
+    (gpufeed.formats.schema), or None to take it from the first sample (arrays then have a
+    fixed shape: declare ragged ones). compression, shard_size, shard_bytes, container: as
+    for ``gpufeed.pack``. part_size: samples per committed part (what a crash can lose).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        format: str = "hdf5",  # noqa: A002 - the public name, as in pack
+        schema: Schema | Mapping[str, Any] | None = None,
+        *,
+        compression: str | None = None,
+        shard_size: int | None = None,
+        shard_bytes: int | None = None,
+        container: str = "npy",
+        part_size: int | None = None,
+        resume: bool = False,
+        overwrite: bool = False,
+        quiet: bool = True,
+    ):
+        require_local(path, "write into a local folder, then gpufeed.storage.upload_pack(it, URL)")
+        opts = check_options(
+            format, "keep", "stop", compression, container, shard_size, shard_bytes, part_size
+        )
+        self.dest = Path(path).absolute()
+        self.partial = self.dest.with_name(self.dest.name + PARTIAL_SUFFIX)
+        self.schema = parse_schema(schema) if schema is not None else None
+        self.quiet = quiet
+        self.state = {
+            "gpufeed": __version__,
+            "writer": True,
+            "source_digest": "",
+            "format": format,
+            "on_error": "stop",
+            **opts,
+        }
+        self._lock: PackLock | None = None
+        self._open(resume, overwrite)
+
+    # -- opening -------------------------------------------------------------------------
+    def _open(self, resume: bool, overwrite: bool) -> None:
+        if occupied(self.dest):
+            if not overwrite:
+                raise UsageError(
+                    f"{self.dest}: already exists; pass overwrite=True to replace it "
+                    "(only a pack gpufeed made is replaced)"
+                )
+            check_removable(self.dest, "replace it (overwrite=True)")
+        self._lock = PackLock(self.dest, self.partial).__enter__()
+        try:
+            self._prepare(resume, overwrite)
+        except BaseException as e:
+            self._lock.__exit__(type(e), e, None)
+            self._lock = None
+            raise
+        self.manifest: dict[str, Any] | None = None
+
+    def _prepare(self, resume: bool, overwrite: bool) -> None:
+        state_path = self.partial / STATE_NAME
+        self.parts = 0
+        self.written = 0
+        self.skipped: list[tuple[int, str]] = []
+        # what each input was (sources.txt); gpufeed.pack(fn, inputs) sets it
+        self.item_names: list[str] | None = None
+        self._pending: list[tuple[int, bytes, int]] = []
+        self._pending_bytes = 0
+        self._items = 0  # inputs done: gpufeed.pack(fn, inputs) goes on from here
+        if state_path.exists() and resume:
+            self._resume(json.loads(state_path.read_text()))
+            return
+        if state_path.exists() and not overwrite:
+            raise UsageError(
+                f"{self.partial}: an unfinished pack is there; pass resume=True to continue "
+                "it or overwrite=True to start over"
+            )
+        clear_partial(self.partial, "start the pack over")
+        (self.partial / PARTS_DIR).mkdir()
+        self._save_state()
+
+    def _save_state(self) -> None:
+        schema = self.schema.to_json() if self.schema else None
+        self.state["schema"] = schema
+        self.state["source_digest"] = hashlib.sha256(json.dumps(schema).encode()).hexdigest()
+        atomic_write_json(self.partial / STATE_NAME, self.state)
+
+    def _resume(self, old: dict) -> None:
+        if not old.get("writer"):
+            raise UsageError(f"{self.partial}: an unfinished `gpufeed pack`, not a Writer's")
+        old_schema = parse_schema({d["name"]: d for d in old["schema"]}) if old["schema"] else None
+        if self.schema is not None and old_schema is not None and self.schema != old_schema:
+            raise UsageError(
+                f"{self.partial}: was started with schema {old_schema.describe()}; resume with "
+                "the same one, or pass overwrite=True to start over"
+            )
+        diff = [k for k in self.state if k not in ("gpufeed",) and old.get(k) != self.state[k]]
+        diff = [k for k in diff if k not in ("schema", "source_digest")]
+        if diff:
+            what = ", ".join(f"{k}: {old.get(k)!r} -> {self.state[k]!r}" for k in diff)
+            raise UsageError(f"{self.partial}: was started with different settings ({what})")
+        self.schema = self.schema or old_schema
+        self.state = {**old, "gpufeed": __version__}
+        parts_dir = self.partial / PARTS_DIR
+        for tmp in parts_dir.glob("*.tmp"):
+            tmp.unlink()
+        while part_path(parts_dir, self.parts).exists():
+            with np.load(part_path(parts_dir, self.parts)) as z:
+                self.written += len(z["labels"])
+                items = z["items"]
+                self._items = max(self._items, int(items.max()) + 1 if len(items) else 0)
+            self.parts += 1
+        for stale in parts_dir.glob("part-*.npz"):
+            if int(stale.stem.removeprefix("part-")) >= self.parts:
+                stale.unlink()  # after a gap: not part of the committed run, written again
+
+    # -- writing -------------------------------------------------------------------------
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Add one sample dict: every field of the schema, nothing else."""
+        self.add_item(self._items, [sample])
+
+    @property
+    def inputs_done(self) -> int:
+        """Inputs committed or written so far (after a resume: where to go on from)."""
+        return self._items
+
+    def set_schema(self, schema: Schema) -> None:
+        """The schema, once (from the first sample when none was given)."""
+        if self.schema is None:
+            self.schema = schema
+            self._save_state()
+
+    def add_item(self, item: int, samples: list) -> None:
+        """The samples of one input (``gpufeed.pack(fn, inputs)``: fn's output for
+        inputs[item]); a part is committed only between inputs, so a resume restarts at an
+        input boundary."""
+        self._check_open()
+        if samples and self.schema is None:
+            self.set_schema(infer_schema(samples[0]))
+        records = [(encode_record(self.schema, s), label_of(self.schema, s)) for s in samples]
+        self.add_records(item, records)
+
+    def add_records(self, item: int, records: list[tuple[bytes, int]]) -> None:
+        """Encoded samples of input ``item``: (record, label) each (add_item's work, done
+        in a worker process by gpufeed.pack(fn, inputs))."""
+        self._check_open()
+        for record, label in records:
+            self._pending.append((item, record, label))
+            self._pending_bytes += len(record)
+            self.written += 1
+        self._items = max(self._items, item + 1)
+        if len(self._pending) >= self.state["part_size"] or self._pending_bytes >= PART_BYTES:
+            self.flush()
+
+    def skip(self, item: int, error: str) -> None:
+        """Record input ``item`` as left out (pack's on_error="skip")."""
+        self._check_open()
+        self.skipped.append((item, error))
+        self._items = max(self._items, item + 1)
+
+    def flush(self, empty: bool = False) -> None:
+        """Commit the samples written so far as one part (what a resume keeps); ``empty``:
+        even none (a pack of no samples still records its schema in a part)."""
+        self._check_open()
+        if not (self._pending or self.skipped or empty):
+            return
+        records = [r for _, r, _ in self._pending]
+        sizes = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
+        offsets = np.zeros(len(records) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        n = len(records)
+        Part(
+            payload=np.frombuffer(b"".join(records), dtype=np.uint8),
+            offsets=offsets,
+            labels=np.asarray([lab for _, _, lab in self._pending], dtype=np.int64),
+            crc32=np.fromiter(map(crc32, records), dtype=np.uint32, count=n),
+            items=np.asarray([i for i, _, _ in self._pending], dtype=np.int64),
+            exts=np.full(n, "rec", dtype="<U8"),
+            skip_items=np.asarray([i for i, _ in self.skipped], dtype=np.int64),
+            skip_errors=np.asarray([e for _, e in self.skipped], dtype=str),
+            spec=SampleSpec("fields", schema=self.schema) if self.schema else None,
+        ).save(part_path(self.partial / PARTS_DIR, self.parts))
+        self.parts += 1
+        self._pending, self._pending_bytes, self.skipped = [], 0, []
+
+    def _check_open(self) -> None:
+        if self._lock is None:
+            raise UsageError(f"{self.dest}: this Writer is closed")
+
+    # -- finishing -----------------------------------------------------------------------
+    def close(self) -> dict[str, Any]:
+        """Commit what is left, assemble the pack, write the manifest, rename it into place;
+        returns the manifest. A closed writer's close returns the manifest again."""
+        if self._lock is None:
+            return self.manifest
+        self.flush()
+        if self.schema is None:
+            raise UsageError(f"{self.dest}: no sample was written; nothing to pack")
+        if self.parts == 0:
+            self.flush(empty=True)
+        src = WrittenSource(count=self._items, names=self.item_names)
+        self.manifest = assemble(src, self.dest, self.partial, self.parts, self.state, self.quiet)
+        remove_partial(self.partial, self._lock)
+        self._release()
+        return self.manifest
+
+    def abandon(self) -> None:
+        """Stop without finishing: committed parts stay (resume=True continues)."""
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.__exit__(None, None, None)
+            self._lock = None
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()
+
+
+def label_of(schema: Schema, sample: Mapping[str, Any]) -> int:
+    """The pack's per-sample label (class-balanced samplers, verify): an int field named
+    "label", else -1."""
+    try:
+        f = schema["label"]
+    except KeyError:
+        return -1
+    return int(sample["label"]) if f.type == "int" else -1

@@ -1,0 +1,234 @@
+"""gpufeed.Writer and gpufeed.pack(fn, inputs): crash-safe (a real kill -9, then resume or
+refuse), locked, ordered, on_error semantics; the README's multi-field snippet."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gpufeed
+from gpufeed.errors import NotPackedError, SourceError, UsageError
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def sample(i: int) -> dict:
+    return {"tokens": np.arange(i % 5, dtype=np.int32) + i, "text": f"s{i}", "label": i}
+
+
+def check(dest: Path, n: int) -> None:
+    ds = gpufeed.open_dataset(dest, map_style=True)
+    assert len(ds) == n
+    for i in range(n):
+        got = ds[i]
+        assert got["text"] == f"s{i}" and got["label"] == i
+        np.testing.assert_array_equal(got["tokens"].numpy(), sample(i)["tokens"])
+    np.testing.assert_array_equal(ds.labels, np.arange(n))
+
+
+SCHEMA = {"tokens": "int32[-1]", "text": "str", "label": "int"}
+
+KILLED_WRITER = """
+import sys, time
+import numpy as np
+import gpufeed
+sys.path.insert(0, {tests!r})
+from test_writer import sample
+w = gpufeed.Writer({dest!r}, format={fmt!r}, schema={schema!r}, part_size=10)
+for i in range(100000):
+    w.write(sample(i))
+    time.sleep(0.002)
+"""
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "tar"])
+def test_a_writer_killed_with_sigkill_is_refused_then_resumed(tmp_path, python_env, fmt):
+    dest = tmp_path / "p"
+    script = KILLED_WRITER.format(
+        tests=str(Path(__file__).parent), dest=str(dest), fmt=fmt, schema=SCHEMA
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], env=python_env)
+    parts = tmp_path / "p.partial" / "parts"
+    deadline = time.monotonic() + 60
+    while len(list(parts.glob("part-*.npz"))) < 3 and time.monotonic() < deadline:
+        assert proc.poll() is None, "the writer exited early"
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with pytest.raises(NotPackedError, match=r"gpufeed.Writer.*resume=True"):
+        gpufeed.open_dataset(dest)
+    with pytest.raises(UsageError, match="pass resume=True to continue it or overwrite=True"):
+        gpufeed.Writer(dest, format=fmt, schema=SCHEMA)
+    with pytest.raises(UsageError, match="was started with schema"):
+        gpufeed.Writer(dest, format=fmt, schema={"x": "str"}, resume=True)
+    w = gpufeed.Writer(dest, format=fmt, resume=True, part_size=10)  # schema from the state
+    assert w.written >= 30 and w.written % 10 == 0 and w.inputs_done == w.written
+    for i in range(w.written, 57):
+        w.write(sample(i))
+    w.close()
+    check(dest, 57)
+    assert not (tmp_path / "p.partial").exists()
+    assert gpufeed.verify(dest).ok
+
+
+def test_an_exception_inside_with_leaves_a_resumable_partial(tmp_path):
+    dest = tmp_path / "p"
+    with pytest.raises(RuntimeError, match="boom"):
+        with gpufeed.Writer(dest, format="lmdb", schema=SCHEMA, part_size=4) as w:
+            for i in range(10):
+                w.write(sample(i))
+            raise RuntimeError("boom")
+    assert not dest.exists()
+    with pytest.raises(NotPackedError, match="not closed"):
+        gpufeed.open_dataset(dest)
+    with gpufeed.Writer(dest, format="lmdb", schema=SCHEMA, part_size=4, resume=True) as w:
+        assert w.written == 8  # two parts committed; the 2 pending samples were lost
+        for i in range(w.written, 12):
+            w.write(sample(i))
+    check(dest, 12)
+
+
+def test_one_writer_per_destination_and_only_our_packs_are_replaced(tmp_path):
+    dest = tmp_path / "p"
+    w = gpufeed.Writer(dest, format="mmap", schema=SCHEMA)
+    with pytest.raises(UsageError, match=r"pid \d+\) is writing it now"):
+        gpufeed.Writer(dest, format="mmap", schema=SCHEMA, overwrite=True)
+    w.write(sample(0))
+    assert w.close()["count"] == 1
+    assert w.close()["count"] == 1  # closing twice returns the manifest again
+    with pytest.raises(UsageError, match="this Writer is closed"):
+        w.write(sample(1))
+    with pytest.raises(UsageError, match="already exists; pass overwrite=True"):
+        gpufeed.Writer(dest, format="mmap", schema=SCHEMA)
+    with gpufeed.Writer(dest, format="mmap", schema=SCHEMA, overwrite=True) as w:
+        for i in range(3):
+            w.write(sample(i))
+    check(dest, 3)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(UsageError, match="refusing to replace it.*not a gpufeed pack"):
+        gpufeed.Writer(mine, format="mmap", schema=SCHEMA, overwrite=True)
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_a_writer_with_no_samples_is_refused_without_a_schema_and_empty_with_one(tmp_path):
+    with pytest.raises(UsageError, match="no sample was written"):
+        with gpufeed.Writer(tmp_path / "a", format="hdf5"):
+            pass
+    with gpufeed.Writer(tmp_path / "b", format="tar", schema=SCHEMA):
+        pass
+    ds = gpufeed.open_dataset(tmp_path / "b", map_style=True)
+    assert len(ds) == 0 and ds.reader.spec.schema.names == list(SCHEMA)
+
+
+def convert(i: int):
+    if i % 7 == 3:
+        raise ValueError(f"bad input {i}")
+    yield sample(2 * i)
+    if i % 2:
+        yield sample(2 * i + 1)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pack_fn_writes_in_input_order_and_skips_failed_inputs(tmp_path, workers):
+    inputs = list(range(40))
+    m = gpufeed.pack(
+        convert, inputs, tmp_path / "p", format="tar", workers=workers, on_error="skip",
+        quiet=True, part_size=8, schema=SCHEMA,
+    )  # fmt: skip
+    want = [s for i in inputs if i % 7 != 3 for s in [2 * i, 2 * i + 1][: 1 + i % 2]]
+    ds = gpufeed.open_dataset(tmp_path / "p", map_style=True)
+    assert [ds[j]["label"] for j in range(len(ds))] == want
+    assert [(s["item"], s["error"]) for s in m["skipped"]] == [
+        (i, f"ValueError: bad input {i}") for i in inputs if i % 7 == 3
+    ]
+    assert m["count"] == len(want) and [s["path"] for s in m["skipped"]][:2] == ["#3", "#10"]
+
+
+def test_pack_fn_stops_at_a_failed_input_naming_it_then_resumes(tmp_path):
+    def fn(i):
+        return sample(i)
+
+    bad = set(range(25, 26))
+
+    def flaky(i):
+        if i in bad:
+            raise OSError(f"cannot read {i}")
+        return fn(i)
+
+    with pytest.raises(SourceError, match=r"input 25 \(#25\): OSError: cannot read 25"):
+        gpufeed.pack(
+            flaky, range(40), tmp_path / "p", schema=SCHEMA, workers=2, part_size=10, quiet=True
+        )
+    with pytest.raises(NotPackedError, match="resume=True"):
+        gpufeed.open_dataset(tmp_path / "p")
+    bad.clear()
+    calls = []
+
+    def counted(i):
+        calls.append(i)
+        return fn(i)
+
+    gpufeed.pack(
+        counted, range(40), tmp_path / "p", schema=SCHEMA, workers=0, part_size=10,
+        resume=True, quiet=True,
+    )  # fmt: skip
+    assert calls == list(range(20, 40))  # the committed parts (inputs 0..19) were kept
+    check(tmp_path / "p", 40)
+
+
+def test_pack_fn_takes_the_schema_from_the_first_sample_with_workers(tmp_path):
+    m = gpufeed.pack(
+        lambda i: {"x": np.full(3, i, np.int16), "s": str(i)}, range(50), tmp_path / "p",
+        format="lmdb", workers=2, quiet=True,
+    )  # fmt: skip
+    assert m["sample"]["fields"][0] == {"name": "x", "type": "array", "dtype": "<i2", "shape": [3]}
+    ds = gpufeed.open_dataset(tmp_path / "p")
+    assert [ds[i]["s"] for i in range(50)] == [str(i) for i in range(50)]
+    assert ds[49]["x"].tolist() == [49] * 3
+
+
+def test_pack_fn_refuses_a_sample_that_is_not_a_dict(tmp_path):
+    with pytest.raises(SourceError, match="fn returned str"):
+        gpufeed.pack(lambda i: "x", [1], tmp_path / "p", workers=0, quiet=True)
+
+
+def test_the_readme_multi_field_snippet_runs(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    marker = r"tests/unit/write/test_writer.py runs these snippets -->\n```python\n(.*?)```"
+    block = re.search(marker, text, re.S).group(1)
+    rng = np.random.default_rng(0)
+
+    def jpeg(h, w):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(buf, "JPEG")
+        return buf.getvalue()
+
+    my_data = [
+        (jpeg(16, 16), f"caption {i}", rng.integers(0, 1000, 3 + i), rng.random((i % 3, 4)),
+         rng.random(100 + i, dtype=np.float32))
+        for i in range(40)
+    ]  # fmt: skip
+    block = block.replace("/workspace", str(tmp_path))
+    scope = {"my_data": my_data}
+    exec(compile(textwrap.dedent(block), "README", "exec"), scope)
+    batch = scope["batch"]
+    assert batch["image"].shape == (32, 3, 16, 16)
+    assert batch["tokens"].shape == (32, 3 + 31) and batch["tokens_mask"].sum() == sum(
+        3 + i for i in range(32)
+    )
+    assert isinstance(batch["boxes"], list) and batch["label"].dtype == torch.int64
+    assert scope["sample"]["caption"] == "caption 0"
