@@ -62,7 +62,7 @@ def _zstd(kind: str):
             import zstandard
         except ImportError:
             raise UsageError(
-                "zstd field compression needs the zstandard package (pip install "gpufeed[zstd]")"
+                "zstd field compression needs the zstandard package (pip install 'gpufeed[zstd]')"
             ) from None
         if kind == "c":
             codec = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
