@@ -25,6 +25,11 @@ def npy_from_bytes(data) -> np.ndarray:
 
 def npy_shape(path: Path) -> tuple[int, ...]:
     """The shape a .npy file's header declares (nothing else is read)."""
+    return npy_layout(path)[0]
+
+
+def npy_layout(path: Path) -> tuple[tuple[int, ...], int]:
+    """(the shape a .npy file's header declares, the file offset its data starts at)."""
     fmt = np.lib.format
     with open(path, "rb") as f:
         try:
@@ -33,4 +38,4 @@ def npy_shape(path: Path) -> tuple[int, ...]:
             shape, _, _ = read(f)
         except ValueError as e:
             raise DataError(f"{path}: not a readable .npy file: {e}") from None
-    return shape
+        return shape, f.tell()
