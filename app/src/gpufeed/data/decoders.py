@@ -224,6 +224,7 @@ class RandomResizedCrop:
         self.backend = backend
         self.memory_format = memory_format
         self.threads, self.dct_scaling = threads, bool(dct_scaling)
+        self.loader_threads: int | None = None  # make_loader's decoder_threads, when not auto
         self._log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
 
     def __repr__(self) -> str:
@@ -231,16 +232,18 @@ class RandomResizedCrop:
             f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, "
             f"flip={self.flip}, backend={self.backend!r}, memory_format={self.memory_format}, "
             f"threads={self.threads}, dct_scaling={self.dct_scaling})"
+            + (f" (loader: {self.loader_threads} threads)" if self.loader_threads else "")
         )
 
     def threads_for(self, num_workers: int) -> int:
         """Decoder threads per process when the loader runs ``num_workers`` workers (0: the
-        loading process itself): ``threads`` when given, else the loader's CPUs shared by
-        its processes. 1 for the backends that decode one image at a time."""
+        loading process itself): ``threads`` when given, else make_loader's
+        ``decoder_threads`` when set, else the loader's CPUs shared by its processes. 1 for
+        the backends that decode one image at a time."""
         if self.backend != "native":
             return 1
-        if self.threads is not None:
-            return self.threads
+        if self.threads is not None or self.loader_threads is not None:
+            return self.threads or self.loader_threads
         return max(1, sysinfo.loader_cpus()[0] // max(1, num_workers))
 
     def decoder_threads(self) -> int:

@@ -69,6 +69,7 @@ class LoaderPlan:
     shm_free_bytes: int | None = None
     from_settings: tuple[str, ...] = ()
     lookahead: int = 0  # batches read ahead (madvise WILLNEED); 0 = off (small samples)
+    decoder_threads: int | str = "auto"  # per loading process (RandomResizedCrop native)
 
     def settings(self) -> dict[str, Any]:
         d = asdict(self)
@@ -81,7 +82,8 @@ class LoaderPlan:
             f"pin_memory={self.pin_memory} persistent_workers={self.persistent_workers} "
             f"prefetch_factor={self.prefetch_factor} context={self.multiprocessing_context}",
             f"block_size={self.block_size} buffer_blocks={self.buffer_blocks} "
-            f"sorted_batches={self.sorted_batches} lookahead={self.lookahead}",
+            f"sorted_batches={self.sorted_batches} lookahead={self.lookahead} "
+            f"decoder_threads={self.decoder_threads}",
         ]
         if self.measured:
             lines.append("measured: " + ", ".join(f"{k}={v:.4g}" for k, v in self.measured.items()))
