@@ -18,15 +18,7 @@ from unit_sources import write_arrays
 import gpufeed
 from gpufeed.data.samplers import LookaheadBatch, SortedBatchSampler
 from gpufeed.formats import open_reader
-from gpufeed.formats.readahead import (
-    IN_FLIGHT_BATCHES,
-    PREFETCH_MIN_BYTES,
-    ReadsInFlight,
-    advise_rows,
-    byte_runs,
-    is_cached,
-    take_rows,
-)
+from gpufeed.formats.readahead import PREFETCH_MIN_BYTES, advise_rows, take_rows
 
 FORMATS = ["hdf5", "lmdb", "tar", "mmap"]
 ROW = 128 << 10  # one sample: 128 KiB, above PREFETCH_MIN_BYTES
@@ -145,9 +137,7 @@ def test_loader_reads_the_next_batch_ahead_for_large_samples(
         )
     ds = gpufeed.open_dataset(dest)
     loader = gpufeed.make_loader(ds, 4, shuffle=True, seed=5, num_workers=workers)
-    # mmap reads on threads, IN_FLIGHT_BATCHES ahead; LMDB asks the kernel for the next one
-    depth = IN_FLIGHT_BATCHES if fmt == "mmap" else 1
-    assert loader.plan.lookahead == depth * max(1, workers)
+    assert loader.plan.lookahead == max(1, workers)
     got = [(x.clone(), y.clone()) for x, y in loader]
     loader.set_epoch(0)
     loader.batch_sampler.lookahead = 0
@@ -156,57 +146,15 @@ def test_loader_reads_the_next_batch_ahead_for_large_samples(
     for (gx, gy), (wx, wy) in zip(got, want, strict=True):
         assert torch.equal(gx, wx) and torch.equal(gy, wy)
     if workers == 0:
-        # every batch but the first (depth) was asked for early
+        # every batch but the first was asked for one batch early
         loader.batch_sampler.set_epoch(0)
         order = list(loader.batch_sampler._batches())
-        assert asked == order[depth:]
+        assert asked == order[1:]
 
 
-def test_loader_does_not_read_ahead_small_samples_without_reads_in_flight(array_folder, tmp_path):
-    dest = tmp_path / "ds.lmdb"
-    gpufeed.pack(array_folder, dest, format="lmdb", workers=1, quiet=True)
+def test_loader_does_not_read_ahead_small_samples(array_folder, tmp_path):
+    dest = tmp_path / "ds.mmap"
+    gpufeed.pack(array_folder, dest, format="mmap", workers=1, quiet=True)
     loader = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, num_workers=0)
     assert loader.plan.lookahead == 0
     assert not any(isinstance(b, LookaheadBatch) for b in loader.batch_sampler)
-
-
-@pytest.mark.parametrize("fmt", ["mmap", "hdf5"])
-def test_small_samples_are_read_in_flight_where_the_reader_can(array_folder, tmp_path, fmt):
-    dest = tmp_path / f"ds.{fmt}"
-    gpufeed.pack(array_folder, dest, format=fmt, workers=1, quiet=True)
-    ds = gpufeed.open_dataset(dest)
-    assert ds.reader.reads_in_flight
-    loader = gpufeed.make_loader(ds, 4, num_workers=0)
-    assert loader.plan.lookahead == IN_FLIGHT_BATCHES
-    whole = ds.get_batch(list(range(len(ds)))).samples
-    assert torch.equal(torch.cat([x for x, _ in loader]), whole)
-
-
-def test_byte_runs_merge_close_ranges():
-    starts = np.array([9000, 0, 100, 500_000])
-    ends = starts + np.array([10, 50, 60, 7])
-    assert byte_runs(starts, ends, gap=10_000) == [(0, 9010), (500_000, 7)]
-    assert byte_runs(starts, ends, gap=0) == [(0, 50), (100, 60), (9000, 10), (500_000, 7)]
-    assert byte_runs(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == []
-
-
-def test_reads_in_flight_bring_runs_into_the_page_cache_and_stay_bounded(tmp_path):
-    path = tmp_path / "data.bin"
-    path.write_bytes(os.urandom(4 << 20))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        probe = bytearray(1)
-        if is_cached(fd, 3 << 20, probe):
-            pytest.skip("this filesystem keeps the file cached (tmpfs?)")
-        reads = ReadsInFlight(path, threads=2, depth=1)
-        assert reads.submit([(1 << 20, 4096), (3 << 20, 100_000)])
-        assert not reads.submit([(0, 10)])  # 2 threads x depth 1 already waiting or running
-        reads.drain()
-        assert is_cached(fd, 1 << 20, probe) and is_cached(fd, (3 << 20) + 99_999, probe)
-        assert not is_cached(fd, 2 << 20, probe)  # what was not asked for stays on disk
-        assert reads.submit([(0, 10)])  # room again
-        reads.close()
-    finally:
-        os.close(fd)

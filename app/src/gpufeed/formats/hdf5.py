@@ -24,13 +24,7 @@ import numpy as np
 from gpufeed.errors import DataError, UsageError
 from gpufeed.formats.base import ContiguousWriter, Reader
 from gpufeed.formats.maps import kept_map
-from gpufeed.formats.readahead import (
-    advise_buffers,
-    advise_rows,
-    read_rows_ahead,
-    read_spans_ahead,
-    take_rows,
-)
+from gpufeed.formats.readahead import advise_buffers, advise_rows, advise_samples, take_rows
 from gpufeed.formats.spec import FORMAT_VERSION, SampleSpec
 
 FILE_NAME = "data.h5"
@@ -176,19 +170,10 @@ class HDF5Reader(Reader):
     def location(self, index: int) -> str:
         return str(self.path)
 
-    @property
-    def reads_in_flight(self) -> bool:
-        """Whether :meth:`prefetch` reads on threads: the mapped (contiguous) data only."""
-        return self.mmap_offset is not None
-
     def prefetch(self, indices: np.ndarray) -> None:
-        if self.mmap_offset is None:
-            return  # chunked or compressed: h5py reads through its cache
-        if self.offsets is not None:
-            read_spans_ahead(self.path, self.mmap_offset, self.offsets, indices)
-        else:
-            row = int(np.prod(self.spec.shape)) * np.dtype(self.spec.dtype).itemsize
-            read_rows_ahead(self.path, self.mmap_offset, row, indices)
+        data = self.handle
+        if isinstance(data, np.ndarray):  # chunked or compressed: h5py reads through its cache
+            advise_samples(data, self.offsets, indices)
 
     def read_batch(self, indices: np.ndarray):
         data = self.handle

@@ -21,15 +21,8 @@ from gpufeed.formats import pt
 from gpufeed.formats.base import ContiguousWriter, Reader
 from gpufeed.formats.files import preallocate
 from gpufeed.formats.maps import kept_map
-from gpufeed.formats.npy import npy_layout, npy_shape
-from gpufeed.formats.readahead import (
-    advise_buffers,
-    advise_rows,
-    advise_samples,
-    read_rows_ahead,
-    read_spans_ahead,
-    take_rows,
-)
+from gpufeed.formats.npy import npy_shape
+from gpufeed.formats.readahead import advise_buffers, advise_rows, advise_samples, take_rows
 from gpufeed.formats.spec import SampleSpec
 
 CONTAINERS = ("npy", "pt")
@@ -110,7 +103,6 @@ class MmapReader(Reader):
             self.check_count("encoded.npy bytes", npy_shape(data)[0], int(self.offsets[-1]))
         elif self.container == "npy":
             self.check_count("samples.npy", npy_shape(data)[0])
-        self.data_offset = npy_layout(data)[1] if self.container == "npy" else None
 
     def _load(self, name: str) -> np.ndarray:
         path = self.file(name, whole=True)
@@ -151,20 +143,8 @@ class MmapReader(Reader):
     def location(self, index: int) -> str:
         return str(self.data_path)
 
-    @property
-    def reads_in_flight(self) -> bool:
-        """Whether :meth:`prefetch` reads on threads (make_loader then reads batches ahead
-        whatever the sample size); the .pt container is left to madvise."""
-        return self.data_offset is not None
-
     def prefetch(self, indices: np.ndarray) -> None:
-        if self.data_offset is None:
-            advise_samples(self.handle, self.offsets, indices)
-        elif self.offsets is not None:
-            read_spans_ahead(self.data_path, self.data_offset, self.offsets, indices)
-        else:
-            row = int(np.prod(self.spec.shape)) * np.dtype(self.spec.dtype).itemsize
-            read_rows_ahead(self.data_path, self.data_offset, row, indices)
+        advise_samples(self.handle, self.offsets, indices)
 
     def read_batch(self, indices: np.ndarray):
         data = self.handle

@@ -25,11 +25,6 @@ def npy_from_bytes(data) -> np.ndarray:
 
 def npy_shape(path: Path) -> tuple[int, ...]:
     """The shape a .npy file's header declares (nothing else is read)."""
-    return npy_layout(path)[0]
-
-
-def npy_layout(path: Path) -> tuple[tuple[int, ...], int]:
-    """(the shape a .npy file's header declares, the file offset its data starts at)."""
     fmt = np.lib.format
     with open(path, "rb") as f:
         try:
@@ -38,4 +33,4 @@ def npy_layout(path: Path) -> tuple[tuple[int, ...], int]:
             shape, _, _ = read(f)
         except ValueError as e:
             raise DataError(f"{path}: not a readable .npy file: {e}") from None
-        return shape, f.tell()
+    return shape

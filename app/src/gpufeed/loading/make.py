@@ -34,7 +34,7 @@ from gpufeed.data.order import DEFAULT_BLOCK_SIZE
 from gpufeed.data.samplers import BlockShuffleSampler, SortedBatchSampler
 from gpufeed.data.streaming import TarShardDataset
 from gpufeed.errors import ShmBudgetWarning
-from gpufeed.formats.readahead import IN_FLIGHT_BATCHES, PREFETCH_MIN_BYTES
+from gpufeed.formats.readahead import PREFETCH_MIN_BYTES
 from gpufeed.loading.loader import GpufeedLoader
 from gpufeed.loading.outlook import loader_cpus
 from gpufeed.loading.plan import (
@@ -296,18 +296,18 @@ def _set_decoder_threads(dataset, threads: int | str) -> None:
 
 
 def _lookahead(dataset, batch_sampler, workers: int) -> int:
-    """Batches read ahead. A reader with reads in flight (mmap, mapped HDF5) has threads
-    read the batch IN_FLIGHT_BATCHES ahead of the one each process copies, whatever the
-    sample size; others ask the kernel (madvise WILLNEED) for their next batch when samples
-    are large (small ones: the kernel's readahead does it already)."""
+    """Batches read ahead (madvise WILLNEED) for large samples, 0 for small ones: each reader
+    asks the kernel for its next batch while copying this one, so cold reads keep many
+    requests in flight (small ones: the kernel's readahead does it already)."""
     reader = getattr(dataset, "reader", None)
-    if not isinstance(batch_sampler, SortedBatchSampler):
-        return 0
-    if getattr(reader, "reads_in_flight", False):
-        batch_sampler.lookahead = IN_FLIGHT_BATCHES * max(1, workers)
-    elif hasattr(reader, "mean_sample_bytes") and reader.mean_sample_bytes() >= PREFETCH_MIN_BYTES:
+    if (
+        isinstance(batch_sampler, SortedBatchSampler)
+        and hasattr(reader, "mean_sample_bytes")
+        and reader.mean_sample_bytes() >= PREFETCH_MIN_BYTES
+    ):
         batch_sampler.lookahead = max(1, workers)
-    return batch_sampler.lookahead
+        return batch_sampler.lookahead
+    return 0
 
 
 def _check_shm(workers: int, prefetch: int, batch_bytes: int, shm_path: str) -> int | None:
