@@ -156,6 +156,11 @@ def prepare(case, row: str) -> dict:
 
 
 def evict(paths: list[str], drop_caches: bool = False) -> None:
+    maps = sys.modules.get("gpufeed.formats.maps")
+    if maps is not None:
+        # gpufeed's readers keep their maps across passes; mapped pages cannot be evicted
+        maps.forget_maps()
+        gc.collect()
     for p in paths:
         try:
             fd = os.open(p, os.O_RDONLY)

@@ -4,6 +4,7 @@ sampling as torchvision's RandomResizedCrop and the same antialiased resize, in 
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 from unit_sources import pack_with_broken_jpeg
 
 import gpufeed
-from gpufeed.data import decoders
+from gpufeed.data import decoders, native_jpeg
 from gpufeed.data.decoders import RandomResizedCrop, decode_image
 from gpufeed.errors import CorruptSampleError, UsageError
 
@@ -24,7 +25,9 @@ def jpeg_pack(tmp_path_factory, jpeg_folder):
     return dest
 
 
-BACKENDS = ["torch", "opencv"]
+# CI builds gpufeed-jpeg (make venv): there a missing native decoder fails these tests
+NATIVE = native_jpeg.available() or bool(os.environ.get("CI"))
+BACKENDS = ["torch", "opencv"] + (["native"] if NATIVE else [])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -146,11 +149,15 @@ def test_backends_give_the_same_pixels_for_the_same_boxes(jpeg_pack):
         ds = gpufeed.open_dataset(jpeg_pack, decode=decode)
         return torch.cat([ds.get_batch(list(range(13))).samples for _ in range(8)])
 
-    fast, exact = batch("opencv"), batch("torch")
-    assert fast.shape == exact.shape == (104, 3, 16, 16)
-    diff = (fast.int() - exact.int()).abs()
-    assert diff.max() <= 1, diff.max()  # uint8 rounding, never another filter
-    assert torch.equal(fast.contiguous(), fast.contiguous(memory_format=torch.contiguous_format))
+    exact = batch("torch")
+    for backend in set(BACKENDS) - {"torch"}:
+        fast = batch(backend)
+        assert fast.shape == exact.shape == (104, 3, 16, 16)
+        diff = (fast.int() - exact.int()).abs()
+        assert diff.max() <= 1, (backend, diff.max())  # uint8 rounding, never another filter
+        assert torch.equal(
+            fast.contiguous(), fast.contiguous(memory_format=torch.contiguous_format)
+        )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -176,7 +183,7 @@ def test_memory_format_is_the_same_whatever_backend(jpeg_pack, backend, layout):
     assert one[0].shape == (3, 7, 7) and torch.equal(one[0], batch.samples[0])
 
 
-def test_opencv_backend_takes_png_and_grayscale(tmp_path, make_images):
+def test_fast_backends_take_png_and_grayscale(tmp_path, make_images):
     from PIL import Image
 
     make_images(tmp_path / "s", {"a": 2}, size=(12, 10), ext=".png")
@@ -189,15 +196,22 @@ def test_opencv_backend_takes_png_and_grayscale(tmp_path, make_images):
         decode = RandomResizedCrop(6, backend=backend, memory_format=torch.contiguous_format)
         return gpufeed.open_dataset(tmp_path / "d", decode=decode).get_batch([0, 1, 2])
 
-    fast, exact = batch("opencv"), batch("torch")
-    assert fast.samples.shape == (3, 3, 6, 6) and fast.samples.is_contiguous()
-    assert (fast.samples.int() - exact.samples.int()).abs().max() <= 1
-    assert torch.equal(fast.labels, exact.labels)
+    exact = batch("torch")
+    for backend in set(BACKENDS) - {"torch"}:
+        fast = batch(backend)
+        assert fast.samples.shape == (3, 3, 6, 6) and fast.samples.is_contiguous()
+        assert (fast.samples.int() - exact.samples.int()).abs().max() <= 1
+        assert torch.equal(fast.labels, exact.labels)
 
 
-def test_backend_choice_and_missing_opencv(monkeypatch):
-    assert RandomResizedCrop(4).backend == "opencv"  # the test environment has both
-    assert "backend='opencv'" in repr(RandomResizedCrop(4))
+def test_backend_choice_and_missing_native_or_opencv(monkeypatch):
+    first = "native" if NATIVE else "opencv"  # the test environment has cv2 and simplejpeg
+    assert RandomResizedCrop(4).backend == first
+    assert f"backend='{first}'" in repr(RandomResizedCrop(4))
+    monkeypatch.setattr(decoders, "native_status", lambda: (False, "gpufeed-jpeg is missing"))
+    with pytest.raises(ValueError, match="backend='native' needs gpufeed-jpeg: .* missing"):
+        RandomResizedCrop(4, backend="native")
+    assert RandomResizedCrop(4).backend == "opencv"
     assert repr(RandomResizedCrop(4, backend="torch")) != repr(RandomResizedCrop(4))
     with pytest.raises(ValueError, match="backend must be one of"):
         RandomResizedCrop(4, backend="pil")
@@ -207,3 +221,51 @@ def test_backend_choice_and_missing_opencv(monkeypatch):
     assert RandomResizedCrop(4).backend == "torch"
     with pytest.raises(ValueError, match=r"pip install 'gpufeed\[opencv\]'"):
         RandomResizedCrop(4, backend="opencv")
+
+
+@pytest.mark.skipif(not NATIVE, reason="pip install ./app/native")
+def test_native_threads_share_the_loader_cpus_among_its_processes(monkeypatch):
+    from gpufeed.system import sysinfo
+
+    monkeypatch.setattr(sysinfo, "usable_cpus", lambda *a: sysinfo.CpuBudget(8, None, 8, "test"))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    crop = RandomResizedCrop(4, backend="native")
+    assert [crop.threads_for(n) for n in (0, 1, 3, 16)] == [8, 8, 2, 1]
+    assert crop.decoder_threads() == 8  # this process is no DataLoader worker
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks on this node: half each
+    assert crop.threads_for(0) == 4
+    assert RandomResizedCrop(4, backend="native", threads=3).threads_for(2) == 3
+    assert RandomResizedCrop(4, backend="opencv").threads_for(0) == 1  # one image at a time
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+
+    class Threads(torch.utils.data.Dataset):  # what the decoder sizes itself to in a worker
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return crop.decoder_threads()
+
+    seen = torch.utils.data.DataLoader(Threads(), batch_size=None, num_workers=2)
+    assert list(seen) == [4, 4, 4, 4]  # forked workers: 8 CPUs // 2 workers
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="threads must be an int >= 1"):
+            RandomResizedCrop(4, backend="native", threads=bad)
+
+
+@pytest.mark.skipif(not NATIVE, reason="pip install ./app/native")
+def test_the_plan_counts_decoder_threads_not_processes(jpeg_pack, monkeypatch):
+    """A threaded decoder in-process already uses every CPU: workers split those CPUs, so
+    the worker model must not divide the in-process time by the worker count again."""
+    from gpufeed.loading.plan import decoder_threads, plan_workers
+    from gpufeed.system import sysinfo
+
+    monkeypatch.setattr(sysinfo, "usable_cpus", lambda *a: sysinfo.CpuBudget(4, None, 4, "test"))
+    ds = gpufeed.open_dataset(jpeg_pack, decode=RandomResizedCrop(6, backend="native"))
+    assert (decoder_threads(ds, 0), decoder_threads(ds, 3)) == (4, 1)
+    assert decoder_threads(gpufeed.open_dataset(jpeg_pack), 0) == 1  # no batch decoder
+    _, _, measured, _ = plan_workers(ds, 4, cpus=4, use_cache=False, budget_s=0.5)
+    assert measured["decoder_threads_in_process"] == 4
+    assert measured["decoder_threads_per_worker"] == 1
+    modelled = measured.get("workers3_batches_per_s_model")
+    if modelled is not None:  # the model: the same 4 CPUs decoding, plus the IPC
+        assert modelled <= measured["in_process_batches_per_s"] * 1.0001

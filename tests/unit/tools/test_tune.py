@@ -159,3 +159,35 @@ def test_side_by_side_runs_the_others_at_the_requested_batch_size():
     assert result.chosen == "tuned" and result.best.batch_size == 512
     result = _checked({0: 100.0, 2: 90.0, 4: 101.0}, tuned_workers=4, tuned_bs=512)
     assert result.chosen == "defaults" and result.best.batch_size == 256
+
+
+def test_tune_chooses_the_native_decoders_threads(tmp_path, jpeg_folder, monkeypatch):
+    from gpufeed.data import native_jpeg
+
+    if not native_jpeg.available():
+        import pytest
+
+        pytest.skip(native_jpeg.status())
+    from gpufeed.system import sysinfo
+
+    monkeypatch.setattr(sysinfo, "usable_cpus", lambda *a: sysinfo.CpuBudget(4, None, 4, "test"))
+    gpufeed.pack(jpeg_folder, tmp_path / "p", format="mmap", workers=1, quiet=True)
+    crop = gpufeed.RandomResizedCrop(8, backend="native")
+    ds = gpufeed.open_dataset(tmp_path / "p", decode=crop)
+    result = tune.tune(ds, batch_size=4, budget_s=4, batch_sizes=[4], cpus=4, compare=False)
+    tried = [t.settings["decoder_threads"] for t in result.trials if t.stage == "threads"]
+    first = [t for t in result.trials if t.stage in ("in-process", "workers")]
+    each = 4 // max(1, max(first, key=lambda t: t.samples_per_s).settings["num_workers"])
+    # one, half and all of each process's CPUs, but "auto"'s own count (the trials before)
+    assert tried == sorted({1, max(1, each // 2), each} - {each})
+    assert result.best.settings.get("decoder_threads", "auto") in {"auto", 1, 2, 4}
+    # the chosen count is a setting make_loader takes, and the loader tells the decoder
+    loader = gpufeed.make_loader(ds, 4, settings={"decoder_threads": 3})
+    assert loader.plan.decoder_threads == 3 and crop.threads_for(0) == 3
+    assert "decoder_threads=3" in str(loader.plan)
+    loader = gpufeed.make_loader(ds, 4, num_workers=0)  # a new loader: auto again
+    assert crop.loader_threads is None and crop.threads_for(0) == 4
+    own = gpufeed.RandomResizedCrop(8, backend="native", threads=2)  # the decoder's own wins
+    ds = gpufeed.open_dataset(tmp_path / "p", decode=own)
+    gpufeed.make_loader(ds, 4, num_workers=0, decoder_threads=3)
+    assert own.threads_for(0) == 2

@@ -13,9 +13,11 @@ import math
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from gpufeed.batch import new_batch_tensor
 from gpufeed.pixels import tensor_to_uint8, to_8bit
+from gpufeed.system import sysinfo
 
 NPY_MAGIC = b"\x93NUMPY"
 
@@ -121,7 +123,30 @@ def decode_rgb(data) -> torch.Tensor:
     return img
 
 
-BACKENDS = ("auto", "opencv", "torch")
+BACKENDS = ("auto", "native", "opencv", "torch")
+
+
+def native_status() -> tuple[bool, str]:
+    """(whether the native batch decoder gpufeed-jpeg imports, one line naming it or why not)."""
+    from gpufeed.data import native_jpeg  # it builds on this module: imported when asked
+
+    return native_jpeg.available(), native_jpeg.status()
+
+
+def _pick_backend(backend: str) -> str:
+    native, why = native_status()
+    if backend == "native" and not native:
+        raise ValueError(f"backend='native' needs gpufeed-jpeg: {why}")
+    if backend == "opencv" and opencv_backend() is None:
+        raise ValueError(
+            "backend='opencv' needs cv2 and simplejpeg: pip install 'gpufeed[opencv]' "
+            "(or opencv-python-headless simplejpeg), or use backend='torch'"
+        )
+    if backend != "auto":
+        return backend
+    if native:
+        return "native"
+    return "opencv" if opencv_backend() is not None else "torch"
 
 
 class RandomResizedCrop:
@@ -133,9 +158,17 @@ class RandomResizedCrop:
     The crop boxes are sampled as ``torchvision.transforms.v2.RandomResizedCrop(size, scale,
     ratio)`` samples them (ten tries, then the centre crop with the ratio clamped), for the
     whole batch at once from torch's generator, which make_loader seeds per worker, epoch and
-    rank. Two backends decode and resize:
+    rank. Three backends decode and resize; ``"auto"`` takes the first that is installed:
 
-    - ``"opencv"`` (``"auto"`` picks it when cv2 and simplejpeg import): libjpeg-turbo through
+    - ``"native"``: gpufeed-jpeg (``gpufeed.data.native_jpeg``, the images carry it), one call
+      per batch on ``threads`` threads without the GIL, each JPEG decoded only where its box
+      lies; for the same box torchvision's pixels (docs/jpeg.md). ``threads=None`` sizes the
+      pool from the loader's CPUs (:func:`gpufeed.system.sysinfo.loader_cpus`) shared by the
+      DataLoader workers of this process's loader: all of them in-process, ``cpus //
+      num_workers`` in a worker. ``dct_scaling=True`` lets libjpeg-turbo shrink a box that
+      is at least 2x the output inside the IDCT first: faster on large pictures, but other
+      pixels than torchvision's (docs/jpeg.md measures how far); off by default.
+    - ``"opencv"`` (when cv2 and simplejpeg import): libjpeg-turbo through
       simplejpeg, then the box resized straight into the batch: by ``cv2.resize`` bilinear
       when it is enlarged (torchvision's antialiased bilinear is the same filter there), by
       torchvision's antialiasing kernel when it is shrunk. Pixels match torchvision's to
@@ -144,7 +177,7 @@ class RandomResizedCrop:
       same pixels as ``transforms.v2.RandomResizedCrop`` + ``RandomHorizontalFlip`` for the
       same box.
 
-    Memory format, the same with either backend: a batch is a [B, 3, H, W] tensor in
+    Memory format, the same with every backend: a batch is a [B, 3, H, W] tensor in
     ``memory_format``, by default ``torch.channels_last`` (the layout GPU convolutions
     prefer, and the decoder's own HWC: no transpose); ``torch.contiguous_format`` gives
     NCHW. ``dataset.get_batch`` and ``make_loader`` hand that batch out as it is;
@@ -161,6 +194,8 @@ class RandomResizedCrop:
         flip: float = 0.5,
         backend: str = "auto",
         memory_format: torch.memory_format = torch.channels_last,
+        threads: int | None = None,
+        dct_scaling: bool = False,
     ) -> None:
         self.size = (size, size) if isinstance(size, int) else tuple(size)
         if len(self.size) != 2 or min(self.size) < 1:
@@ -173,13 +208,13 @@ class RandomResizedCrop:
             raise ValueError(f"flip is a probability, got {flip}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if backend == "opencv" and opencv_backend() is None:
+        if threads is not None and (
+            isinstance(threads, bool) or int(threads) != threads or threads < 1
+        ):
             raise ValueError(
-                "backend='opencv' needs cv2 and simplejpeg: pip install 'gpufeed[opencv]' "
-                "(or opencv-python-headless simplejpeg), or use backend='torch'"
+                f"threads must be an int >= 1 or None (sized from the CPUs), got {threads!r}"
             )
-        if backend == "auto":
-            backend = "opencv" if opencv_backend() is not None else "torch"
+        backend = _pick_backend(backend)
         if memory_format not in (torch.channels_last, torch.contiguous_format):
             raise ValueError(
                 f"memory_format must be torch.channels_last or torch.contiguous_format, got "
@@ -188,13 +223,34 @@ class RandomResizedCrop:
         self.scale, self.ratio, self.flip = tuple(scale), tuple(ratio), float(flip)
         self.backend = backend
         self.memory_format = memory_format
+        self.threads, self.dct_scaling = threads, bool(dct_scaling)
+        self.loader_threads: int | None = None  # make_loader's decoder_threads, when not auto
         self._log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
 
     def __repr__(self) -> str:
         return (
             f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, "
-            f"flip={self.flip}, backend={self.backend!r}, memory_format={self.memory_format})"
+            f"flip={self.flip}, backend={self.backend!r}, memory_format={self.memory_format}, "
+            f"threads={self.threads}, dct_scaling={self.dct_scaling})"
+            + (f" (loader: {self.loader_threads} threads)" if self.loader_threads else "")
         )
+
+    def threads_for(self, num_workers: int) -> int:
+        """Decoder threads per process when the loader runs ``num_workers`` workers (0: the
+        loading process itself): ``threads`` when given, else make_loader's
+        ``decoder_threads`` when set, else the loader's CPUs shared by its processes. 1 for
+        the backends that decode one image at a time."""
+        if self.backend != "native":
+            return 1
+        if self.threads is not None or self.loader_threads is not None:
+            return self.threads or self.loader_threads
+        return max(1, sysinfo.loader_cpus()[0] // max(1, num_workers))
+
+    def decoder_threads(self) -> int:
+        """:meth:`threads_for` this process: a DataLoader worker shares the CPUs with its
+        siblings, the loading process has them all."""
+        info = get_worker_info()
+        return self.threads_for(info.num_workers if info is not None else 0)
 
     def crop_boxes(self, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
         """[N, 4] int64 (top, left, h, w): torchvision's RandomResizedCrop.get_params for N
@@ -232,6 +288,12 @@ class RandomResizedCrop:
     def __call__(self, payloads) -> tuple[torch.Tensor, list[int], list[tuple[int, str]]]:
         """(batch [N, 3, H, W] of the samples that decoded, their positions in ``payloads``,
         (position, problem) for those that did not)."""
+        if self.backend == "native":
+            from gpufeed.data import native_jpeg
+
+            return native_jpeg.decode_resized_crops(
+                payloads, self, threads=self.decoder_threads(), dct_scaling=self.dct_scaling
+            )
         images, kept, failed = [], [], []
         jpeg = opencv_backend()[1].decode_jpeg if self.backend == "opencv" else None
         for j, payload in enumerate(payloads):

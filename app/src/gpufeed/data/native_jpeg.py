@@ -102,7 +102,7 @@ def decode_resized_crops(
     out = new_batch_tensor((len(kept), height, width, 3))
     rows = out.numpy()
     jpegs = [n for n, j in enumerate(kept) if j not in others]
-    if len(jpegs) == len(kept):
+    if len(jpegs) == len(payloads):  # all JPEGs, all readable: no copy of the list
         broken = mod.decode_crops(payloads, boxes, flips, rows, threads, dct_scaling)
     else:
         part = np.empty((len(jpegs), height, width, 3), dtype=np.uint8)

@@ -71,6 +71,10 @@ class Reader:
         self._pinned[name] = file_identity(st)
         return path
 
+    def pinned_identity(self, name: str) -> tuple | None:
+        """The identity `name` had when this reader pinned it (what check_pinned compares)."""
+        return self._pinned.get(name)
+
     def check_pinned(self, name: str, st: os.stat_result | None = None) -> None:
         """Raise StalePackError when file `name` is no longer the one this reader pinned."""
         want = self._pinned.get(name)

@@ -23,6 +23,7 @@ import numpy as np
 
 from gpufeed.errors import DataError, UsageError
 from gpufeed.formats.base import ContiguousWriter, Reader
+from gpufeed.formats.maps import kept_map
 from gpufeed.formats.readahead import advise_buffers, advise_rows, advise_samples, take_rows
 from gpufeed.formats.spec import SampleSpec
 
@@ -151,7 +152,14 @@ class HDF5Reader(Reader):
                 shape, dtype = (int(self.offsets[-1]),), np.uint8
             if shape[0] == 0:
                 return np.empty(shape, dtype)
-            return np.memmap(self.path, dtype=dtype, mode="r", offset=self.mmap_offset, shape=shape)
+            return kept_map(  # kept for the next reader of this file (formats/maps.py)
+                self.path,
+                self.pinned_identity(FILE_NAME),
+                (np.dtype(dtype).str, self.mmap_offset, shape),
+                lambda: np.memmap(
+                    self.path, dtype=dtype, mode="r", offset=self.mmap_offset, shape=shape
+                ),
+            )
         f = h5py.File(self.path, "r", rdcc_nbytes=self.rdcc_nbytes)
         return f[self.data_name]
 

@@ -22,6 +22,7 @@ import numpy as np
 from gpufeed.errors import CorruptSampleError, DataError, DiskFullError
 from gpufeed.formats.base import Reader, Writer
 from gpufeed.formats.files import is_disk_full
+from gpufeed.formats.maps import KEEP_MAPS, on_forget
 from gpufeed.formats.npy import npy_bytes, npy_from_bytes
 from gpufeed.formats.parts import Part
 from gpufeed.formats.readahead import advise_buffers
@@ -175,7 +176,13 @@ def _acquire_env(key: tuple, readahead: bool = DEFAULT_READAHEAD):
         # shared lock table the parent could notice.
         entry[1].close()
         entry = None
+    if entry is not None and entry[2] <= 0 and entry[3] != readahead:
+        del _ENVS[key]  # a kept idle env opened the other way: open it as asked
+        entry[1].close()
+        entry = None
     if entry is None:
+        for other in [k for k, e in _ENVS.items() if k[0] == key[0] and e[2] <= 0]:
+            _ENVS.pop(other)[1].close()  # an idle env of the file this path held before
         env = lmdb.open(
             key[0],
             subdir=True,
@@ -185,7 +192,8 @@ def _acquire_env(key: tuple, readahead: bool = DEFAULT_READAHEAD):
             meminit=False,
             max_readers=1024,
         )
-        entry = _ENVS[key] = [pid, env, 0]
+        entry = _ENVS[key] = [pid, env, 0, readahead]
+    _ENVS[key] = _ENVS.pop(key)  # the most recently used last: idle ones close oldest first
     entry[2] += 1
     return entry[1]
 
@@ -195,9 +203,21 @@ def _release_env(key: tuple, env) -> None:
     if entry is None or entry[1] is not env or entry[0] != os.getpid():
         return
     entry[2] -= 1
-    if entry[2] <= 0:
-        del _ENVS[key]
-        env.close()
+    # An env nobody uses stays open (up to KEEP_MAPS of them) for the next reader of this file
+    # in this process: a new one would map data.mdb anew, every warm page a fault again.
+    idle = [k for k, e in _ENVS.items() if e[2] <= 0 and e[0] == entry[0]]
+    for k in idle[: max(0, len(idle) - KEEP_MAPS)]:
+        _ENVS.pop(k)[1].close()
+
+
+def _close_idle_envs(path: str | None) -> None:
+    """Close the kept envs nobody uses (of the pack whose data.mdb is ``path``, when given)."""
+    for key in [k for k, e in _ENVS.items() if e[2] <= 0 and e[0] == os.getpid()]:
+        if path is None or str(Path(key[0]) / DATA_FILE) == path or key[0] == path:
+            _ENVS.pop(key)[1].close()
+
+
+on_forget(_close_idle_envs)
 
 
 def _check_env(env, path: Path) -> None:

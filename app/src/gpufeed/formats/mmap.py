@@ -20,6 +20,7 @@ from gpufeed.errors import DataError, UsageError
 from gpufeed.formats import pt
 from gpufeed.formats.base import ContiguousWriter, Reader
 from gpufeed.formats.files import preallocate
+from gpufeed.formats.maps import kept_map
 from gpufeed.formats.npy import npy_shape
 from gpufeed.formats.readahead import advise_buffers, advise_rows, advise_samples, take_rows
 from gpufeed.formats.spec import SampleSpec
@@ -129,12 +130,19 @@ class MmapReader(Reader):
 
     def _open(self):
         self.check_pinned(self.data_name)
+        identity = self.pinned_identity(self.data_name)
         if self.container == "pt":
-            rows = pt.map_pt(self.data_path)
+            rows = kept_map(self.data_path, identity, "pt", lambda: pt.map_pt(self.data_path))
             self.check_count("samples.pt", rows.shape[0])
             return rows
-        # a plain ndarray over the map: np.memmap's slicing costs more than the copy itself
-        return np.load(self.data_path, mmap_mode="r").view(np.ndarray)
+        # a plain ndarray over the map: np.memmap's slicing costs more than the copy itself;
+        # the map is kept for the next reader of this file in this process (formats/maps.py)
+        return kept_map(
+            self.data_path,
+            identity,
+            "npy",
+            lambda: np.load(self.data_path, mmap_mode="r").view(np.ndarray),
+        )
 
     def _close(self, handle) -> None:
         pass

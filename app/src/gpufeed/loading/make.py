@@ -81,6 +81,7 @@ def make_loader(
     block_size: int | str = DEFAULTS.block_size,
     buffer_blocks: int = DEFAULTS.buffer_blocks,
     sorted_batches: bool | str = DEFAULTS.sorted_batches,
+    decoder_threads: int | str = DEFAULTS.decoder_threads,
     distributed: bool | str = "auto",
     rank: int | None = None,
     world_size: int | None = None,
@@ -135,6 +136,10 @@ def make_loader(
       256.
     - ``sorted_batches``: sort indices inside each batch (cheaper HDF5/mmap reads);
       ``"auto"`` follows the dataset's ``prefers_sorted_reads`` attribute.
+    - ``decoder_threads``: threads per loading process for a dataset's batch decoder that
+      runs them (``RandomResizedCrop``'s native backend; its own ``threads=`` wins);
+      ``"auto"``: the loader's CPUs shared by its processes. The worker plan measures
+      in-process loading (all threads in one process) against workers with it.
     - ``distributed``, ``rank``, ``world_size``: ``"auto"`` shards by rank when the world
       size (the explicit arguments, else ``torch.distributed``, else env ``RANK`` /
       ``WORLD_SIZE``) is above 1: map-style datasets by
@@ -157,6 +162,7 @@ def make_loader(
         {k: arguments[k] for k in SETTINGS_KEYS}, given, settings
     )
     tuned = _decide_auto(tuned, dataset)
+    _set_decoder_threads(dataset, tuned.decoder_threads)
     batched = fast_path(dataset, collate_fn)
     dataloader_options = _dataloader_options(in_order, pin_memory_device)
     rank_, world = rank_and_world(rank, world_size)
@@ -207,6 +213,7 @@ def make_loader(
         shm_free_bytes=shm_free,
         from_settings=from_settings,
         lookahead=_lookahead(dataset, batch_sampler, nw),
+        decoder_threads=tuned.decoder_threads,
     )
     return GpufeedLoader(
         dataset,
@@ -278,6 +285,14 @@ def _planned_workers(
         budget_s=budget_s,
         batched=batched,
     )
+
+
+def _set_decoder_threads(dataset, threads: int | str) -> None:
+    """Tell the dataset's batch decoder the loader's ``decoder_threads`` (each make_loader
+    call anew, so a loader never inherits an earlier one's)."""
+    decode = getattr(dataset, "decode", None)
+    if hasattr(decode, "loader_threads"):
+        decode.loader_threads = None if threads == "auto" else int(threads)
 
 
 def _lookahead(dataset, batch_sampler, workers: int) -> int:

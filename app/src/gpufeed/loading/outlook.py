@@ -11,31 +11,15 @@ from dataclasses import dataclass
 
 from gpufeed.loading.settings import load_settings
 from gpufeed.system import sysinfo
+from gpufeed.system.sysinfo import loader_cpus  # re-exported: its home is system/
 
 __all__ = ["WorkerOutlook", "loader_cpus", "worker_count_for", "worker_outlook"]
-
-
-def _local_world_size() -> int:
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
 
 
 def worker_count_for(cpus: int) -> int:
     """Workers to try on ``cpus`` usable CPUs: all of them on small machines, one left for the
     main (training) process from 4 CPUs up."""
     return max(1, cpus - 1) if cpus >= 4 else max(1, cpus)
-
-
-def loader_cpus(budget: sysinfo.CpuBudget | None = None) -> tuple[int, str]:
-    """The CPUs one loader may use, and how that was decided: the usable CPUs (affinity and
-    cgroup quota, :func:`gpufeed.system.sysinfo.usable_cpus`, or ``budget`` when given) shared by
-    the ``LOCAL_WORLD_SIZE`` ranks of this node."""
-    budget = budget or sysinfo.usable_cpus()
-    local = _local_world_size()
-    source = budget.source + (f", / LOCAL_WORLD_SIZE={local}" if local > 1 else "")
-    return max(1, budget.count // local), source
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ __all__ = [
     "LoaderPlan",
     "cached_plans",
     "clear_plan_cache",
+    "decoder_threads",
     "default_multiprocessing_context",
     "fast_path",
     "iter_batches",
@@ -68,6 +69,7 @@ class LoaderPlan:
     shm_free_bytes: int | None = None
     from_settings: tuple[str, ...] = ()
     lookahead: int = 0  # batches read ahead (madvise WILLNEED); 0 = off (small samples)
+    decoder_threads: int | str = "auto"  # per loading process (RandomResizedCrop native)
 
     def settings(self) -> dict[str, Any]:
         d = asdict(self)
@@ -80,7 +82,8 @@ class LoaderPlan:
             f"pin_memory={self.pin_memory} persistent_workers={self.persistent_workers} "
             f"prefetch_factor={self.prefetch_factor} context={self.multiprocessing_context}",
             f"block_size={self.block_size} buffer_blocks={self.buffer_blocks} "
-            f"sorted_batches={self.sorted_batches} lookahead={self.lookahead}",
+            f"sorted_batches={self.sorted_batches} lookahead={self.lookahead} "
+            f"decoder_threads={self.decoder_threads}",
         ]
         if self.measured:
             lines.append("measured: " + ", ".join(f"{k}={v:.4g}" for k, v in self.measured.items()))
@@ -142,6 +145,14 @@ def fast_path(dataset, collate_fn: Callable | None) -> bool:
         return False
     method = "iter_batches" if isinstance(dataset, IterableDataset) else "get_batch"
     return callable(getattr(dataset, method, None))
+
+
+def decoder_threads(dataset, num_workers: int) -> int:
+    """Threads the dataset's batch decoder runs in each loading process when the loader has
+    ``num_workers`` workers (gpufeed.data.decoders.RandomResizedCrop.threads_for); 1 for a
+    dataset whose decoding does not thread."""
+    threads_for = getattr(getattr(dataset, "decode", None), "threads_for", None)
+    return int(threads_for(num_workers)) if callable(threads_for) else 1
 
 
 def _fetch(dataset, indices, collate, batched: bool):
@@ -380,8 +391,15 @@ class _Probe:
     def _worker_seconds(self, t_w, t_in: float, ipc: float, unmeasured: str):
         """(seconds per batch with workers, how it was found)."""
         workers = self.workers
-        # the model: the in-process cost spread over the workers, plus the IPC of one batch
-        t_model = t_in / workers + ipc
+        # the model: the in-process cost spread over the workers, plus the IPC of one batch.
+        # A threaded decoder already spreads it over its threads in-process; the workers
+        # share those CPUs (each gets cpus // workers threads), so count threads, not processes
+        in_threads = decoder_threads(self.dataset, 0)
+        worker_threads = workers * decoder_threads(self.dataset, workers)
+        if in_threads > 1:
+            self.measured["decoder_threads_in_process"] = in_threads
+            self.measured["decoder_threads_per_worker"] = worker_threads // workers
+        t_model = t_in * in_threads / worker_threads + ipc
         if t_w is None:
             # The probe ran out of budget (slow start, e.g. spawn): the model estimates.
             self.measured[f"workers{workers}_batches_per_s_estimated"] = 1.0 / t_model

@@ -18,7 +18,9 @@ from typing import Any
 import torch
 
 from gpufeed.batch import batch_len, is_batch, iter_tensors
+from gpufeed.data.decoders import RandomResizedCrop
 from gpufeed.errors import UsageError
+from gpufeed.loading.device_decode import DeviceDecode, decode_device
 
 __all__ = ["DevicePrefetcher", "resolve_device"]
 
@@ -75,6 +77,14 @@ class DevicePrefetcher:
     :class:`~gpufeed.UsageError` at once, naming what torch sees: a training job meant for
     the GPU does not quietly run on the CPU.
 
+    ``decode``: a :class:`~gpufeed.RandomResizedCrop` for a loader over encoded images
+    (``open_dataset(path, decode=False)``): each batch is decoded, cropped, resized and
+    flipped here, before the conversions. ``decode_on="auto"``: on the GPU
+    (``torchvision.io.decode_jpeg(list, device="cuda")``, on the side stream) when
+    ``device`` is a CUDA device, else on the CPU with the crop's own backend; ``"cuda"``
+    insists (a UsageError saying why it cannot), ``"cpu"`` keeps decoding on the CPU. See
+    :mod:`gpufeed.loading.device_decode`.
+
     ``state_dict()`` is the loader's, minus the batch held in look-ahead: resuming from it
     does not skip the batch the prefetcher had copied but not yet handed out.
     """
@@ -90,9 +100,16 @@ class DevicePrefetcher:
         non_blocking: bool = True,
         scale: bool = True,
         channel_dim: int = 1,
+        decode: RandomResizedCrop | None = None,
+        decode_on: str = "auto",
     ) -> None:
         self.loader = loader
         self.device = resolve_device(device)
+        # encoded batches (open_dataset(decode=False)) decoded here: on the GPU when there is
+        # one (loading/device_decode.py), else on the CPU with the crop's own backend
+        self.decode = None
+        if decode is not None:
+            self.decode = DeviceDecode(decode, decode_device(self.device, decode_on))
         self.dtype = dtype
         self.channels_last = channels_last
         self.non_blocking = non_blocking
@@ -181,6 +198,9 @@ class DevicePrefetcher:
             return type(obj)({k: self._apply(v, sample) for k, v in obj.items()})
         return obj
 
+    def _decoded(self, batch: Any) -> Any:
+        return batch if self.decode is None else self.decode(batch)
+
     # -- iteration
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -202,7 +222,7 @@ class DevicePrefetcher:
     def __iter__(self) -> Iterator:
         if not self.uses_cuda:
             for batch in self.loader:
-                yield self._apply(batch)
+                yield self._apply(self._decoded(batch))
             return
         yield from self._iter_cuda()
 
@@ -230,7 +250,7 @@ class DevicePrefetcher:
                         stacklevel=3,
                     )
             with torch.cuda.stream(side):
-                return self._apply(host)
+                return self._apply(self._decoded(host))
 
         # No device context around the loop: it would stay switched while the caller's loop
         # body runs. torch.cuda.stream(side) switches to side's device for the copy only.

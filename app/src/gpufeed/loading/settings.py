@@ -68,7 +68,9 @@ class LoaderSettings:
     ``num_workers`` measured, ``pin_memory`` when CUDA is available, ``block_size`` from the
     dataset's ``preferred_block_size`` (else 256), ``sorted_batches`` from its
     ``prefers_sorted_reads``; ``multiprocessing_context=None`` is fork on Linux unless CUDA is
-    initialised, then spawn. ``prefetch_factor=None`` is torch's 2.
+    initialised, then spawn. ``prefetch_factor=None`` is torch's 2. ``decoder_threads``: the
+    threads a batch decoder that runs them (RandomResizedCrop's native backend) uses in each
+    loading process; ``"auto"``: the loader's CPUs shared by its processes.
     """
 
     num_workers: int | str = _setting("auto", "'auto' or an int >= 0", _auto_or_int(0))
@@ -83,6 +85,7 @@ class LoaderSettings:
     block_size: int | str = _setting("auto", "'auto' or an int >= 1", _auto_or_int(1))
     buffer_blocks: int = _setting(DEFAULT_BUFFER_BLOCKS, "an int >= 1", lambda v: _is_int(v, 1))
     sorted_batches: bool | str = _setting("auto", "'auto', True or False", _auto_or_flag)
+    decoder_threads: int | str = _setting("auto", "'auto' or an int >= 1", _auto_or_int(1))
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -29,6 +29,7 @@ __all__ = [
     "cpu_affinity",
     "describe",
     "free_bytes",
+    "loader_cpus",
     "shm_info",
     "shm_size_bytes",
     "usable_cpus",
@@ -218,6 +219,24 @@ def usable_cpus(
         version = cgroup_version(root)
         return CpuBudget(max(1, math.floor(quota + 1e-9)), quota, aff, f"cgroup v{version} quota")
     return CpuBudget(aff, quota, aff, "affinity")
+
+
+def _local_world_size() -> int:
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def loader_cpus(budget: CpuBudget | None = None) -> tuple[int, str]:
+    """The CPUs one loader may use, and how that was decided: the usable CPUs (affinity and
+    cgroup quota, :func:`usable_cpus`, or ``budget`` when given) shared by the
+    ``LOCAL_WORLD_SIZE`` ranks of this node. make_loader's worker plan and the native JPEG
+    decoder's threads both start from it."""
+    budget = budget or usable_cpus()
+    local = _local_world_size()
+    source = budget.source + (f", / LOCAL_WORLD_SIZE={local}" if local > 1 else "")
+    return max(1, budget.count // local), source
 
 
 def _parse_bytes(path: Path, text: str, *, unlimited: set[str]) -> int | None:

@@ -123,6 +123,7 @@ def tune(
         search.default_workers = _default_workers(dataset, batch_size, search.costs)
     fixed_s = time.perf_counter() - t_start
     best = search.workers(base)
+    best = search.threads(best)
     best = search.prefetch(best)
     best = search.batch(best, batch_sizes or [max(1, batch_size // 2), batch_size * 2])
     if cuda:
@@ -234,6 +235,25 @@ class _Search:
             if not self.gains(t, best):
                 return best
             best, w = t, nxt
+
+    def threads(self, best: Trial) -> Trial:
+        """2b: the batch decoder's threads per loading process (RandomResizedCrop's native
+        backend, unless its own ``threads=`` is set): one, half and all of the CPUs each
+        process has with the best worker count."""
+        decode = getattr(self.dataset, "decode", None)
+        if getattr(decode, "backend", None) != "native" or decode.threads is not None:
+            return best
+        nw = int(best.settings.get("num_workers", 0) or 0)
+        each = max(1, self.cpus // max(1, nw))
+        auto = decode.threads_for(nw)  # what the trials so far ran with
+        for t in sorted({1, max(1, each // 2), each} - {auto}):
+            settings = {**best.settings, "decoder_threads": t}
+            if not self.fits(settings):
+                break
+            trial = self.run("threads", best.batch_size, settings)
+            if self.gains(trial, best):
+                best = trial
+        return best
 
     def prefetch(self, best: Trial) -> Trial:
         """3: prefetch factor 2 -> 4 -> 8 with the best worker count."""
