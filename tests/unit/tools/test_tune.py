@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 import gpufeed
 from gpufeed import cli
-from gpufeed.tools import tune, tune_result
+from gpufeed.tools import tune, tune_compare, tune_result
 
 
 class SleepyDataset(Dataset):
@@ -109,7 +109,7 @@ def test_snippet_is_valid_python():
     assert np.isclose(result.file_content()["measured"]["samples_per_s"], 1.0)
 
 
-class _StubCosts(tune._TrialCosts):
+class _StubCosts(tune_compare.TrialCosts):
     """Side-by-side readings by worker count, as a shared machine might give them."""
 
     def __init__(self, rates):
@@ -128,7 +128,7 @@ def _checked(rates, tuned_workers, tuned_bs=256):
     best = tune_result.Trial(searched, tuned_bs, 1, 0.1, "x")
     result = tune_result.TuneResult(best=best, trials=[best], cpus=2, seconds=0.0)
     costs = _StubCosts(rates)
-    tune._compare(
+    tune_compare.compare_side_by_side(
         CheapDataset(), result, time.perf_counter() + 1, None, lambda s: None, costs, 1.05, 256
     )
     result.sizes = costs.sizes
