@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from gpufeed.data.map_style import HDF5Dataset, LMDBDataset, MmapDataset, TarIndexedDataset
 from gpufeed.data.streaming import TarShardDataset
-from gpufeed.formats.manifest import read_manifest
+from gpufeed.storage.packs import read_manifest_at
 
 __all__ = ["MAP_STYLE", "open_dataset"]
 
@@ -24,9 +23,13 @@ MAP_STYLE = {
 def open_dataset(path: str | os.PathLike, **options: Any):
     """The dataset for a finished pack, by its manifest's format: HDF5Dataset, LMDBDataset,
     MmapDataset, or TarShardDataset (iterable; pass map_style=True for TarIndexedDataset).
-    A folder without manifest.json (an unfinished pack) raises NotPackedError."""
+    A folder without manifest.json (an unfinished pack) raises NotPackedError.
+    A URL (s3://bucket/prefix, gs://, az://, https://) reads the pack from object storage
+    through a local cache: cache_dir= (default $GPUFEED_CACHE_DIR or ~/.cache/gpufeed),
+    cache_limit= ("50GB"; default $GPUFEED_CACHE_LIMIT, else the disk's free space)."""
     map_style = options.pop("map_style", None)
-    fmt = read_manifest(path)["format"]
+    cache = {k: options[k] for k in ("cache_dir", "cache_limit") if k in options}
+    fmt = read_manifest_at(path, **cache)["format"]
     if fmt == "tar" and not map_style:
         return TarShardDataset(path, **options)
-    return MAP_STYLE[fmt](Path(path), **options)
+    return MAP_STYLE[fmt](path, **options)
