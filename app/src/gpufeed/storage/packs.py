@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gpufeed.errors import UsageError
+from gpufeed.errors import CacheFullError, UsageError
 from gpufeed.formats import open_reader, reader_class
 from gpufeed.formats.base import Reader
 from gpufeed.formats.files import atomic_write_bytes
@@ -31,6 +31,7 @@ CACHE_DIR_ENV = "GPUFEED_CACHE_DIR"
 CACHE_LIMIT_ENV = "GPUFEED_CACHE_LIMIT"
 VIEWS = "packs"
 WARM_WORKERS = 4  # background downloads per process for map-style reads ahead
+WARM_PINS = 4  # files fetched ahead and held for their read, per process
 
 
 def default_cache_dir() -> Path:
@@ -58,6 +59,8 @@ class RemoteFiles:
         self._pid = os.getpid()
         self._pool: ThreadPoolExecutor | None = None
         self._warming: set[str] = set()
+        self._warm: dict[str, Pin] = {}  # fetched ahead, not yet read: oldest first
+        self._lock = threading.Lock()
 
     @property
     def url(self) -> RemoteURL:
@@ -70,7 +73,8 @@ class RemoteFiles:
     def _mine(self) -> dict[str, Pin]:
         if self._pid != os.getpid():  # inherited through fork: the parent's pins stay its own
             self._pins, self._pid = {}, os.getpid()
-            self._pool, self._warming = None, set()
+            self._pool, self._warming, self._warm = None, set(), {}
+            self._lock = threading.Lock()
         return self._pins
 
     def warm(self, names: list[str]) -> None:
@@ -80,25 +84,46 @@ class RemoteFiles:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(WARM_WORKERS, thread_name_prefix="gpufeed-warm")
         for name in names:
-            if name not in self._warming and name not in self._pins:
+            if name not in self._warming and name not in self._pins and name not in self._warm:
                 self._warming.add(name)
                 self._pool.submit(self._warm_one, name)
 
     def _warm_one(self, name: str) -> None:
+        """Fetch `name` and keep it pinned until read (fetch adopts the pin), so eviction
+        cannot take a file fetched ahead before it is read; past WARM_PINS, the oldest is
+        let go."""
         try:
-            self.pack.fetch(name).release()
+            pin = self.pack.fetch(name)
         except Exception:  # noqa: BLE001 - a hint; the read that needs the file reports it
-            pass
+            return
         finally:
             self._warming.discard(name)
+        with self._lock:
+            self._warm[name] = pin
+            while len(self._warm) > WARM_PINS:
+                self._warm.pop(next(iter(self._warm))).release()
 
     def fetch(self, name: str) -> Path:
         """root/name: a link to the file's verified copy in the cache, pinned by this process."""
         pins = self._mine()
         pin = pins.get(name)
         if pin is None or not pin.held:
-            pin = pins[name] = self.pack.fetch(name)
+            with self._lock:
+                pin = self._warm.pop(name, None)
+            pin = pins[name] = pin if pin is not None else self._fetch_now(name)
         return _link(self.root / name, pin.path)
+
+    def _fetch_now(self, name: str) -> Pin:
+        try:
+            return self.pack.fetch(name)
+        except CacheFullError:  # files fetched ahead give way to the one needed now
+            with self._lock:
+                if not self._warm:
+                    raise
+                for pin in self._warm.values():
+                    pin.release()
+                self._warm.clear()
+            return self.pack.fetch(name)
 
     def release(self, name: str) -> None:
         pin = self._mine().pop(name, None)
@@ -108,6 +133,10 @@ class RemoteFiles:
     def close(self) -> None:
         for name in list(self._mine()):
             self.release(name)
+        with self._lock:
+            for pin in self._warm.values():
+                pin.release()
+            self._warm.clear()
 
     def prefetch(self, names: list[str], *, workers: int, ahead: int):
         return self.pack.prefetch(names, workers=workers, ahead=ahead)
