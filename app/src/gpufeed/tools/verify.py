@@ -126,11 +126,7 @@ def verify(
     except Exception as e:  # noqa: BLE001 - an unreadable index is a finding, not a crash
         report.add(Problem(str(dest), f"cannot open: {type(e).__name__}: {e}"))
         return report
-    try:
-        _check_samples(reader, report, decode, chunk, quiet)
-    finally:
-        reader.close()
-    return report
+    return _read_samples(reader, report, decode, chunk, quiet)
 
 
 def _verify_remote(url, decode, chunk, quiet, cache_dir, cache_limit) -> VerifyReport:
@@ -148,6 +144,10 @@ def _verify_remote(url, decode, chunk, quiet, cache_dir, cache_limit) -> VerifyR
     if report.problems:
         report.add(Problem(str(url), "samples not read: files are missing or changed"))
         return report
+    return _read_samples(reader, report, decode, chunk, quiet)
+
+
+def _read_samples(reader, report: VerifyReport, decode, chunk, quiet) -> VerifyReport:
     try:
         _check_samples(reader, report, decode, chunk, quiet)
     finally:
