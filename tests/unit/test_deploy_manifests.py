@@ -104,6 +104,25 @@ def test_both_recipes_run_the_image_torchrun_and_the_shared_volumes():
     assert len(images) == 1 and "pytorch-cuda-v2.9-ssh" in images.pop()
 
 
+def test_both_recipes_cache_object_storage_on_an_emptydir_with_keys_from_a_secret():
+    from gpufeed.system.sizes import parse_size
+
+    for name, spec in _pod_specs().items():
+        (container,) = spec["containers"]
+        env = {e["name"]: e.get("value", "") for e in container["env"]}
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        cache = volumes[mounts[env["GPUFEED_CACHE_DIR"]]["name"]]["emptyDir"]
+        assert "medium" not in cache, name  # node disk, not memory
+        # the bound leaves room below the volume's limit (a pod past it is evicted)
+        assert parse_size(env["GPUFEED_CACHE_LIMIT"]) < parse_size(
+            cache["sizeLimit"].replace("i", "iB")
+        )
+        (secret,) = container["envFrom"]
+        assert secret["secretRef"] == {"name": "gpufeed-s3", "optional": True}
+        assert not any(k.startswith("AWS_") for k in env), name  # never in the manifest
+
+
 def test_the_job_rendezvous_endpoint_is_pod_zero_of_the_headless_service():
     service, job = _docs("job.yaml")
     env = {
@@ -164,6 +183,7 @@ def test_sbatch_runs_torchrun_on_every_node_with_c10d_on_the_first(fake_slurm):
     mounts = next(a for a in lines if a.startswith("--container-mounts=")).split(",")
     work = mounts[1].removesuffix(":/workspace")
     assert f"{work}/torch-cache:/var/cache/torch" in mounts  # COMPILE_CACHE_DIR's default
+    assert "/tmp/gpufeed-cache-4242:/var/cache/gpufeed" in mounts  # node-local, per job
     assert os.path.isdir(f"{work}/torch-cache")
 
 
@@ -172,5 +192,6 @@ def test_sbatch_passes_arguments_and_takes_apptainer(fake_slurm):
     assert lines[:3] == ["--kill-on-bad-exit=1", "apptainer", "exec"]
     assert "docker://ghcr.io/gpufeed/pytorch-cuda-v2.9-ssh:0.1.0-torch2.9.1-cuda12.8" in lines
     binds = lines[lines.index("--bind") + 1].split(",")
-    assert binds[-1].endswith("/torch-cache:/var/cache/torch"), binds
+    assert binds[-2].endswith("/torch-cache:/var/cache/torch"), binds
+    assert binds[-1] == "/tmp/gpufeed-cache-4242:/var/cache/gpufeed", binds
     assert lines[-8:-6] == ["--epochs", "20"]

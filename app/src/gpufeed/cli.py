@@ -49,8 +49,11 @@ def existing_path(text: str) -> str:
 
 def pack_path(text: str) -> str:
     """A pack's path: it exists, or a pack into it is unfinished or being written
-    (DEST.partial), which the command then explains (a usage error would hide that)."""
-    if os.path.lexists(text.rstrip("/") + PARTIAL_SUFFIX):
+    (DEST.partial), which the command then explains (a usage error would hide that);
+    or a URL (s3://bucket/prefix, ...), read through the cache (--cache-dir, --cache-limit)."""
+    from gpufeed.storage.urls import is_remote
+
+    if is_remote(cliargs.location(text)) or os.path.lexists(text.rstrip("/") + PARTIAL_SUFFIX):
         return text
     return existing_path(text)
 
@@ -78,10 +81,11 @@ def _add_pack(sub, common) -> None:
         "files, a list file of `path label` lines, WebDataset tar shards, or an HDF5 file "
         "with --datasets) into DEST. The pack is written under "
         "DEST.partial and renamed to DEST when complete; an interrupted pack continues with "
-        "--resume.",
+        "--resume. DEST may be a URL (s3://bucket/prefix): the pack is made in a local staging "
+        "folder, then uploaded with its manifest last.",
     )
     p.add_argument("source", metavar="SOURCE", type=existing_path)
-    p.add_argument("dest", metavar="DEST")
+    p.add_argument("dest", metavar="DEST", help="a folder or a URL")
     p.add_argument("--format", "-f", choices=FORMATS, required=True)
     p.add_argument(
         "--datasets",
@@ -149,6 +153,19 @@ def _add_pack(sub, common) -> None:
         type=cliargs.integer(1, 10**7, "--part-size"),
         help="source items per committed part (crash-safety granularity, default 1024)",
     )
+    _add_pack_to_url(p)
+
+
+def _add_pack_to_url(p) -> None:
+    p.add_argument(
+        "--staging-dir",
+        type=cliargs.cache_dir,
+        help="DEST a URL: the local folder the pack is made in before its upload (default: "
+        "the cache folder's staging/SCHEME/BUCKET/PREFIX; --resume continues there)",
+    )
+    p.add_argument(
+        "--keep-staging", action="store_true", help="DEST a URL: keep the staged pack after upload"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,11 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", parents=[common], help="re-read every sample and check checksums")
     v.add_argument("dest", metavar="DEST", type=pack_path)
     v.add_argument("--decode", action="store_true", help="also decode every encoded image")
+    cliargs.add_cache_options(v)
 
     i = sub.add_parser(
         "inspect", parents=[common], help="format, count, classes, shapes, size on disk"
     )
     i.add_argument("dest", metavar="DEST", type=pack_path)
+    cliargs.add_cache_options(i)
 
     from gpufeed.tools import bench, doctor, synth, tune  # each module owns its arguments
 
@@ -206,6 +225,8 @@ def _cmd_pack(args) -> int:
         log=log,
         follow_symlinks=args.follow_symlinks,
         datasets=args.datasets,
+        staging_dir=args.staging_dir,
+        keep_staging=args.keep_staging,
     )
     if args.json:
         print(json.dumps(manifest, indent=2, default=str))
@@ -223,7 +244,9 @@ def _cmd_pack(args) -> int:
 def _cmd_verify(args) -> int:
     from gpufeed.tools.verify import verify
 
-    report = verify(args.dest, decode=args.decode, quiet=args.quiet or args.json)
+    report = verify(
+        args.dest, decode=args.decode, quiet=args.quiet or args.json, **cliargs.cache_options(args)
+    )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -238,7 +261,7 @@ def _cmd_verify(args) -> int:
 def _cmd_inspect(args) -> int:
     from gpufeed.tools.verify import inspect
 
-    info = inspect(args.dest)
+    info = inspect(args.dest, **cliargs.cache_options(args))
     if args.json:
         print(json.dumps(info, indent=2))
         return EXIT_OK

@@ -11,7 +11,10 @@ names the option, what was given and what is accepted, before anything runs. Bou
 - seconds: finite (no ``nan``/``inf``), within each option's range;
 - ``--resize HxW``: each side 1 .. ``gpufeed.write.options.MAX_RESIZE``;
 - ``--device``: ``cpu``, ``cuda`` or ``cuda:N`` (never silently the CPU);
-- ``--settings FILE``: a readable loader settings file (what ``gpufeed tune --write`` makes).
+- ``--settings FILE``: a readable loader settings file (what ``gpufeed tune --write`` makes);
+- a pack's location: a local path, or a URL gpufeed reads (s3://, gs://, az://, https://);
+  ``--cache-limit``: a size such as 50GB or 50GiB (the cache's own rule); ``--cache-dir``: a
+  folder that is not a file.
 """
 
 from __future__ import annotations
@@ -28,11 +31,16 @@ __all__ = [
     "MIN_WORKER_LIMIT",
     "WORKERS_PER_CPU",
     "batch_size",
+    "add_cache_options",
     "batch_sizes",
     "bytes_size",
+    "cache_dir",
+    "cache_limit",
+    "cache_options",
     "compression",
     "device",
     "integer",
+    "location",
     "mebibytes",
     "resize",
     "seconds",
@@ -189,3 +197,57 @@ def settings_file(text: str) -> str:
     except (OSError, ValueError, TypeError) as e:
         raise Error(str(e)) from None
     return text
+
+
+def location(text: str) -> str:
+    """A URL gpufeed reads (checked by the one rule, storage.urls.parse_location), else `text`
+    unchanged for the command's own path check."""
+    from gpufeed.errors import UsageError
+    from gpufeed.storage.urls import parse_location
+
+    try:
+        parse_location(text)
+    except UsageError as e:
+        raise Error(str(e)) from None
+    return text
+
+
+def cache_limit(text: str) -> int:
+    from gpufeed.errors import UsageError
+    from gpufeed.system.sizes import parse_size
+
+    try:
+        return parse_size(text, "--cache-limit")
+    except UsageError as e:
+        raise Error(str(e)) from None
+
+
+def cache_dir(text: str) -> str:
+    import os
+
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise Error(f"--cache-dir {text}: is a file; expected a folder (created when missing)")
+    return text
+
+
+def add_cache_options(p: argparse.ArgumentParser) -> None:
+    """--cache-dir and --cache-limit: where a pack in object storage (PATH a URL) is cached."""
+    p.add_argument(
+        "--cache-dir",
+        type=cache_dir,
+        default=None,
+        help="PATH a URL: the local cache of its files (default $GPUFEED_CACHE_DIR, else "
+        "~/.cache/gpufeed)",
+    )
+    p.add_argument(
+        "--cache-limit",
+        type=cache_limit,
+        default=None,
+        help="PATH a URL: the cache's size bound, e.g. 50GB or 50GiB, least recently used "
+        "files evicted past it (default $GPUFEED_CACHE_LIMIT, else the disk's free space)",
+    )
+
+
+def cache_options(args: argparse.Namespace) -> dict:
+    """The cache options given on the command line, as open_dataset's keywords."""
+    return {k: getattr(args, k) for k in ("cache_dir", "cache_limit") if getattr(args, k, None)}

@@ -97,10 +97,13 @@ def test_parse_size_names_the_setting(value):
         parse_size(value, "cache_limit")
 
 
-def test_pack_refuses_a_url_and_writes_no_local_folder(array_folder, tmp_path, monkeypatch):
+def test_pack_refuses_a_url_it_cannot_serve_and_writes_no_local_folder(
+    array_folder, tmp_path, monkeypatch
+):
+    """(A URL it can serve is packed and uploaded: test_storage_datasets.)"""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(UsageError, match=r"s3://bucket/train: needs a local path here"):
-        pack(array_folder, "s3://bucket/train", "tar", quiet=True)
-    for dest in ("s3://bucket/train", "gs:/bucket/train"):
+    with pytest.raises(UsageError, match=r"unsupported URL scheme ftp://"):
+        pack(array_folder, "ftp://bucket/train", "tar", quiet=True)
+    for dest in ("ftp://bucket/train", "gs:/bucket/train", "s3://"):
         assert cli.main(["pack", str(array_folder), dest, "--format", "tar", "--quiet"]) == 2
-    assert list(tmp_path.iterdir()) == []  # no folder named s3: or gs:
+    assert list(tmp_path.iterdir()) == []  # no folder named ftp:, gs: or s3:

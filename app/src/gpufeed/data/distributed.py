@@ -16,7 +16,13 @@ from typing import TypeVar
 import numpy as np
 from torch.utils.data import Sampler
 
-from gpufeed.data.order import DEFAULT_BLOCK_SIZE, DEFAULT_BUFFER_BLOCKS, block_shuffle_order
+from gpufeed.data.order import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_BUFFER_BLOCKS,
+    block_shuffle_order,
+    rank_slice,
+    remaining_after,
+)
 from gpufeed.errors import ShardSplitWarning
 
 T = TypeVar("T")
@@ -206,6 +212,7 @@ class DistributedBlockSampler(Sampler[int]):
                 f"{self.dataset_len} samples with drop_last=True over {self.num_replicas} ranks "
                 f"leaves every rank empty; use drop_last=False or a larger dataset"
             )
+        self._elastic: tuple[int, np.ndarray] | None = None  # (epoch, this rank's share)
         self.order()  # validate now
 
     def set_epoch(self, epoch: int) -> None:
@@ -230,8 +237,22 @@ class DistributedBlockSampler(Sampler[int]):
         return order[: self.total_size]
 
     def order(self) -> np.ndarray:
+        if self._elastic is not None and self._elastic[0] == self.epoch:
+            return self._elastic[1]
         start = self.rank * self.num_samples
         return self.global_order()[start : start + self.num_samples]
+
+    def resume_elastic(self, epoch: int, world: int, seen: int) -> None:
+        """Make ``epoch`` deliver what a run with ``world`` ranks had not handed out when each
+        of them had handed out ``seen`` samples (ranks step in lockstep), split over this
+        sampler's ranks: every sample of the epoch exactly once over the two runs (but the
+        padding of uneven splits). Later epochs are as usual."""
+        old = DistributedBlockSampler(
+            self.dataset_len, world, 0, self.block_size, self.seed, self.shuffle,
+            self.drop_last, self.buffer_blocks, epoch,
+        )  # fmt: skip
+        rest = remaining_after(old.global_order(), world, old.num_samples, int(seen))
+        self._elastic = (int(epoch), rank_slice(rest, self.rank, self.num_replicas, self.drop_last))
 
     def iter_from(self, start: int) -> Iterator[int]:
         return iter(self.order()[start:].tolist())
@@ -240,4 +261,4 @@ class DistributedBlockSampler(Sampler[int]):
         return self.iter_from(0)
 
     def __len__(self) -> int:
-        return self.num_samples
+        return len(self.order()) if self._elastic is not None else self.num_samples

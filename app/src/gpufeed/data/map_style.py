@@ -36,7 +36,7 @@ from torch.utils.data import Dataset
 from gpufeed.batch import Batch, stack, to_batch, to_samples
 from gpufeed.data.reading import SampleReading, as_index_array, many_indices, one_index
 from gpufeed.errors import UsageError
-from gpufeed.formats import open_reader
+from gpufeed.storage.packs import open_reader_at
 
 __all__ = [
     "HDF5Dataset",
@@ -66,7 +66,9 @@ class PackedDataset(SampleReading, Dataset):
     decode=False returns encoded samples as 1-D uint8 tensors (e.g. for GPU JPEG decoding);
     decode=a batch decoder, such as gpufeed.RandomResizedCrop(224), decodes and
     augments a batch in one pass (then transform, if given, runs on its output). Other
-    keyword options go to the reader (hdf5: use_mmap, rdcc_mb; lmdb: readahead).
+    keyword options go to the reader (hdf5: use_mmap, rdcc_mb; lmdb: readahead) and, for a
+    pack in object storage (``path`` a URL), to its cache (cache_dir, cache_limit: see
+    :func:`gpufeed.storage.packs.open_reader_at`).
     """
 
     format_name: str | None = None
@@ -84,7 +86,7 @@ class PackedDataset(SampleReading, Dataset):
         **reader_options: Any,
     ):
         make = reader_options.pop("reader", None)  # an in-place reader class (open_dataset)
-        reader = make(path, **reader_options) if make else open_reader(path, **reader_options)
+        reader = make(path, **reader_options) if make else open_reader_at(path, **reader_options)
         if self.format_name and reader.format_name != self.format_name:
             raise UsageError(
                 f"{path}: is a {reader.format_name} dataset, not {self.format_name}; "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from gpufeed.data.imagefolder import ImageFolderReader, is_image_folder
@@ -16,7 +15,7 @@ from gpufeed.data.map_style import (
 )
 from gpufeed.data.streaming import TarShardDataset
 from gpufeed.errors import NotPackedError
-from gpufeed.formats.manifest import read_manifest
+from gpufeed.storage.packs import read_manifest_at
 
 __all__ = ["MAP_STYLE", "open_dataset"]
 
@@ -35,14 +34,18 @@ def open_dataset(path: str | os.PathLike, **options: Any):
     A path without manifest.json is read in place when it is WebDataset tar shards, an
     image-folder tree or an HDF5 file given ``datasets=`` (gpufeed.formats.inplace; an
     index is cached in ``index_dir=``); anything else (an unfinished pack, say) raises
-    NotPackedError."""
+    NotPackedError.
+    A URL (s3://bucket/prefix, gs://, az://, https://) reads the pack from object storage
+    through a local cache: cache_dir= (default $GPUFEED_CACHE_DIR or ~/.cache/gpufeed),
+    cache_limit= ("50GB"; default $GPUFEED_CACHE_LIMIT, else the disk's free space)."""
     map_style = options.pop("map_style", None)
+    cache = {k: options[k] for k in ("cache_dir", "cache_limit") if k in options}
     try:
-        fmt = read_manifest(path)["format"]
+        fmt = read_manifest_at(path, **cache)["format"]
     except NotPackedError:
         if is_image_folder(path) and options.get("datasets") is None:
             return PackedDataset(path, reader=ImageFolderReader, **options)
         return PackedDataset(path, **options)  # in place, or NotPackedError again
     if fmt == "tar" and not map_style:
         return TarShardDataset(path, **options)
-    return MAP_STYLE[fmt](Path(path), **options)
+    return MAP_STYLE[fmt](path, **options)

@@ -61,3 +61,28 @@ def block_shuffle_order(
         return rng.permutation(order)
     keys = rng.random(order.size)
     return order[np.lexsort((keys, windows))].astype(np.int64, copy=False)
+
+
+def rank_slice(order: np.ndarray, rank: int, world: int, drop_last: bool) -> np.ndarray:
+    """Rank ``rank``'s contiguous share of ``order`` over ``world`` ranks, all shares equal:
+    padded by repeating the order's first indices (drop_last=False, as DistributedSampler
+    does) or with the tail dropped (drop_last=True)."""
+    n = len(order)
+    per = n // world if drop_last else -(-n // world)
+    total = per * world
+    if total > n and n > 0:
+        reps = -(-(total - n) // n)
+        order = np.concatenate([order, np.tile(order, reps)[: total - n]])
+    return order[rank * per : (rank + 1) * per]
+
+
+def remaining_after(global_order: np.ndarray, world: int, per_rank: int, seen: int) -> np.ndarray:
+    """The samples of an epoch not yet handed out after each of ``world`` ranks handed out
+    the first ``seen`` of its contiguous ``per_rank`` slice of ``global_order``: each sample
+    once, in global order (a checkpoint taken with ``world`` ranks, resumed with others)."""
+    consumed = np.concatenate(
+        [global_order[r * per_rank : r * per_rank + seen] for r in range(world)]
+    )
+    _, first = np.unique(global_order, return_index=True)
+    every = global_order[np.sort(first)]
+    return every[~np.isin(every, consumed)]

@@ -20,7 +20,7 @@ import torch
 
 from gpufeed.data.decoders import array_to_tensor, decode_bytes, raw_bytes_tensor
 from gpufeed.data.fields import decode_fields
-from gpufeed.errors import CorruptSampleError, UsageError
+from gpufeed.errors import CorruptSampleError, StorageError, UsageError
 from gpufeed.formats.base import Reader
 from gpufeed.formats.checksums import crc32, row_crcs
 
@@ -167,6 +167,8 @@ class SampleReading:
                     keep_list.append(j)
                 except CorruptSampleError as e:
                     self._fail(self._corrupt(i, e.problem))
+                except StorageError:  # the store, not the sample: never skipped as corrupt
+                    raise
                 except Exception as e:  # noqa: BLE001
                     self._fail(self._corrupt(i, f"read failed: {type(e).__name__}: {e}"))
             keep = np.asarray(keep_list, dtype=np.int64)

@@ -3,6 +3,7 @@ consecutive samples, through a seeded shuffle buffer that holds references, not 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import warnings
@@ -16,10 +17,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 from gpufeed.batch import to_batch, to_samples
 from gpufeed.data.reading import SampleReading
 from gpufeed.errors import UsageError
-from gpufeed.formats import open_reader
 from gpufeed.formats.readahead import take_rows
+from gpufeed.storage.packs import open_reader_at
 
 __all__ = ["SamplePool", "TarShardDataset"]
+
+# concurrent downloads per reading process (a DataLoader worker) of a remote pack's shards
+FETCH_WORKERS = 4
 
 
 class SamplePool:
@@ -120,8 +124,11 @@ class TarShardDataset(SampleReading, IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         pad: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | str | None = None,
+        fetch_ahead: int = 2,
     ):
-        reader = open_reader(path)
+        reader = open_reader_at(path, cache_dir=cache_dir, cache_limit=cache_limit)
         if reader.format_name != "tar":
             raise UsageError(f"{path}: is a {reader.format_name} dataset, not tar shards")
         if batch_transform is not None:
@@ -131,6 +138,7 @@ class TarShardDataset(SampleReading, IterableDataset):
         self.seed = int(seed)
         self.shuffle_shards = bool(shuffle_shards)
         self.read_size = int(read_size)
+        self.fetch_ahead = int(fetch_ahead)
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
         self._init_reading(reader, transform, None, verify_crc, on_error, decode, pad)
@@ -187,14 +195,28 @@ class TarShardDataset(SampleReading, IterableDataset):
 
     def _chunks(self, shards: list[int], size: int):
         """(indices, payloads) of up to ``size`` consecutive samples of one shard, each chunk
-        one read."""
-        for s in shards:
-            lo, hi = self.reader.shard_range(s)
-            for a in range(lo, hi, size):
-                idx = np.arange(a, min(a + size, hi), dtype=np.int64)
-                keep, payloads = self._read(idx)
-                if len(keep):
-                    yield idx[keep], payloads
+        one read. A remote pack's shards are fetched ahead, in this order (fetch_ahead)."""
+        with self._fetch_ahead(shards) as fetched:
+            for s in shards:
+                pin = next(fetched, None)
+                lo, hi = self.reader.shard_range(s)
+                for a in range(lo, hi, size):
+                    idx = np.arange(a, min(a + size, hi), dtype=np.int64)
+                    keep, payloads = self._read(idx)
+                    if len(keep):
+                        yield idx[keep], payloads
+                if pin is not None:
+                    pin.release()  # the reader holds its own pin while the shard is open
+
+    def _fetch_ahead(self, shards: list[int]):
+        """The shards' cached copies, fetched by a bounded pool ``fetch_ahead`` shards ahead
+        of the one read (a remote pack); a local pack: nothing to fetch."""
+        source = self.reader.source
+        if source is None or not shards:
+            return contextlib.nullcontext(iter(()))
+        names = [self.reader.shards[s] for s in shards]
+        ahead = max(1, self.fetch_ahead)
+        return source.prefetch(names, workers=min(ahead, FETCH_WORKERS), ahead=ahead)
 
     def _stream(self, batch_size: int, drop_last: bool):
         """(samples, labels, kept positions) of each batch of this rank's and worker's

@@ -32,6 +32,18 @@ class Reader:
     """
 
     format_name = ""
+    # a remote pack's files (gpufeed.storage.packs.RemoteFiles: fetch(name) -> a pinned,
+    # verified local copy; release(name)); None: the files are under root
+    source = None
+
+    @classmethod
+    def with_source(cls, source, root: str | os.PathLike, manifest: dict[str, Any], **options):
+        """The reader of a pack whose files come from `source`, not from `root` (which holds
+        the manifest only): set before __init__, where the readers name their files."""
+        reader = cls.__new__(cls)
+        reader.source = source
+        reader.__init__(root, manifest, **options)
+        return reader
 
     def __init__(self, root: str | os.PathLike, manifest: dict[str, Any]):
         self.root = Path(root)
@@ -47,10 +59,18 @@ class Reader:
         """The pack file `name`, checked (pack_file) and pinned: its identity now is what
         every later open compares with (check_pinned), so a pack replaced or rewritten
         after this reader was made is an error, never its old index over new data.
+        A remote pack's file (`source`) is fetched here when read whole (and pinned while
+        this reader lives); otherwise when opened (`local_path`).
         whole=True: the file is read or mapped whole, so it must exist and hold at least the
         bytes the manifest records (a truncated file mapped by LMDB or numpy is a SIGBUS
         when touched; checked here, it is an error naming the file. A file grown or edited
         in place is left to the per-sample checks and to verify)."""
+        if self.source is not None:
+            if not whole:
+                return self.root / name
+            path = self.source.fetch(name)
+            self._pinned[name] = file_identity(os.stat(path))
+            return path
         path = pack_file(self.root, name)
         entry = self.manifest.get("files", {}).get(name)
         try:
@@ -78,7 +98,7 @@ class Reader:
     def check_pinned(self, name: str, st: os.stat_result | None = None) -> None:
         """Raise StalePackError when file `name` is no longer the one this reader pinned."""
         want = self._pinned.get(name)
-        if want is None:
+        if want is None or self.source is not None:  # cached copies are named by their sha256
             return
         path = self.root / name
         try:
@@ -90,6 +110,16 @@ class Reader:
                 f"{path}: replaced or changed since this dataset was opened (file identity, "
                 "size or mtime differ); its index no longer describes it: open the pack again"
             )
+
+    def local_path(self, name: str) -> Path:
+        """Where to open the pack's file `name`: under root, or its cached copy (fetched and
+        pinned until release_file)."""
+        return self.root / name if self.source is None else self.source.fetch(name)
+
+    def release_file(self, name: str) -> None:
+        """Done with `name` for now: a cached copy may be evicted (open handles stay valid)."""
+        if self.source is not None:
+            self.source.release(name)
 
     def check_count(self, what: str, n: int, expected: int | None = None) -> None:
         """An index array or stored container must hold as many entries as the manifest

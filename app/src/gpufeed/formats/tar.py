@@ -40,6 +40,9 @@ BLOCK = 512
 RECORD = 20 * BLOCK
 DEFAULT_SHARD_SIZE = 10_000
 DEFAULT_SHARD_BYTES = 256 << 20
+# shards of a remote pack one process keeps open (and pinned in the cache): a streaming
+# reader is on one or two at a time; a map-style one in block-shuffled order on a few
+REMOTE_OPEN_SHARDS = 4
 KEY_FORMAT = "{:09d}"
 
 
@@ -268,8 +271,29 @@ class TarReader(Reader):
 
     def _close(self, handle) -> None:
         handle.pop("maps", None)  # memory maps close when the last view of them is gone
+        for shard in handle.pop("remote", []):
+            self.release_file(self.shards[shard])
         for fd in handle.values():
             os.close(fd)
+
+    def _shard_path(self, shard: int):
+        """The shard's file to open; for a remote pack, its cached copy, and the shard least
+        recently opened is closed and unpinned past REMOTE_OPEN_SHARDS (so the cache can
+        evict it: a sample already read from it stays valid)."""
+        if self.source is None:
+            return self.root / self.shards[shard]
+        opened = self.handle.setdefault("remote", [])
+        if shard in opened:
+            opened.remove(shard)
+        opened.append(shard)
+        while len(opened) > REMOTE_OPEN_SHARDS:
+            old = opened.pop(0)
+            self.handle.get("maps", {}).pop(old, None)
+            fd = self.handle.pop(old, None)
+            if fd is not None:
+                os.close(fd)
+            self.release_file(self.shards[old])
+        return self.local_path(self.shards[shard])
 
     def _fd(self, shard: int) -> int:
         fds = self.handle
@@ -277,7 +301,7 @@ class TarReader(Reader):
         if fd is None:
             # O_NONBLOCK: what replaced a shard since might be a FIFO; fstat tells before a read
             flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-            fd = os.open(self.root / self.shards[shard], flags)
+            fd = os.open(self._shard_path(shard), flags)
             try:
                 self.check_pinned(self.shards[shard], os.fstat(fd))
             except BaseException:
@@ -300,6 +324,10 @@ class TarReader(Reader):
         return data
 
     def prefetch(self, indices: np.ndarray) -> None:
+        if self.source is not None:  # a remote pack: fetch the shards to come into the cache
+            shards = np.unique(self.shard[indices]).tolist() if len(indices) else []
+            self.source.warm([self.shards[s] for s in shards])
+            return
         if not hasattr(os, "posix_fadvise"):  # macOS
             return
         for i in indices.tolist():
@@ -320,7 +348,7 @@ class TarReader(Reader):
         data = maps.get(shard)
         if data is None:
             self.check_pinned(self.shards[shard])
-            data = maps[shard] = np.memmap(self.root / self.shards[shard], mode="r")
+            data = maps[shard] = np.memmap(self._shard_path(shard), mode="r")
         return data
 
     def _read_run(self, first: int, last: int):

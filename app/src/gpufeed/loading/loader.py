@@ -223,6 +223,7 @@ class GpufeedLoader:
             "world_size": self.world_size,
             "samples_per_epoch": self.samples_per_epoch(),
             "iterable": self.iterable,
+            "dataset_len": None if self.iterable else len(self.dataset),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -232,6 +233,9 @@ class GpufeedLoader:
                 f"{_STATE_FORMAT!r})"
             )
         mine = self.state_dict()
+        if state["world_size"] != mine["world_size"]:
+            self._resume_elastic(state, mine)
+            return
         # An iterable dataset's length may change by epoch (tar shards split over ranks), so
         # only a map-style one is checked for the same length.
         checked = ("seed", "world_size", "rank", "iterable")
@@ -254,6 +258,28 @@ class GpufeedLoader:
         self._samples_seen = int(state["samples_seen"])
         self._batches_seen = int(state["batches_seen"])
         self._resume = (self._samples_seen, self._batches_seen)
+
+    def _resume_elastic(self, state: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
+        """A state saved with another world size (nodes lost or added): this rank's share of
+        what that run had not handed out (DistributedBlockSampler.resume_elastic)."""
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        if not self._seeks or not hasattr(sampler, "resume_elastic"):
+            raise ValueError(
+                f"loader state was saved with world_size={state['world_size']}, this loader has "
+                f"{mine['world_size']}: resuming with another world size needs a map-style "
+                "dataset in gpufeed's order (open_dataset(..., map_style=True), no sampler of "
+                "your own, distributed=True)"
+            )
+        for key in ("seed", "dataset_len"):
+            if state.get(key) != mine[key]:
+                raise ValueError(
+                    f"loader state was saved with {key}={state.get(key)!r} but this loader has "
+                    f"{key}={mine[key]!r}: not the same dataset and order; cannot resume"
+                )
+        sampler.resume_elastic(int(state["epoch"]), int(state["world_size"]), state["samples_seen"])
+        self.epoch = int(state["epoch"])
+        self._samples_seen = self._batches_seen = 0
+        self._resume = (0, 0)
 
     def __repr__(self) -> str:
         return (

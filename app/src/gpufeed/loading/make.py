@@ -300,11 +300,10 @@ def _lookahead(dataset, batch_sampler, workers: int) -> int:
     asks the kernel for its next batch while copying this one, so cold reads keep many
     requests in flight (small ones: the kernel's readahead does it already)."""
     reader = getattr(dataset, "reader", None)
-    if (
-        isinstance(batch_sampler, SortedBatchSampler)
-        and hasattr(reader, "mean_sample_bytes")
-        and reader.mean_sample_bytes() >= PREFETCH_MIN_BYTES
-    ):
+    remote = getattr(reader, "source", None) is not None  # fetch the shards to come
+    sized = hasattr(reader, "mean_sample_bytes")
+    large = sized and reader.mean_sample_bytes() >= PREFETCH_MIN_BYTES
+    if isinstance(batch_sampler, SortedBatchSampler) and (remote or large):
         batch_sampler.lookahead = max(1, workers)
         return batch_sampler.lookahead
     return 0

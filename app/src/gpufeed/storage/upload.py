@@ -40,10 +40,10 @@ def upload_pack(
         return with_retries(call, retry, stats)
 
     existing = again(store.list)
-    _check_destination(loc, existing, overwrite)
+    names = _pack_files(root)
+    check_destination(loc, existing, overwrite, ours=frozenset(names))
     if MANIFEST_NAME in existing:
         again(lambda: store.delete(MANIFEST_NAME))
-    names = _pack_files(root)
     for name in names:
         again(lambda name=name: store.put_file(name, root / name))
     _check_uploaded(loc, root, names, again(store.list))
@@ -53,16 +53,37 @@ def upload_pack(
     return manifest
 
 
-def _check_destination(loc: RemoteURL, existing: dict[str, int], overwrite: bool) -> None:
+def check_upload_destination(
+    url: RemoteURL, *, overwrite: bool = False, resume: bool = False
+) -> None:
+    """Refuse now what upload_pack would refuse at the end (a foreign prefix, a pack there
+    without overwrite), so a long pack into `url` does not fail after its work is done.
+    resume: objects without a manifest may be this pack's own interrupted upload (upload_pack
+    tells, by their names)."""
+    listed = with_retries(ObjectStore(url).list, RetryPolicy(), StorageStats())
+    if resume and MANIFEST_NAME not in listed:
+        return
+    check_destination(url, listed, overwrite)
+
+
+def check_destination(
+    loc: RemoteURL, existing: dict[str, int], overwrite: bool, ours: frozenset[str] = frozenset()
+) -> None:
+    """A prefix may be written when empty, when it holds a pack (overwrite), or when it holds
+    only files named as the pack's own (`ours`: an upload of it that was cut short)."""
     if not existing:
         return
     if MANIFEST_NAME not in existing:
+        if set(existing) <= ours:
+            return
         raise UsageError(
             f"{loc}: holds {len(existing)} objects and no {MANIFEST_NAME}: not a gpufeed pack, "
             "so gpufeed will not write into it; upload to an empty prefix"
         )
     if not overwrite:
-        raise UsageError(f"{loc}: already holds a pack; pass overwrite=True to replace it")
+        raise UsageError(
+            f"{loc}: already holds a pack; pass overwrite=True (--overwrite) to replace it"
+        )
 
 
 def _pack_files(root: Path) -> list[str]:

@@ -267,7 +267,10 @@ def add_arguments(p) -> None:
     common to every subcommand)."""
     from gpufeed.cli import pack_path
 
-    p.add_argument("path", metavar="PATH", type=pack_path, help="a packed dataset")
+    p.add_argument(
+        "path", metavar="PATH", type=pack_path, help="a packed dataset: a folder or a URL"
+    )
+    cliargs.add_cache_options(p)
     p.add_argument("--batch-size", "-b", type=cliargs.batch_size, default=256)
     p.add_argument(
         "--workers",
@@ -436,7 +439,7 @@ def main(args) -> int:
             batch_size=args.batch_size,
             seconds=args.seconds or 3.0,  # 0 or unset
             pin_memory=None if args.pin_memory == "auto" else args.pin_memory == "on",
-            dataset_options=crop_options(args.crop),
+            dataset_options=crop_options(args.crop) | cliargs.cache_options(args),
             log=log,
         )
         print(json.dumps(result, indent=2) if args.json else format_compare(result))
@@ -454,7 +457,7 @@ def main(args) -> int:
         shuffle=not args.sequential,
         progress=not quiet and sys.stderr.isatty(),
         log=log,
-        dataset_options=crop_options(args.crop),
+        dataset_options=crop_options(args.crop) | cliargs.cache_options(args),
     )
     if args.json:
         print(json.dumps(report, indent=2, default=str))

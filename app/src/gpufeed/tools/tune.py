@@ -271,9 +271,12 @@ class _Search:
 def add_arguments(p) -> None:
     """The ``gpufeed tune`` options (cli.py registers the subcommand; -q/-v/--json are common
     to every subcommand)."""
-    from gpufeed.cli import existing_path
+    from gpufeed.cli import pack_path
 
-    p.add_argument("path", metavar="PATH", type=existing_path, help="a packed dataset")
+    p.add_argument(
+        "path", metavar="PATH", type=pack_path, help="a packed dataset: a folder or a URL"
+    )
+    cliargs.add_cache_options(p)
     p.add_argument(
         "--batch-size",
         "-b",
@@ -325,7 +328,7 @@ def main(args) -> int:
             print(
                 "gpufeed tune: no CUDA device: the copy to the GPU is not measured", file=sys.stderr
             )
-    dataset = open_dataset(args.path, **crop_options(args.crop))
+    dataset = open_dataset(args.path, **crop_options(args.crop), **cliargs.cache_options(args))
     log(f"tuning {dataset!r} for about {args.budget:.0f} s")
     result = tune(
         dataset,

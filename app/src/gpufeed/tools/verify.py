@@ -10,11 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.errors import CorruptSampleError, UnsafePathError
+from gpufeed.errors import CorruptSampleError, DataError, StorageError, UnsafePathError
 from gpufeed.formats import reader_class
 from gpufeed.formats.checksums import crc32, row_crcs, sha256_file
 from gpufeed.formats.manifest import pack_file, read_manifest
 from gpufeed.formats.spec import SampleSpec
+from gpufeed.storage.packs import open_reader_at, read_manifest_at
+from gpufeed.storage.urls import RemoteURL, parse_location
 
 MAX_PROBLEMS = 1000
 
@@ -86,7 +88,13 @@ class VerifyReport:
 
 
 def verify(
-    dest: str | os.PathLike, *, decode: bool = False, chunk: int = 256, quiet: bool = True
+    dest: str | os.PathLike,
+    *,
+    decode: bool = False,
+    chunk: int = 256,
+    quiet: bool = True,
+    cache_dir: str | os.PathLike | None = None,
+    cache_limit: int | str | None = None,
 ) -> VerifyReport:
     """Re-read DEST: every file the manifest names must be a regular file inside DEST (a name
     leading out of it, or a device, FIFO or link out, is reported and never opened; the
@@ -94,8 +102,12 @@ def verify(
     crc32 is checked against the stored one (a flipped byte is reported with its sample index
     and source file) and the labels against the classes. decode=True also decodes every
     encoded image. Raises NotPackedError for a folder that is not a finished pack; every other
-    finding is in the report."""
-    dest = Path(dest)
+    finding is in the report. DEST a URL (s3://bucket/prefix): every file is fetched through
+    the cache (cache_dir, cache_limit), which checks its size and sha256 as it lands."""
+    loc = parse_location(dest)
+    if isinstance(loc, RemoteURL):
+        return _verify_remote(loc, decode, chunk, quiet, cache_dir, cache_limit)
+    dest = loc
     manifest = read_manifest(dest)
     report = VerifyReport(str(dest), manifest["format"], int(manifest["count"]))
     unsafe = False
@@ -115,6 +127,28 @@ def verify(
     except Exception as e:  # noqa: BLE001 - an unreadable index is a finding, not a crash
         report.add(Problem(str(dest), f"cannot open: {type(e).__name__}: {e}"))
         return report
+    return _read_samples(reader, report, decode, chunk, quiet)
+
+
+def _verify_remote(url, decode, chunk, quiet, cache_dir, cache_limit) -> VerifyReport:
+    """verify() of a pack in object storage: each file fetched (and so checked) by the cache,
+    then the samples read through it as a training job reads them."""
+    reader = open_reader_at(str(url), cache_dir=cache_dir, cache_limit=cache_limit)
+    manifest = reader.manifest
+    report = VerifyReport(str(url), manifest["format"], int(manifest["count"]))
+    for name in sorted(manifest.get("files", {})):
+        report.files_checked += 1
+        try:
+            reader.source.pack.fetch(name).release()
+        except (StorageError, DataError) as e:
+            report.add(Problem(url.child(name), str(e)))
+    if report.problems:
+        report.add(Problem(str(url), "samples not read: files are missing or changed"))
+        return report
+    return _read_samples(reader, report, decode, chunk, quiet)
+
+
+def _read_samples(reader, report: VerifyReport, decode, chunk, quiet) -> VerifyReport:
     try:
         _check_samples(reader, report, decode, chunk, quiet)
     finally:
@@ -227,12 +261,24 @@ def _dir_size(root: Path) -> tuple[int, int]:
     return content, allocated
 
 
-def inspect(dest: str | os.PathLike) -> dict[str, Any]:
+def inspect(
+    dest: str | os.PathLike,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    cache_limit: int | str | None = None,
+) -> dict[str, Any]:
     """What DEST holds: format, count, classes, sample dtype/shape, size on disk, shards,
-    skipped items, and who made it."""
-    dest = Path(dest)
-    manifest = read_manifest(dest)
-    content, allocated = _dir_size(dest)
+    skipped items, and who made it. DEST a URL: its manifest only is fetched, and the sizes
+    are the manifest's (disk_bytes: what the cache would hold)."""
+    loc = parse_location(dest)
+    if isinstance(loc, RemoteURL):
+        manifest = read_manifest_at(str(loc), cache_dir=cache_dir, cache_limit=cache_limit)
+        files = manifest.get("files", {}).values()
+        content = allocated = sum(int(f.get("bytes", 0)) for f in files if isinstance(f, dict))
+    else:
+        manifest = read_manifest(loc)
+        content, allocated = _dir_size(loc)
+    dest = loc
     sample = dict(manifest["sample"])
     sample["text"] = SampleSpec.from_json(manifest["sample"]).describe()  # checks the schema
     if sample.get("dtype"):

@@ -36,7 +36,7 @@ from gpufeed.errors import UsageError
 from gpufeed.formats.files import atomic_write_json
 from gpufeed.formats.lock import PackLock
 from gpufeed.formats.manifest import PARTIAL_SUFFIX, read_manifest
-from gpufeed.storage.urls import require_local
+from gpufeed.storage.urls import RemoteURL, parse_location
 from gpufeed.write.assemble import assemble
 from gpufeed.write.guard import (
     PARTS_DIR,
@@ -50,10 +50,17 @@ from gpufeed.write.guard import (
 )
 from gpufeed.write.items import LoadOptions
 from gpufeed.write.options import MANIFEST_OPTIONS, check_options, parse_resize
+from gpufeed.write.remote import pack_to_store
 from gpufeed.write.scan import Source, scan_source
 from gpufeed.write.staging import commit_parts, drop_changed_parts
 
 __all__ = ["pack", "pack_files"]
+
+# what a pack into a URL hands on to the pack into its staging folder
+_LOCAL_OPTIONS = (
+    "source", "format", "workers", "shard_size", "shard_bytes", "compression", "encode",
+    "resize", "container", "on_error", "quiet", "part_size", "log", "follow_symlinks",
+)  # fmt: skip
 
 
 def pack(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -104,8 +111,11 @@ def pack_files(
     part_size: int | None = None,
     log: Callable[[str], None] | None = None,
     follow_symlinks: bool = False,
+    staging_dir: str | os.PathLike | None = None,
+    keep_staging: bool = False,
 ) -> dict[str, Any]:
-    """Pack SOURCE into DEST (a folder) in `format`; returns the manifest.
+    """Pack SOURCE into DEST (a folder, or a URL: s3://bucket/prefix, gs://, az://) in
+    `format`; returns the manifest.
 
     encode: "keep" stores images as their encoded bytes (decoded when read), "raw" stores
     decoded uint8 CHW arrays (all images must share a size, or pass resize="HxW"; 16-bit
@@ -119,9 +129,25 @@ def pack_files(
     gpufeed.write.guard), or discard an unfinished DEST.partial.
     follow_symlinks: follow symbolic links to folders in SOURCE (loops and second links to a
     folder are problems, see gpufeed.write.scan); by default they are problems themselves.
+    DEST a URL: the pack is made in `staging_dir` (default: the cache folder's
+    staging/<scheme>/<bucket>/<prefix>, where resume=True finds it), then uploaded with the
+    manifest last (gpufeed.write.remote), and the staged copy removed unless keep_staging.
+    overwrite then replaces a pack at the URL.
     """
-    # A URL is never a local folder (s3://b/x would become ./s3:/b/x); uploading is phase 2.
-    require_local(dest, "pack into a local folder, then gpufeed.storage.upload_pack(it, URL)")
+    loc = parse_location(dest)  # a URL is never a local folder (s3://b/x is not ./s3:/b/x)
+    if isinstance(loc, RemoteURL):
+        options = {k: v for k, v in locals().items() if k in _LOCAL_OPTIONS}
+        say = log or (lambda msg: None if quiet else print(msg, file=sys.stderr))
+        return pack_to_store(
+            pack,
+            loc,
+            staging_dir=staging_dir,
+            keep_staging=keep_staging,
+            resume=resume,
+            overwrite=overwrite,
+            say=say,
+            **options,
+        )
     opts = check_options(
         format, encode, on_error, compression, container, shard_size, shard_bytes, part_size
     )

@@ -1,0 +1,221 @@
+"""A pack wherever it lives: a local folder, or a URL read through the local cache.
+
+`open_reader_at` and `read_manifest_at` are what the datasets, verify, inspect, bench and tune
+call with a path or a URL. A remote pack's reader is the format's own reader with `source`
+set to a :class:`RemoteFiles`: it names its files as today and gets pinned, verified local
+copies from the cache. Its `root` is the pack's view folder in the cache
+(`cache_dir/packs/s3/bucket/prefix`): the manifest, and a link per fetched file to its copy
+under objects/, so the readers open `root / name` as for a local pack and messages name it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from gpufeed.errors import CacheFullError, UsageError
+from gpufeed.formats import open_reader, reader_class
+from gpufeed.formats.base import Reader
+from gpufeed.formats.files import atomic_write_bytes
+from gpufeed.formats.manifest import MANIFEST_NAME, read_manifest
+from gpufeed.storage.cache import Pin
+from gpufeed.storage.remote import RemotePack, open_pack
+from gpufeed.storage.urls import RemoteURL, parse_location
+
+CACHE_DIR_ENV = "GPUFEED_CACHE_DIR"
+CACHE_LIMIT_ENV = "GPUFEED_CACHE_LIMIT"
+VIEWS = "packs"
+WARM_WORKERS = 4  # background downloads per process for map-style reads ahead
+WARM_PINS = 4  # files fetched ahead and held for their read, per process
+
+
+def default_cache_dir() -> Path:
+    """$GPUFEED_CACHE_DIR, else ~/.cache/gpufeed (XDG_CACHE_HOME honoured)."""
+    env = os.environ.get(CACHE_DIR_ENV)
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gpufeed"
+
+
+def default_cache_limit() -> str | None:
+    return os.environ.get(CACHE_LIMIT_ENV) or None
+
+
+class RemoteFiles:
+    """A remote pack's files for one reader: `fetch(name)` gives the verified local copy,
+    pinned until `release(name)` (or for the reader's life). Pins belong to one process:
+    a forked or spawned worker pins its own."""
+
+    def __init__(self, pack: RemotePack, root: Path):
+        self.pack = pack
+        self.root = root
+        self._pins: dict[str, Pin] = {}
+        self._pid = os.getpid()
+        self._pool: ThreadPoolExecutor | None = None
+        self._warming: set[str] = set()
+        self._warm: dict[str, Pin] = {}  # fetched ahead, not yet read: oldest first
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> RemoteURL:
+        return self.pack.url
+
+    @property
+    def stats(self):
+        return self.pack.stats
+
+    def _mine(self) -> dict[str, Pin]:
+        if self._pid != os.getpid():  # inherited through fork: the parent's pins stay its own
+            self._pins, self._pid = {}, os.getpid()
+            self._pool, self._warming, self._warm = None, set(), {}
+            self._lock = threading.Lock()
+        return self._pins
+
+    def warm(self, names: list[str]) -> None:
+        """Start fetching `names` in the background (a hint for reads to come: a failure
+        surfaces when the file is read)."""
+        self._mine()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(WARM_WORKERS, thread_name_prefix="gpufeed-warm")
+        for name in names:
+            if name not in self._warming and name not in self._pins and name not in self._warm:
+                self._warming.add(name)
+                self._pool.submit(self._warm_one, name)
+
+    def _warm_one(self, name: str) -> None:
+        """Fetch `name` and keep it pinned until read (fetch adopts the pin), so eviction
+        cannot take a file fetched ahead before it is read; past WARM_PINS, the oldest is
+        let go."""
+        try:
+            pin = self.pack.fetch(name)
+        except Exception:  # noqa: BLE001 - a hint; the read that needs the file reports it
+            return
+        finally:
+            self._warming.discard(name)
+        with self._lock:
+            self._warm[name] = pin
+            while len(self._warm) > WARM_PINS:
+                self._warm.pop(next(iter(self._warm))).release()
+
+    def fetch(self, name: str) -> Path:
+        """root/name: a link to the file's verified copy in the cache, pinned by this process."""
+        pins = self._mine()
+        pin = pins.get(name)
+        if pin is None or not pin.held:
+            with self._lock:
+                pin = self._warm.pop(name, None)
+            pin = pins[name] = pin if pin is not None else self._fetch_now(name)
+        return _link(self.root / name, pin.path)
+
+    def _fetch_now(self, name: str) -> Pin:
+        try:
+            return self.pack.fetch(name)
+        except CacheFullError:  # files fetched ahead give way to the one needed now
+            with self._lock:
+                if not self._warm:
+                    raise
+                for pin in self._warm.values():
+                    pin.release()
+                self._warm.clear()
+            return self.pack.fetch(name)
+
+    def release(self, name: str) -> None:
+        pin = self._mine().pop(name, None)
+        if pin is not None:
+            pin.release()
+
+    def close(self) -> None:
+        for name in list(self._mine()):
+            self.release(name)
+        with self._lock:
+            for pin in self._warm.values():
+                pin.release()
+            self._warm.clear()
+
+    def prefetch(self, names: list[str], *, workers: int, ahead: int):
+        return self.pack.prefetch(names, workers=workers, ahead=ahead)
+
+    def __getstate__(self):
+        return {"pack": self.pack, "root": self.root}
+
+    def __setstate__(self, state):
+        self.__init__(state["pack"], state["root"])
+
+
+def _link(link: Path, target: Path) -> Path:
+    """`link` made a symbolic link to `target` (atomically: readers of the pack's view in
+    other processes see the old link or the new one, never none)."""
+    try:
+        if os.readlink(link) == str(target):
+            return link
+    except OSError:
+        pass
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.{threading.get_ident()}.link")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+    return link
+
+
+def remote_pack(
+    url: RemoteURL, cache_dir: str | os.PathLike | None, cache_limit: int | str | None
+) -> RemotePack:
+    cache_dir = default_cache_dir() if cache_dir is None else cache_dir
+    cache_limit = default_cache_limit() if cache_limit is None else cache_limit
+    return open_pack(str(url), cache_dir, cache_limit)
+
+
+def view_root(pack: RemotePack) -> Path:
+    """The pack's folder in the cache: its manifest, so local tools see a pack there."""
+    url = pack.url
+    root = pack.cache.root / VIEWS / url.scheme / url.bucket / url.prefix
+    text = json.dumps(pack.manifest, indent=1, sort_keys=True).encode()
+    path = root / MANIFEST_NAME
+    try:
+        if not path.exists() or path.read_bytes() != text:
+            root.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, text)
+    except OSError as e:
+        where = f"cache_dir {pack.cache.root}"
+        raise UsageError(f"{where}: cannot write {path}: {e.strerror}") from None
+    return root
+
+
+def read_manifest_at(
+    where: str | os.PathLike,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    cache_limit: int | str | None = None,
+) -> dict[str, Any]:
+    loc = parse_location(where)
+    if isinstance(loc, RemoteURL):
+        return remote_pack(loc, cache_dir, cache_limit).manifest
+    return read_manifest(loc)
+
+
+def open_reader_at(
+    where: str | os.PathLike,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    cache_limit: int | str | None = None,
+    **options: Any,
+) -> Reader:
+    """The reader of the pack at `where`: a local path (cache_dir/cache_limit unused) or a
+    URL, whose files come through the cache under `cache_dir` (default $GPUFEED_CACHE_DIR or
+    ~/.cache/gpufeed), bounded by `cache_limit` (default $GPUFEED_CACHE_LIMIT, else the
+    disk's free space)."""
+    loc = parse_location(where)
+    if not isinstance(loc, RemoteURL):
+        return open_reader(loc, **options)
+    pack = remote_pack(loc, cache_dir, cache_limit)
+    cls = reader_class(pack.manifest["format"])
+    root = view_root(pack)
+    return cls.with_source(RemoteFiles(pack, root), root, pack.manifest, **options)
