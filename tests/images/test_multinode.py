@@ -44,11 +44,11 @@ def late_job(dataset, ssh_image):
     exited, and then asks the workers' store once more (tests/images/hooks/sitecustomize.py)."""
     hook = ["-v", f"{HOOKS}:/opt/gpufeed-test-hooks:ro", "-e", "PYTHONPATH=/opt/gpufeed-test-hooks"]
     return run_job(
-        dataset, ssh_image, epochs=1, extra=[*hook, "-e", f"GPUFEED_TEST_LAST_RANK_LATE={LATE}"]
+        dataset, ssh_image, epochs=1, extra=(*hook, "-e", f"GPUFEED_TEST_LAST_RANK_LATE={LATE}")
     )
 
 
-def run_job(dataset: Path, ssh_image: str, epochs: int, extra: list[str] = ()) -> dict:
+def run_job(dataset: Path, ssh_image: str, epochs: int, extra: tuple[str, ...] = ()) -> dict:
     """One torchrun job across two containers; both must exit 0."""
     root = dataset.parent
     out = writable(Path(tempfile.mkdtemp(dir=root)))
