@@ -30,6 +30,7 @@ import os
 import signal
 import socket
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -159,6 +160,24 @@ def save_checkpoint(path: Path, rank: int, model, optimizer, loader, step: int) 
     dist.barrier()  # nobody runs ahead of a checkpoint that might not exist yet
 
 
+def leave(rank: int, world: int, attempt: int) -> None:
+    """The exit handshake, the last thing every rank does. Rank 0's process hosts the store the
+    ranks share (the recipes set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; docs/distributed.md says
+    why): were it to exit first, a rank still talking to that store (tearing down its process
+    group, a late request) would fail or abort. So each rank checks in and rank 0 leaves last."""
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(minutes=5),
+    )
+    key = f"gpufeed/train_ddp/left/{attempt}"
+    if store.add(key, 1) == world:
+        store.set(f"{key}/all", "1")
+    if rank == 0:
+        store.wait([f"{key}/all"])
+
+
 def digests(samples: torch.Tensor) -> list[str]:
     rows = samples.detach().to("cpu").contiguous().flatten(1).numpy()
     return [hashlib.blake2b(r.tobytes(), digest_size=8).hexdigest() for r in rows]
@@ -247,6 +266,7 @@ def main(argv=None) -> None:
     if log is not None:
         log.close()
     dist.destroy_process_group()
+    leave(rank, world, attempt)
 
 
 if __name__ == "__main__":

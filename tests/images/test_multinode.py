@@ -5,7 +5,9 @@ the Kubernetes and Slurm recipes take, end to end."""
 from __future__ import annotations
 
 import subprocess
+import tempfile
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from trainrun import (
@@ -22,11 +24,34 @@ from trainrun import (
 EPOCHS = 2
 
 
+HOOKS = Path(__file__).parent / "hooks"
+LATE = 8  # seconds: far longer than a trainer takes to exit, so rank 0's is gone by then
+
+
 @pytest.fixture(scope="module")
-def job(tmp_path_factory, ssh_image):
-    root = tmp_path_factory.mktemp("multinode")
-    dataset = make_pack(root)
-    out = writable(root / "out")
+def dataset(tmp_path_factory):
+    return make_pack(tmp_path_factory.mktemp("multinode"))
+
+
+@pytest.fixture(scope="module")
+def job(dataset, ssh_image):
+    return run_job(dataset, ssh_image, epochs=EPOCHS)
+
+
+@pytest.fixture(scope="module")
+def late_job(dataset, ssh_image):
+    """The same job, whose last rank reaches its end LATE seconds after rank 0's trainer has
+    exited, and then asks the workers' store once more (tests/images/hooks/sitecustomize.py)."""
+    hook = ["-v", f"{HOOKS}:/opt/gpufeed-test-hooks:ro", "-e", "PYTHONPATH=/opt/gpufeed-test-hooks"]
+    return run_job(
+        dataset, ssh_image, epochs=1, extra=(*hook, "-e", f"GPUFEED_TEST_LAST_RANK_LATE={LATE}")
+    )
+
+
+def run_job(dataset: Path, ssh_image: str, epochs: int, extra: tuple[str, ...] = ()) -> dict:
+    """One torchrun job across two containers; both must exit 0."""
+    root = dataset.parent
+    out = writable(Path(tempfile.mkdtemp(dir=root)))
     with train_project(dataset, ssh_image) as compose:
         names = [f"{compose.project}-node{i}" for i in range(2)]
         endpoint = f"{names[0]}:29400"
@@ -38,18 +63,13 @@ def job(tmp_path_factory, ssh_image):
                     "run", "--detach", "--name", name, "-v", f"{out}:/out", "-v", EXAMPLES_MOUNT,
                     "-e", "PET_NNODES=2", "-e", "PET_NPROC_PER_NODE=1",
                     "-e", f"PET_RDZV_ENDPOINT={endpoint}", "-e", f"PET_RDZV_ID={compose.project}",
-                    "-e", f"PET_RDZV_CONF=is_host={'true' if i == 0 else 'false'}",
-                    "train", EXAMPLE, "--data", "/data/pack", "--epochs", str(EPOCHS),
+                    "-e", f"PET_RDZV_CONF=is_host={'true' if i == 0 else 'false'}", *extra,
+                    "train", EXAMPLE, "--data", "/data/pack", "--epochs", str(epochs),
                     "--batch-size", "8", "--workers", "0", "--checkpoint", "/out/ckpt.pt",
                     "--sample-log", "/out/log",
                 )  # fmt: skip
                 assert up.returncode == 0, up.stderr
-            codes = [
-                subprocess.run(
-                    ["docker", "wait", name], capture_output=True, text=True, timeout=180
-                ).stdout.strip()
-                for name in names
-            ]
+            codes = [_wait(name) for name in names]
             logs = [
                 subprocess.run(
                     ["docker", "logs", "--timestamps", name],
@@ -62,7 +82,7 @@ def job(tmp_path_factory, ssh_image):
         finally:
             subprocess.run(["docker", "rm", "--force", *names], capture_output=True)
     # a failure keeps both nodes' whole logs (a rank's abort is rarely in the last lines)
-    kept = [root / f"node{i}.log" for i in range(len(names))]
+    kept = [out / f"node{i}.log" for i in range(len(names))]
     for path, log in zip(kept, logs, strict=True):
         path.write_text(log)
     assert codes == ["0", "0"], "\n\n".join(
@@ -70,6 +90,17 @@ def job(tmp_path_factory, ssh_image):
         for i, (code, state, path, log) in enumerate(zip(codes, states, kept, logs, strict=True))
     )
     return {"logs": logs, "ranks": read_log(out / "log"), "out": out}
+
+
+def _wait(name: str, timeout: float = 180) -> str:
+    """The container's exit code, or "timeout" (a hung node is a failure with logs too)."""
+    try:
+        done = subprocess.run(
+            ["docker", "wait", name], capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    return done.stdout.strip()
 
 
 def _state(name: str) -> str:
@@ -98,3 +129,12 @@ def test_every_sample_once_per_epoch_across_nodes(job):
 
 def test_checkpoint_on_the_shared_volume(job):
     assert (job["out"] / "ckpt.pt").stat().st_size > 0
+
+
+def test_a_rank_that_ends_late_still_reaches_the_store(late_job):
+    """The end-of-job race: the ranks' store lives in rank 0's trainer (the recipes set
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for restarts), so a rank that asks it after rank 0's
+    trainer has exited gets "Did the remote server shutdown or crash?" or hangs. train_ddp.py's
+    exit handshake keeps rank 0 until every rank is done with the store."""
+    node_logs = "\n".join(late_job["logs"])
+    assert f"late rank 1: the store answered {LATE} s after" in node_logs, node_logs[-3000:]

@@ -15,6 +15,7 @@ yaml = pytest.importorskip("yaml")
 pytest.importorskip("kubernetes_validate")
 
 ROOT = Path(__file__).resolve().parents[2]
+VARIABLE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 K8S = ROOT / "deploy" / "k8s"
 # By file, not through sys.path: a module named "validate" must not shadow anything else.
 _spec = importlib.util.spec_from_file_location("deploy_k8s_validate", K8S / "validate.py")
@@ -121,6 +122,21 @@ def test_both_recipes_cache_object_storage_on_an_emptydir_with_keys_from_a_secre
         (secret,) = container["envFrom"]
         assert secret["secretRef"] == {"name": "gpufeed-s3", "optional": True}
         assert not any(k.startswith("AWS_") for k in env), name  # never in the manifest
+
+
+def test_every_recipe_keeps_the_trainers_store_out_of_torchrun():
+    """torch 2.9.1 still has pytorch/pytorch#135712: with the store shared with torchrun, a
+    restarted rank reads the previous attempt's peer address and gloo fails "Connection
+    refused" (seen with `torchrun --max-restarts 1`). So every recipe opts out, and
+    train_ddp.py's exit handshake keeps rank 0, which then hosts the store, alive to the end."""
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    values = {"compose": compose["services"]["train"]["environment"].get(VARIABLE)}
+    for name, spec in _pod_specs().items():
+        env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+        values[name] = env.get(VARIABLE)
+    sbatch = (ROOT / "deploy" / "slurm" / "train.sbatch").read_text().splitlines()
+    values["slurm"] = "1" if f"export {VARIABLE}=1" in sbatch else None
+    assert values == dict.fromkeys(values, "1")
 
 
 def test_the_job_rendezvous_endpoint_is_pod_zero_of_the_headless_service():
