@@ -88,12 +88,6 @@ def _add_pack(sub, common) -> None:
     p.add_argument("dest", metavar="DEST", help="a folder or a URL")
     p.add_argument("--format", "-f", choices=FORMATS, required=True)
     p.add_argument(
-        "--datasets",
-        type=cliargs.datasets,
-        help="SOURCE is an HDF5 file: its datasets, one row per sample, as FIELD=PATH,... or "
-        "PATH,... (fields named by the last path component)",
-    )
-    p.add_argument(
         "--workers",
         "-j",
         type=cliargs.workers,
@@ -153,10 +147,16 @@ def _add_pack(sub, common) -> None:
         type=cliargs.integer(1, 10**7, "--part-size"),
         help="source items per committed part (crash-safety granularity, default 1024)",
     )
-    _add_pack_to_url(p)
+    _add_pack_sources_and_urls(p)
 
 
-def _add_pack_to_url(p) -> None:
+def _add_pack_sources_and_urls(p) -> None:
+    p.add_argument(
+        "--datasets",
+        type=cliargs.datasets,
+        help="SOURCE is an HDF5 file: its datasets, one row per sample, as FIELD=PATH,... or "
+        "PATH,... (fields named by the last path component)",
+    )
     p.add_argument(
         "--staging-dir",
         type=cliargs.cache_dir,

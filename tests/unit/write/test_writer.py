@@ -232,3 +232,12 @@ def test_the_readme_multi_field_snippet_runs(tmp_path):
     )
     assert isinstance(batch["boxes"], list) and batch["label"].dtype == torch.int64
     assert scope["sample"]["caption"] == "caption 0"
+
+
+def test_function_packs_refuse_a_url_dest_and_url_only_options(tmp_path):
+    # pack(fn, ...) writes a local folder: a URL is refused by name, never made a local "s3:"
+    with pytest.raises(UsageError, match="s3://bucket/x: pack\\(fn, inputs, DEST\\)"):
+        gpufeed.pack(lambda i: {"x": i}, range(3), "s3://bucket/x", format="lmdb")
+    with pytest.raises(UsageError, match="staging_dir= is for a URL DEST"):
+        gpufeed.pack(lambda i: {"x": i}, range(3), tmp_path / "p", staging_dir=tmp_path / "s")
+    assert not (tmp_path / "p").exists() and not Path("s3:").exists()

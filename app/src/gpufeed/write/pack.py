@@ -80,16 +80,32 @@ def pack(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
     if callable(source):
         from gpufeed.write.convert import pack_function
 
+        _local_only(args[0] if args else kwargs.get("dest"), kwargs, "pack(fn, inputs, DEST)")
         return pack_function(source, dest, *args, **kwargs)
     from gpufeed.formats.webdataset import is_webdataset
 
     if kwargs.get("datasets") is not None or is_webdataset(source):
         from gpufeed.write.convert import pack_in_place
 
+        _local_only(dest, kwargs, "packing data read in place")
         return pack_in_place(source, dest, *args, **kwargs)
     kwargs.pop("datasets", None)
     kwargs.pop("index_dir", None)
     return pack_files(source, dest, *args, **kwargs)
+
+
+def _local_only(dest, kwargs: dict[str, Any], what: str) -> None:
+    """The Python-function and in-place paths write a local pack only (for now): a URL DEST
+    is refused, and the URL-only options are dropped when left at their defaults."""
+    if dest is not None and isinstance(parse_location(dest), RemoteURL):
+        raise UsageError(
+            f"{dest}: {what} writes a local folder; pack into one, then upload it with "
+            f"gpufeed.storage.upload.upload_pack(FOLDER, {str(dest)!r})"
+        )
+    for key, default in (("staging_dir", None), ("keep_staging", False)):
+        if kwargs.get(key, default) != default:
+            raise UsageError(f"{key}= is for a URL DEST; {what} writes a local folder")
+        kwargs.pop(key, None)
 
 
 def pack_files(
