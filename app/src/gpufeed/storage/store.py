@@ -17,7 +17,8 @@ The client is created lazily in the process that uses it, so a store object can 
 DataLoader's parent and used in spawned workers. A forked one cannot use it once the parent
 has: obstore runs every request on one tokio runtime per process, made on first use, whose
 threads do not survive a fork (tokio-rs/tokio#4301); a forked child's requests then wait for
-ever. So a forked child of a process that used the store raises UsageError instead, and
+ever. So a forked child of a process that used the store raises StorageError instead (never
+skipped as a corrupt sample under on_error="skip"), and
 `default_multiprocessing_context` picks spawn once this process has used it.
 """
 
@@ -35,7 +36,6 @@ from gpufeed.errors import (
     CredentialsError,
     ObjectNotFoundError,
     StorageError,
-    UsageError,
 )
 from gpufeed.storage.urls import RemoteURL
 
@@ -56,7 +56,7 @@ def used_in_this_process() -> bool:
 
 def _check_not_forked(url: RemoteURL) -> None:
     if _client_pid is not None and _client_pid != os.getpid():
-        raise UsageError(
+        raise StorageError(
             f"{url}: this process was forked from one (pid {_client_pid}) that had used object "
             "storage; obstore's tokio runtime does not survive a fork, so requests here would "
             "hang. Start DataLoader workers with multiprocessing_context='spawn' or "
