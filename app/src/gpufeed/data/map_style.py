@@ -19,7 +19,9 @@ Every dataset honours PyTorch's Dataset contract, so tutorial code works unchang
 
 Every dataset is safe to build in the parent and use in DataLoader workers under fork or
 spawn: the storage handle is opened lazily in the process that reads (and reopened after a
-fork), and pickling drops it. The per-sample index (labels, crc32, offsets) lives in numpy
+fork), and pickling drops it. A pack read by URL is the exception under fork: object
+storage's runtime does not survive one, so make_loader spawns its workers
+(:mod:`gpufeed.storage.store`). The per-sample index (labels, crc32, offsets) lives in numpy
 arrays, never per-sample Python objects, so workers do not copy-on-read it page by page.
 """
 

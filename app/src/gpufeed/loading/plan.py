@@ -26,6 +26,7 @@ from gpufeed.batch import batch_nbytes, collate, iter_tensors
 from gpufeed.loading.outlook import loader_cpus, worker_count_for
 from gpufeed.loading.settings import SETTINGS_KEYS
 from gpufeed.loading.workers import MapProxy, loader_dataset
+from gpufeed.storage import store
 
 __all__ = [
     "LoaderPlan",
@@ -107,7 +108,8 @@ def cached_plans() -> list[Plan]:
 
 
 def default_multiprocessing_context() -> str | None:
-    """``"fork"`` on Linux unless CUDA is initialised in this process, then ``"spawn"``.
+    """``"fork"`` on Linux unless CUDA is initialised in this process or it has read object
+    storage, then ``"spawn"``.
 
     Fork starts a worker in milliseconds and shares the parent's memory (the dataset's numpy
     index, say) copy-on-write; spawn starts a fresh interpreter that re-imports torch (seconds
@@ -115,11 +117,16 @@ def default_multiprocessing_context() -> str | None:
     child that touches CUDA fails with "Cannot re-initialize CUDA in forked subprocess", and
     a fork taken while driver threads hold locks can hang the child. So once the parent has
     initialised CUDA (``model.cuda()`` before building the loader) spawn is the safe default.
+    The same holds for object storage: obstore's tokio runtime does not survive a fork, so
+    once this process has used it (opening a dataset by URL reads its manifest) workers are
+    spawned (:mod:`gpufeed.storage.store`).
     Other platforms keep Python's default (spawn on macOS and Windows).
     """
     if not sys.platform.startswith("linux"):
         return None
     if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return "spawn"
+    if store.used_in_this_process():
         return "spawn"
     return "fork"
 

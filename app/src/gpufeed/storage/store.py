@@ -14,7 +14,12 @@ Settings come from the standard places, read by the libraries themselves:
 An http:// endpoint is allowed when the user configured one (a local MinIO or rclone).
 
 The client is created lazily in the process that uses it, so a store object can be made in a
-DataLoader's parent and used in forked or spawned workers (its runtime does not cross a fork).
+DataLoader's parent and used in spawned workers. A forked one cannot use it once the parent
+has: obstore runs every request on one tokio runtime per process, made on first use, whose
+threads do not survive a fork (tokio-rs/tokio#4301); a forked child's requests then wait for
+ever. So a forked child of a process that used the store raises StorageError instead (never
+skipped as a corrupt sample under on_error="skip"), and
+`default_multiprocessing_context` picks spawn once this process has used it.
 """
 
 from __future__ import annotations
@@ -26,7 +31,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from gpufeed.errors import BucketNotFoundError, CredentialsError, ObjectNotFoundError, StorageError
+from gpufeed.errors import (
+    BucketNotFoundError,
+    CredentialsError,
+    ObjectNotFoundError,
+    StorageError,
+)
 from gpufeed.storage.urls import RemoteURL
 
 STREAM_CHUNK = 64 << 10  # bytes per read; larger ones cost obstore more CPU (8 MiB: 2x)
@@ -36,6 +46,22 @@ CREDENTIAL_HELP = (
     "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for a non-AWS store), "
     "or AWS_PROFILE with ~/.aws/config"
 )
+_client_pid: int | None = None  # the process that made an obstore client (started its runtime)
+
+
+def used_in_this_process() -> bool:
+    """Whether this process made an obstore client, so its forked children cannot use one."""
+    return _client_pid == os.getpid()
+
+
+def _check_not_forked(url: RemoteURL) -> None:
+    if _client_pid is not None and _client_pid != os.getpid():
+        raise StorageError(
+            f"{url}: this process was forked from one (pid {_client_pid}) that had used object "
+            "storage; obstore's tokio runtime does not survive a fork, so requests here would "
+            "hang. Start DataLoader workers with multiprocessing_context='spawn' or "
+            "'forkserver' (make_loader picks spawn itself unless told 'fork')"
+        )
 
 
 class TransientError(StorageError):
@@ -60,9 +86,11 @@ class ObjectStore:
 
     @property
     def store(self):
+        global _client_pid
         if self._pid != os.getpid():
+            _check_not_forked(self.url)
             self._store = _make_store(self.url, self.options)
-            self._pid = os.getpid()
+            self._pid = _client_pid = os.getpid()
         return self._store
 
     def read_bytes(self, name: str) -> bytes:
