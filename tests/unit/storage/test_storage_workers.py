@@ -12,6 +12,7 @@ from gpufeed.data.open import open_dataset
 from gpufeed.errors import StorageError
 from gpufeed.loading.make import make_loader
 from gpufeed.storage import upload_pack
+from gpufeed.tools.timing import stop_workers
 
 
 def remote_loader(s3, tar_pack, tmp_path, context):
@@ -28,15 +29,21 @@ def remote_loader(s3, tar_pack, tmp_path, context):
 @pytest.mark.parametrize("context", [None, "spawn"])
 def test_workers_read_a_remote_map_style_pack(s3, tar_pack, tmp_path, context):
     ds, loader = remote_loader(s3, tar_pack, tmp_path, context)
-    assert loader.plan.multiprocessing_context == "spawn"  # the default too, once S3 was used
-    for _ in range(2):  # the second epoch reads the cache
-        labels = torch.cat([b.labels for b in loader])
-        assert sorted(labels.tolist()) == sorted(ds.reader.labels.tolist())
+    assert loader.plan.multiprocessing_context == "spawn"  # the default too, for a URL dataset
+    try:
+        for _ in range(2):  # the second epoch reads the cache
+            labels = torch.cat([b.labels for b in loader])
+            assert sorted(labels.tolist()) == sorted(ds.reader.labels.tolist())
+    finally:
+        stop_workers(loader)  # persistent workers would outlive the test
 
 
 @pytest.mark.timeout(120)
 def test_a_forked_worker_names_the_problem_instead_of_hanging(s3, tar_pack, tmp_path):
     ds, loader = remote_loader(s3, tar_pack, tmp_path, "fork")
     ds.on_error = "skip"  # a store that cannot be used is never a corrupt sample
-    with pytest.raises(StorageError, match="forked from one .* that had used object storage"):
-        list(loader)
+    try:
+        with pytest.raises(StorageError, match="forked from one .* that had used object storage"):
+            list(loader)
+    finally:
+        stop_workers(loader)

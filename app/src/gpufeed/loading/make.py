@@ -236,7 +236,9 @@ def _decide_auto(tuned: LoaderSettings, dataset) -> LoaderSettings:
     """The "auto" (and None) settings decided for this dataset and machine, but the worker
     count (measured later, over the order the loader will read)."""
     return tuned.replace(
-        multiprocessing_context=tuned.multiprocessing_context or default_multiprocessing_context(),
+        multiprocessing_context=(
+            tuned.multiprocessing_context or default_multiprocessing_context(dataset)
+        ),
         block_size=(
             int(getattr(dataset, "preferred_block_size", DEFAULT_BLOCK_SIZE))
             if tuned.block_size == "auto"

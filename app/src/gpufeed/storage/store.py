@@ -19,7 +19,7 @@ has: obstore runs every request on one tokio runtime per process, made on first 
 threads do not survive a fork (tokio-rs/tokio#4301); a forked child's requests then wait for
 ever. So a forked child of a process that used the store raises StorageError instead (never
 skipped as a corrupt sample under on_error="skip"), and
-`default_multiprocessing_context` picks spawn once this process has used it.
+`default_multiprocessing_context` picks spawn for a dataset read by URL.
 """
 
 from __future__ import annotations
