@@ -5,4 +5,10 @@
 set -eu
 
 /usr/local/bin/preflight.sh || exit $?
+# torch's and Triton's kernel caches on the torch-cache volume: made here, not in the image,
+# because a new named volume is filled from the image on first mount and two services
+# starting at once raced on the subfolders ("file exists"); mkdir -p does not race.
+for dir in "${TORCHINDUCTOR_CACHE_DIR:-}" "${TRITON_CACHE_DIR:-}"; do
+    if [ -n "$dir" ]; then mkdir -p "$dir" 2>/dev/null || true; fi
+done
 exec "$@"
