@@ -261,24 +261,22 @@ def cgroup_memory_limit(
     paths = _self_paths(self_cgroup)
     limits: list[int] = []
     if version == 2:
-        for d in _candidate_dirs(root, paths.get("")):
-            f = d / "memory.max"
-            text = _read(f)
-            if text is not None:
-                v = _parse_bytes(f, text, unlimited={"max"})
-                if v is not None:
-                    limits.append(v)
-    elif version == 1:
-        mount = root / "memory"
-        if mount.is_dir():
-            for d in _candidate_dirs(mount, paths.get("memory")):
-                f = d / "memory.limit_in_bytes"
-                text = _read(f)
-                if text is not None:
-                    v = _parse_bytes(f, text, unlimited={"-1"})
-                    if v is not None:
-                        limits.append(v)
+        limits = _byte_limits(_candidate_dirs(root, paths.get("")), "memory.max", {"max"})
+    elif version == 1 and (root / "memory").is_dir():
+        dirs = _candidate_dirs(root / "memory", paths.get("memory"))
+        limits = _byte_limits(dirs, "memory.limit_in_bytes", {"-1"})
     return min(limits) if limits else None
+
+
+def _byte_limits(dirs, name: str, unlimited: set[str]) -> list[int]:
+    """The byte limits set in file `name` of each cgroup folder (unreadable or unlimited: none)."""
+    limits = []
+    for d in dirs:
+        text = _read(d / name)
+        v = None if text is None else _parse_bytes(d / name, text, unlimited=unlimited)
+        if v is not None:
+            limits.append(v)
+    return limits
 
 
 def shm_info(path: str | os.PathLike = "/dev/shm") -> ShmInfo | None:
