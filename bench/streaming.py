@@ -74,11 +74,13 @@ def run(args) -> dict:
             server.make_bucket("bench")
             upload_pack(local, "s3://bench/pack")
             cache = work / "cache"
-            remote = open_dataset("s3://bench/pack", cache_dir=cache, shuffle_buffer=0)
+            remote = open_dataset(
+                "s3://bench/pack", cache_dir=cache, map_style=False, shuffle_buffer=0
+            )
             cold_rate, cold_first, n = epoch(remote, 0)
             stats = remote.reader.source.stats.as_dict()
             peak = cache_bytes(cache)
-            disk = open_dataset(local, shuffle_buffer=0)
+            disk = open_dataset(local, map_style=False, shuffle_buffer=0)
             epoch(disk, 0)  # warm the page cache as the cold epoch warmed the cache's files
             rates = {"cache": [], "local": []}
             for r in range(args.rounds):

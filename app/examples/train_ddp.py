@@ -121,13 +121,7 @@ def open_data(args) -> torch.utils.data.Dataset:
             f"{path} is not a gpufeed pack (no manifest.json); pack a folder first: "
             f"gpufeed pack SOURCE {path} --format hdf5, or use --synthetic N"
         )
-    dataset = gpufeed.open_dataset(path)
-    if isinstance(dataset, torch.utils.data.IterableDataset):
-        raise SystemExit(
-            f"{path} is a tar shard stream; open it by index for exact resumption: "
-            f"gpufeed.open_dataset(path, indexed=True) or pack it as hdf5/lmdb/mmap"
-        )
-    return dataset
+    return gpufeed.open_dataset(path)  # map-style for every format: exact resumption
 
 
 def make_model(sample: torch.Tensor, classes: int) -> nn.Module:

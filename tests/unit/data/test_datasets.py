@@ -84,7 +84,7 @@ def test_dataloader_workers_every_format(packs, array_folder, context):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_tar_stream_workers_read_each_sample_once(packs, array_folder, context):
-    ds = gpufeed.open_dataset(packs["tar"], shuffle_buffer=5, seed=3)
+    ds = gpufeed.open_dataset(packs["tar"], map_style=False, shuffle_buffer=5, seed=3)
     assert len(ds.shards) == 6
     loader = DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context=context)
     seen = [s for batch, _ in loader for s in batch]
@@ -95,14 +95,16 @@ def test_tar_stream_workers_read_each_sample_once(packs, array_folder, context):
 
 def test_tar_shuffle_is_seeded_and_changes_with_epoch(packs):
     def order(seed, epoch):
-        ds = gpufeed.open_dataset(packs["tar"], shuffle_buffer=8, seed=seed)
+        ds = gpufeed.open_dataset(packs["tar"], map_style=False, shuffle_buffer=8, seed=seed)
         ds.set_epoch(epoch)
         return [bytes(s.numpy()) for s, _ in ds]
 
     assert order(1, 0) == order(1, 0)
     assert order(1, 0) != order(1, 1)
     assert sorted(order(1, 0)) == sorted(order(2, 5))
-    plain = gpufeed.open_dataset(packs["tar"], shuffle_buffer=0, shuffle_shards=False)
+    plain = gpufeed.open_dataset(
+        packs["tar"], map_style=False, shuffle_buffer=0, shuffle_shards=False
+    )
     ref = gpufeed.open_dataset(packs["mmap"])
     assert [bytes(s.numpy()) for s, _ in plain] == [bytes(ref[i][0].numpy()) for i in range(17)]
     assert len(plain) == 17
@@ -113,7 +115,7 @@ def test_tar_stream_splits_by_rank(packs, monkeypatch):
     for rank in range(2):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", "2")
-        ds = gpufeed.open_dataset(packs["tar"], shuffle_buffer=0)
+        ds = gpufeed.open_dataset(packs["tar"], map_style=False, shuffle_buffer=0)
         items = [bytes(s.numpy()) for s, _ in ds]
         assert len(items) == len(ds)
         seen.append(items)
@@ -129,7 +131,7 @@ def test_datasets_pickle_without_handles(packs, fmt):
     clone = pickle.loads(pickle.dumps(ds))
     assert clone.reader._h is None
     assert torch.equal(clone[3][0], first[0]) and clone[3][1] == first[1]
-    stream = gpufeed.open_dataset(packs["tar"])
+    stream = gpufeed.open_dataset(packs["tar"], map_style=False)
     next(iter(stream))
     assert pickle.loads(pickle.dumps(stream)).reader._h is None
 
@@ -160,6 +162,24 @@ def test_collate_contract():
     assert isinstance(out, Batch) and out.samples.shape == (2, 2)
     assert out.labels.tolist() == [1, 4]
     assert torch.equal(collate([torch.ones(2), torch.ones(2)]), torch.ones(2, 2))
+
+
+def test_every_format_opens_map_style_and_tar_streams_on_request(packs):
+    for fmt in ("hdf5", "lmdb", "mmap", "tar"):
+        ds = gpufeed.open_dataset(packs[fmt])
+        assert not isinstance(ds, torch.utils.data.IterableDataset), fmt
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)
+        assert sum(len(labels) for _, labels in loader) == len(ds)
+    stream = gpufeed.open_dataset(packs["tar"], map_style=False)
+    assert isinstance(stream, torch.utils.data.IterableDataset)
+    with pytest.raises(
+        UsageError, match=r"shuffle_buffer, seed apply to streamed tar .*map_style=False"
+    ):
+        gpufeed.open_dataset(packs["tar"], shuffle_buffer=8, seed=1)
+    with pytest.raises(
+        UsageError, match=r"map_style=False streams tar shards only; this pack is lmdb"
+    ):
+        gpufeed.open_dataset(packs["lmdb"], map_style=False)
 
 
 def test_open_dataset_refuses_partial_and_plain_folders(tmp_path):
@@ -251,7 +271,7 @@ def test_out_of_range_index(packs):
 
 
 def _stream_batches(path, batch_size, **kw):
-    return list(gpufeed.open_dataset(path, **kw).iter_batches(batch_size))
+    return list(gpufeed.open_dataset(path, map_style=False, **kw).iter_batches(batch_size))
 
 
 def test_tar_batches_hold_every_sample_once_in_full_batches(packs, array_folder):
@@ -265,19 +285,21 @@ def test_tar_batches_hold_every_sample_once_in_full_batches(packs, array_folder)
     stream = _stream_batches(packs["tar"], 5, shuffle_buffer=0, shuffle_shards=False)
     plain = torch.cat([b.samples for b in stream])
     assert np.array_equal(plain.numpy(), reference(array_folder))  # storage order, exactly
-    ds = gpufeed.open_dataset(packs["tar"], shuffle_buffer=4)
+    ds = gpufeed.open_dataset(packs["tar"], map_style=False, shuffle_buffer=4)
     assert [len(b.labels) for b in ds.iter_batches(5, drop_last=True)] == [5, 5, 5]
 
 
 def test_tar_batches_are_shuffled_seeded_and_writable(packs):
     def order(seed, epoch=0):
-        ds = gpufeed.open_dataset(packs["tar"], shuffle_buffer=6, seed=seed)
+        ds = gpufeed.open_dataset(packs["tar"], map_style=False, shuffle_buffer=6, seed=seed)
         ds.set_epoch(epoch)
         return [bytes(s.numpy()) for b in ds.iter_batches(4) for s in b.samples]
 
     assert order(1) == order(1)
     assert order(1) != order(2) and order(1) != order(1, epoch=1)
-    batch = next(gpufeed.open_dataset(packs["tar"], shuffle_buffer=6).iter_batches(4))
+    batch = next(
+        gpufeed.open_dataset(packs["tar"], map_style=False, shuffle_buffer=6).iter_batches(4)
+    )
     # the batch owns its memory: gathered out of the shard's read-only map, not a view of it
     assert batch.samples.numpy().flags.writeable
     assert batch.samples.untyped_storage().nbytes() == batch.samples.nbytes
@@ -286,7 +308,7 @@ def test_tar_batches_are_shuffled_seeded_and_writable(packs):
 
 
 def test_make_loader_over_tar_yields_whole_batches(packs, array_folder):
-    ds = gpufeed.open_dataset(packs["tar"], shuffle_buffer=4)
+    ds = gpufeed.open_dataset(packs["tar"], map_style=False, shuffle_buffer=4)
     for workers in (0, 2):
         loader = gpufeed.make_loader(ds, 4, num_workers=workers)
         batches = list(loader)
@@ -314,7 +336,7 @@ def test_truncated_shard_is_named(packs, tmp_path):
     shutil.copytree(packs["tar"], dest)
     shard = dest / "shard-000001.tar"
     shard.write_bytes(shard.read_bytes()[:2000])  # cut inside its first sample
-    ds = gpufeed.open_dataset(dest, shuffle_buffer=0, shuffle_shards=False)
+    ds = gpufeed.open_dataset(dest, map_style=False, shuffle_buffer=0, shuffle_shards=False)
     with pytest.raises(CorruptSampleError, match=r"shard-000001.tar: sample [34] .*truncated"):
         list(ds.iter_batches(3))
 

@@ -25,7 +25,7 @@ def _tar_epochs(tar_path, rank):
     def keys(batch):
         return [s.numpy().tobytes().hex() for s in batch.samples]
 
-    dl = make_loader(gpufeed.open_dataset(tar_path), 4, num_workers=0, seed=2)
+    dl = make_loader(gpufeed.open_dataset(tar_path, map_style=False), 4, num_workers=0, seed=2)
     dl.set_epoch(1)
     full = [k for b in dl for k in keys(b)]
     dl.set_epoch(1)
@@ -35,7 +35,7 @@ def _tar_epochs(tar_path, rank):
         if k + 1 == STOP_AFTER[rank]:
             state = dl.state_dict()
             break
-    resumed = make_loader(gpufeed.open_dataset(tar_path), 4, num_workers=0, seed=2)
+    resumed = make_loader(gpufeed.open_dataset(tar_path, map_style=False), 4, num_workers=0, seed=2)
     resumed.load_state_dict(state)
     return {"full": full, "before": before, "after": [k for b in resumed for k in keys(b)]}
 

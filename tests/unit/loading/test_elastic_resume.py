@@ -61,10 +61,10 @@ def test_a_checkpoint_with_n_ranks_resumes_with_m_ranks(dataset36, before, after
 def test_an_iterable_dataset_cannot_change_world_size(dataset36, tmp_path):
     pack_dir = tmp_path / "tar"
     pack(dataset36.parent / "src", pack_dir, "tar", shard_size=6, quiet=True)
-    ds = open_dataset(pack_dir)
+    ds = open_dataset(pack_dir, map_style=False)
     a = make_loader(ds, 3, num_workers=0, rank=0, world_size=2)
     state = a.state_dict()
-    b = make_loader(open_dataset(pack_dir), 3, num_workers=0, rank=0, world_size=3)
+    b = make_loader(open_dataset(pack_dir, map_style=False), 3, num_workers=0, rank=0, world_size=3)
     with pytest.raises(ValueError, match="map-style"):
         b.load_state_dict(state)
     assert np.asarray(state["world_size"]) == 2

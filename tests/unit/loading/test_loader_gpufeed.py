@@ -50,7 +50,7 @@ def test_map_style_packs_with_auto_workers_and_resume(packs, fmt):
 
 
 def test_tar_shards_split_over_workers_every_sample_once_and_resume(packs):
-    ds = gpufeed.open_dataset(packs["tar"])
+    ds = gpufeed.open_dataset(packs["tar"], map_style=False)
     dl = make_loader(ds, 8, num_workers=2)
     e0, e1 = epoch(dl), epoch(dl)
     assert len(e0) == len(set(e0)) == N and set(e0) == set(e1) and e0 != e1
@@ -59,6 +59,6 @@ def test_tar_shards_split_over_workers_every_sample_once_and_resume(packs):
     before = keys(next(it)) + keys(next(it)) + keys(next(it))
     state = dl.state_dict()
     del it
-    resumed = make_loader(gpufeed.open_dataset(packs["tar"]), 8, num_workers=2)
+    resumed = make_loader(gpufeed.open_dataset(packs["tar"], map_style=False), 8, num_workers=2)
     resumed.load_state_dict(state)
     assert before + epoch(resumed) == e1

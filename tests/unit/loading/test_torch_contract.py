@@ -62,9 +62,9 @@ def contract_packs(tmp_path_factory) -> dict[str, Path]:
 
 def open_type(packs, kind: str, **options):
     if kind == "tar-indexed":
-        return gpufeed.open_dataset(packs["tar"], map_style=True, **options)
-    if kind == "tar-stream":
         return gpufeed.open_dataset(packs["tar"], **options)
+    if kind == "tar-stream":
+        return gpufeed.open_dataset(packs["tar"], map_style=False, **options)
     return gpufeed.open_dataset(packs[kind], **options)
 
 
@@ -117,7 +117,7 @@ def test_readme_snippets_run_as_written(contract_packs, reference, kind, tmp_pat
     (tmp_path / "loader.json").write_text('{"num_workers": 0}')  # what `gpufeed tune` writes
     first, second = readme_blocks()
     path = contract_packs["tar" if kind.startswith("tar") else kind]
-    how = ", map_style=True" if kind == "tar-indexed" else ""  # the README's other way for tar
+    how = ", map_style=False" if kind == "tar-stream" else ""  # the README's streamed tar
     first = first.replace(
         'open_dataset("/workspace/train.lmdb")', f"open_dataset({str(path)!r}{how})"
     )

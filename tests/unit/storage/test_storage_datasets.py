@@ -50,8 +50,10 @@ def packs(array_folder, tmp_path_factory):
 
 def test_a_tar_pack_streams_from_the_store_and_a_second_epoch_reads_the_cache(s3, packs, tmp_path):
     upload_pack(packs["tar"], f"{s3}/train")
-    remote = open_dataset(f"{s3}/train", cache_dir=tmp_path / "c", cache_limit="10MB")
-    local = open_dataset(packs["tar"])
+    remote = open_dataset(
+        f"{s3}/train", cache_dir=tmp_path / "c", cache_limit="10MB", map_style=False
+    )
+    local = open_dataset(packs["tar"], map_style=False)
     assert stream_sorted(remote) == stream_sorted(local)
     stats = remote.reader.source.stats
     shard_bytes = sum((packs["tar"] / n).stat().st_size for n in remote.shards)
@@ -65,7 +67,7 @@ def test_a_tar_pack_streams_from_the_store_and_a_second_epoch_reads_the_cache(s3
 
 def test_shards_are_fetched_in_the_order_they_are_read(s3, packs, tmp_path, monkeypatch):
     upload_pack(packs["tar"], f"{s3}/train")
-    ds = open_dataset(f"{s3}/train", cache_dir=tmp_path / "c", shuffle_buffer=0)
+    ds = open_dataset(f"{s3}/train", cache_dir=tmp_path / "c", map_style=False, shuffle_buffer=0)
     asked = []
     real = ds.reader.source.prefetch
     monkeypatch.setattr(

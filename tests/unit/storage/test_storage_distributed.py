@@ -26,7 +26,9 @@ RANK = textwrap.dedent(
     import json, sys
     from gpufeed.data.open import open_dataset
     url, cache, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    ds = open_dataset(url, cache_dir=cache, rank=rank, world_size=2, shuffle_buffer=0)
+    ds = open_dataset(
+        url, cache_dir=cache, map_style=False, rank=rank, world_size=2, shuffle_buffer=0
+    )
     mine = [ds.reader.shards[s] for s in ds.my_shards()]
     labels = [int(y) for _, y in ds]
     print(json.dumps({"shards": mine, "n": len(labels), "stats": ds.reader.source.stats.as_dict()}))

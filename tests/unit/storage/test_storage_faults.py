@@ -35,7 +35,12 @@ def test_the_server_stopped_and_started_mid_epoch_is_retried_and_counted(
 ):
     upload_pack(shards, f"{s3}/train")
     ds = open_dataset(
-        f"{s3}/train", cache_dir=tmp_path / "c", shuffle_buffer=0, fetch_ahead=1, read_size=1
+        f"{s3}/train",
+        cache_dir=tmp_path / "c",
+        map_style=False,
+        shuffle_buffer=0,
+        fetch_ahead=1,
+        read_size=1,
     )
     it = iter(ds)
     labels = [int(next(it)[1])]  # the first shard (and maybe the next) is in

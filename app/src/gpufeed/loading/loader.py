@@ -267,8 +267,8 @@ class GpufeedLoader:
             raise ValueError(
                 f"loader state was saved with world_size={state['world_size']}, this loader has "
                 f"{mine['world_size']}: resuming with another world size needs a map-style "
-                "dataset in gpufeed's order (open_dataset(..., map_style=True), no sampler of "
-                "your own, distributed=True)"
+                "dataset in gpufeed's order (open_dataset's default for every format, not "
+                "map_style=False; no sampler of your own, distributed=True)"
             )
         for key in ("seed", "dataset_len"):
             if state.get(key) != mine[key]:
