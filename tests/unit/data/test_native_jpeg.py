@@ -150,6 +150,28 @@ def test_pixels_are_torchvisions_for_the_same_box(name, size):
     assert not worst, (name, size, "(max diff, [top, left, h, w], flip)", worst)
 
 
+@pytest.mark.parametrize("backend", ["native", "opencv", "torch"])
+@pytest.mark.parametrize("name", list(CORPUS))
+def test_every_backend_gives_torchvisions_pixels_for_the_edge_boxes(name, backend):
+    """RandomResizedCrop's backends (native, the images' default; opencv, its fallback;
+    torch) for the boxes of _edge_boxes at every size of SIZES, mirrored and not."""
+    data = CORPUS[name]
+    height, width = gj.image_sizes([data])[0][0]
+    boxes = _edge_boxes(height, width)
+    worst = []
+    for size in SIZES:
+        for flip in (False, True):
+            crop = RandomResizedCrop(size, flip=float(flip), backend=backend)
+            crop.crop_boxes = lambda heights, widths: boxes  # these boxes, not random draws
+            batch, kept, failed = crop([data] * len(boxes))
+            assert failed == [] and kept == list(range(len(boxes)))
+            for box, got in zip(boxes, batch.permute(0, 2, 3, 1).numpy(), strict=True):
+                diff = int(np.abs(got.astype(int) - _reference(data, box, size, flip)).max())
+                if diff > 1:
+                    worst.append((diff, size, box.tolist(), flip))
+    assert not worst, (name, backend, "(max diff, size, [top, left, h, w], flip)", worst)
+
+
 def test_dct_scaling_is_an_explicit_trade_measured_here():
     """DCT scaling (libjpeg-turbo's 1/2, 1/4, 1/8 IDCT) is another shrinking filter: not
     torchvision's pixels, so never the default. Its difference on ImageNet-like boxes (a
