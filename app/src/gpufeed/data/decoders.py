@@ -192,10 +192,11 @@ class RandomResizedCrop:
       num_workers`` in a worker. ``dct_scaling=True`` lets libjpeg-turbo shrink a box that
       is at least 2x the output inside the IDCT first: faster on large pictures, but other
       pixels than torchvision's (docs/jpeg.md measures how far); off by default.
-    - ``"opencv"`` (when cv2 and simplejpeg import): libjpeg-turbo through
-      simplejpeg, then the box resized straight into the batch: by ``cv2.resize`` bilinear
-      when it is enlarged (torchvision's antialiased bilinear is the same filter there), by
-      torchvision's antialiasing kernel when it is shrunk. Pixels match torchvision's to
+    - ``"opencv"`` (when cv2 and simplejpeg import): libjpeg-turbo through simplejpeg (CMYK
+      JPEGs the general way, for torchvision's colours), then the box resized straight into
+      the batch: by ``cv2.resize`` bilinear when it is enlarged (torchvision's antialiased
+      bilinear is the same filter there), by torchvision's antialiasing kernel when it is
+      shrunk. Pixels match torchvision's to
       within 1 (uint8 rounding); faster than the torch backend (docs/benchmarks.md).
     - ``"torch"``: torchvision's ``decode_jpeg`` and its bilinear antialiased resize, the
       same pixels as ``transforms.v2.RandomResizedCrop`` + ``RandomHorizontalFlip`` for the
