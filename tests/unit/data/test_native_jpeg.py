@@ -369,6 +369,24 @@ def test_wrapper_takes_pngs_and_reports_corrupt_samples(tmp_path):
     assert (batch[:2].int() - ref[:2].int()).abs().max() <= 1
 
 
+def test_wrapper_resizes_a_png_to_1x1():
+    """A 1x1 output is contiguous in both layouts: torch's uint8 kernel failed an internal
+    assert on it (decoders.resize_antialiased gives it a channels_last source)."""
+    pixels = _picture(np.random.default_rng(4), 30, 20)
+    png = io.BytesIO()
+    Image.fromarray(pixels).save(png, format="PNG")
+    crop = RandomResizedCrop(1, scale=(1, 1), ratio=(2 / 3, 2 / 3), flip=0)  # the whole image
+    batch, kept, failed = native_jpeg.decode_resized_crops([png.getvalue()], crop)
+    assert kept == [0] and failed == []
+    want = torch.nn.functional.interpolate(
+        torch.from_numpy(pixels).permute(2, 0, 1)[None].float(),
+        size=(1, 1),
+        antialias=True,
+        mode="bilinear",
+    )
+    assert (batch.flatten().int() - want.flatten().round().int()).abs().max() <= 1
+
+
 def test_status_names_the_backend_or_why_not(monkeypatch):
     assert native_jpeg.available() and "libjpeg-turbo" in native_jpeg.status()
     monkeypatch.setattr(native_jpeg, "_load", lambda: (None, "gpufeed-jpeg is not installed"))
