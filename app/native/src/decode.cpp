@@ -64,6 +64,24 @@ Window scaled_window(int64_t pos, int64_t len, unsigned num, int64_t limit, int6
   return Window{start - *begin, extent, static_cast<int>(*end - *begin)};
 }
 
+// The columns [*xoff, *xoff + *xlen) to decode for the box's [x0, x1) in a picture `width`
+// wide, so that they come out as in a whole-picture decode. One pixel more on each side: at
+// the edge of a cropped region libjpeg's fancy upsampling has no neighbouring chroma. And at
+// least 3 chroma samples (3 * max_h_samp pixels): libjpeg-turbo upsamples a narrower row with
+// plain replication instead (jdsample.c takes the fancy filter only for downsampled_width > 2),
+// which moved a 1-pixel-wide box by up to 16 levels.
+void crop_columns(int64_t x0, int64_t x1, int64_t width, int max_h_samp, JDIMENSION* xoff,
+                  JDIMENSION* xlen) {
+  const int64_t min_width = 3 * int64_t{max_h_samp};
+  int64_t begin = std::max<int64_t>(x0 - 1, 0), end = std::min<int64_t>(x1 + 1, width);
+  if (end - begin < min_width) {
+    end = std::min(begin + min_width, width);
+    begin = std::max<int64_t>(end - min_width, 0);
+  }
+  *xoff = static_cast<JDIMENSION>(begin);
+  *xlen = static_cast<JDIMENSION>(end - begin);
+}
+
 }  // namespace
 
 Decoder::Decoder() {
@@ -149,11 +167,8 @@ std::string Decoder::decode(const Input& in, const Job& job, bool dct_scaling) {
     wy = scaled_window(b.top, b.height, num, cinfo_.output_height, &y0, &y1);
     wx = scaled_window(b.left, b.width, num, cinfo_.output_width, &x0, &x1);
   }
-  // One pixel more on each side: at the edge of a cropped region libjpeg's fancy upsampling
-  // has no neighbouring chroma and would differ from a whole-image decode.
-  const int64_t out_w_img = cinfo_.output_width;
-  JDIMENSION xoff = static_cast<JDIMENSION>(std::max<int64_t>(x0 - 1, 0));
-  JDIMENSION xlen = static_cast<JDIMENSION>(std::min<int64_t>(x1 + 1, out_w_img) - xoff);
+  JDIMENSION xoff, xlen;
+  crop_columns(x0, x1, cinfo_.output_width, cinfo_.max_h_samp_factor, &xoff, &xlen);
   if (xlen < cinfo_.output_width) jpeg_crop_scanline(&cinfo_, &xoff, &xlen);
   if (y0 > 0) jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(y0));
 

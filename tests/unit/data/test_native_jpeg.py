@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -101,22 +102,74 @@ def _decode(payloads, boxes, flips, size, **kw):
     return out, failed
 
 
+def _edge_boxes(height, width):
+    """The boxes where an off-by-one hides: 1 pixel wide, 1 high and 1x1 on every edge, in
+    the middle and at odd offsets, and boxes that reach the right and bottom edges."""
+    mid_y, mid_x = height // 2, width // 2
+    odd_y, odd_x = min(1, height - 1), min(1, width - 1)
+    boxes = [(0, 0, height, width)]  # the whole picture
+    for left in (0, odd_x, mid_x, width - 1):
+        boxes += [(0, left, height, 1), (mid_y, left, height - mid_y, 1)]  # 1 wide
+    for top in (0, odd_y, mid_y, height - 1):
+        boxes += [(top, 0, 1, width), (top, mid_x, 1, width - mid_x)]  # 1 high
+    for top in (0, odd_y, mid_y, height - 1):
+        boxes += [(top, left, 1, 1) for left in (0, odd_x, mid_x, width - 1)]  # 1x1
+    boxes += [
+        (mid_y, mid_x, height - mid_y, width - mid_x),  # to the bottom-right corner
+        (odd_y, odd_x, height - odd_y, width - odd_x),  # odd offsets, to both edges
+        (0, mid_x, height, width - mid_x),  # the right half
+        (mid_y, 0, height - mid_y, width),  # the bottom half
+        (odd_y, odd_x, min(2, height - odd_y), min(2, width - odd_x)),  # 2x2 at an odd offset
+    ]
+    return np.asarray(boxes, dtype=np.int64)
+
+
+# Enlarged, shrunk, and enlarged along one axis while shrunk along the other (the
+# antialiasing filter's support differs per axis), for every picture in CORPUS.
+SIZES = [(56, 56), (24, 40), (1, 1), (5, 64), (64, 5)]
+
+
 @pytest.mark.parametrize("name", list(CORPUS))
-@pytest.mark.parametrize("size", [(56, 56), (24, 40), (1, 1)])
+@pytest.mark.parametrize("size", SIZES)
 def test_pixels_are_torchvisions_for_the_same_box(name, size):
     data = CORPUS[name]
     height, width = gj.image_sizes([data])[0][0]
-    rng = np.random.default_rng(abs(hash((name, size))) % 2**32)
-    boxes = _random_boxes(rng, height, width, 40)
-    boxes[0] = (0, 0, height, width)  # the whole picture
-    flips = rng.random(40) < 0.5
-    out, failed = _decode([data] * 40, boxes, flips, size, threads=2)
+    # a seed of the parameters that every process computes alike (str hash() does not)
+    rng = np.random.default_rng(zlib.crc32(repr((name, size)).encode()))
+    edges = _edge_boxes(height, width)
+    boxes = np.concatenate([edges, edges, _random_boxes(rng, height, width, 40)])
+    flips = np.concatenate([np.zeros(len(edges), bool), np.ones(len(edges), bool)])
+    flips = np.concatenate([flips, rng.random(40) < 0.5])
+    out, failed = _decode([data] * len(boxes), boxes, flips, size, threads=2)
     assert failed == []
     diffs = [
-        np.abs(out[i].astype(int) - _reference(data, boxes[i], size, flips[i])).max()
-        for i in range(40)
+        int(np.abs(out[i].astype(int) - _reference(data, boxes[i], size, flips[i])).max())
+        for i in range(len(boxes))
     ]
-    assert max(diffs) <= 1, (name, size, max(diffs), boxes[int(np.argmax(diffs))])
+    worst = [(d, boxes[i].tolist(), bool(flips[i])) for i, d in enumerate(diffs) if d > 1]
+    assert not worst, (name, size, "(max diff, [top, left, h, w], flip)", worst)
+
+
+@pytest.mark.parametrize("backend", ["native", "opencv", "torch"])
+@pytest.mark.parametrize("name", list(CORPUS))
+def test_every_backend_gives_torchvisions_pixels_for_the_edge_boxes(name, backend):
+    """RandomResizedCrop's backends (native, the images' default; opencv, its fallback;
+    torch) for the boxes of _edge_boxes at every size of SIZES, mirrored and not."""
+    data = CORPUS[name]
+    height, width = gj.image_sizes([data])[0][0]
+    boxes = _edge_boxes(height, width)
+    worst = []
+    for size in SIZES:
+        for flip in (False, True):
+            crop = RandomResizedCrop(size, flip=float(flip), backend=backend)
+            crop.crop_boxes = lambda heights, widths: boxes  # these boxes, not random draws
+            batch, kept, failed = crop([data] * len(boxes))
+            assert failed == [] and kept == list(range(len(boxes)))
+            for box, got in zip(boxes, batch.permute(0, 2, 3, 1).numpy(), strict=True):
+                diff = int(np.abs(got.astype(int) - _reference(data, box, size, flip)).max())
+                if diff > 1:
+                    worst.append((diff, size, box.tolist(), flip))
+    assert not worst, (name, backend, "(max diff, size, [top, left, h, w], flip)", worst)
 
 
 def test_dct_scaling_is_an_explicit_trade_measured_here():
@@ -314,6 +367,24 @@ def test_wrapper_takes_pngs_and_reports_corrupt_samples(tmp_path):
     ref, ref_kept, _ = _seeded(lambda: RandomResizedCrop(12, flip=0, backend="torch")(payloads))
     assert ref_kept == [0, 1, 4]
     assert (batch[:2].int() - ref[:2].int()).abs().max() <= 1
+
+
+def test_wrapper_resizes_a_png_to_1x1():
+    """A 1x1 output is contiguous in both layouts: torch's uint8 kernel failed an internal
+    assert on it (decoders.resize_antialiased gives it a channels_last source)."""
+    pixels = _picture(np.random.default_rng(4), 30, 20)
+    png = io.BytesIO()
+    Image.fromarray(pixels).save(png, format="PNG")
+    crop = RandomResizedCrop(1, scale=(1, 1), ratio=(2 / 3, 2 / 3), flip=0)  # the whole image
+    batch, kept, failed = native_jpeg.decode_resized_crops([png.getvalue()], crop)
+    assert kept == [0] and failed == []
+    want = torch.nn.functional.interpolate(
+        torch.from_numpy(pixels).permute(2, 0, 1)[None].float(),
+        size=(1, 1),
+        antialias=True,
+        mode="bilinear",
+    )
+    assert (batch.flatten().int() - want.flatten().round().int()).abs().max() <= 1
 
 
 def test_status_names_the_backend_or_why_not(monkeypatch):

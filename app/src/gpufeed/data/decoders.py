@@ -115,12 +115,36 @@ def _hwc(chw: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(chw.permute(1, 2, 0).numpy())
 
 
+def _decode_hwc_simplejpeg(data) -> np.ndarray:
+    """uint8 RGB [H, W, 3] by simplejpeg (libjpeg-turbo reads the buffer as it is: no copy, no
+    sniffing); the general way for what it refuses (not a JPEG) and for CMYK/YCCK, which
+    TurboJPEG turns into RGB with other rounding than torchvision and Pillow (1 level off)."""
+    simplejpeg = opencv_backend()[1]
+    try:
+        if simplejpeg.decode_jpeg_header(data)[2] not in ("CMYK", "YCCK"):
+            return simplejpeg.decode_jpeg(data, "RGB")
+    except ValueError:
+        pass
+    return _hwc(decode_rgb(data))
+
+
 def decode_rgb(data) -> torch.Tensor:
     """uint8 RGB [3, H, W] (grey repeated, alpha dropped)."""
     img = _decode_chw(data)
     if img.shape[0] != 3:
         img = img.expand(3, -1, -1) if img.shape[0] == 1 else img[:3]
     return img
+
+
+def resize_antialiased(src: torch.Tensor, out: torch.Tensor) -> None:
+    """src [1, 3, h, w] uint8 resized into out [1, 3, H, W] by torch's antialiased bilinear
+    uint8 kernel, the one torchvision's resize takes for uint8 images."""
+    size = list(out.shape[2:])
+    if size == [1, 1]:
+        # a 1x1 output is contiguous in both layouts: the kernel takes it for channels_last and
+        # fails an internal assert (num_channels == unpacked_output.size(0)) on an NCHW src
+        src = src.contiguous(memory_format=torch.channels_last)
+    torch.ops.aten._upsample_bilinear2d_aa.out(src, size, False, out=out)
 
 
 BACKENDS = ("auto", "native", "opencv", "torch")
@@ -168,10 +192,11 @@ class RandomResizedCrop:
       num_workers`` in a worker. ``dct_scaling=True`` lets libjpeg-turbo shrink a box that
       is at least 2x the output inside the IDCT first: faster on large pictures, but other
       pixels than torchvision's (docs/jpeg.md measures how far); off by default.
-    - ``"opencv"`` (when cv2 and simplejpeg import): libjpeg-turbo through
-      simplejpeg, then the box resized straight into the batch: by ``cv2.resize`` bilinear
-      when it is enlarged (torchvision's antialiased bilinear is the same filter there), by
-      torchvision's antialiasing kernel when it is shrunk. Pixels match torchvision's to
+    - ``"opencv"`` (when cv2 and simplejpeg import): libjpeg-turbo through simplejpeg (CMYK
+      JPEGs the general way, for torchvision's colours), then the box resized straight into
+      the batch: by ``cv2.resize`` bilinear when it is enlarged (torchvision's antialiased
+      bilinear is the same filter there), by torchvision's antialiasing kernel when it is
+      shrunk. Pixels match torchvision's to
       within 1 (uint8 rounding); faster than the torch backend (docs/benchmarks.md).
     - ``"torch"``: torchvision's ``decode_jpeg`` and its bilinear antialiased resize, the
       same pixels as ``transforms.v2.RandomResizedCrop`` + ``RandomHorizontalFlip`` for the
@@ -295,16 +320,12 @@ class RandomResizedCrop:
                 payloads, self, threads=self.decoder_threads(), dct_scaling=self.dct_scaling
             )
         images, kept, failed = [], [], []
-        jpeg = opencv_backend()[1].decode_jpeg if self.backend == "opencv" else None
         for j, payload in enumerate(payloads):
             try:
-                if jpeg is None:
-                    images.append(decode_rgb(payload))
+                if self.backend == "opencv":
+                    images.append(_decode_hwc_simplejpeg(payload))
                 else:
-                    try:  # libjpeg-turbo reads the buffer as it is: no copy, no sniffing
-                        images.append(jpeg(payload, "RGB"))
-                    except ValueError:  # not a JPEG (or one it refuses): the general way
-                        images.append(_hwc(decode_rgb(payload)))
+                    images.append(decode_rgb(payload))
                 kept.append(j)
             except Exception as e:  # noqa: BLE001 - any decoder failure is a corrupt sample
                 failed.append((j, f"cannot decode: {e}"))
@@ -330,14 +351,14 @@ class RandomResizedCrop:
         nhwc = self.memory_format == torch.channels_last
         out = out_nchw.permute(0, 2, 3, 1).numpy() if nhwc else None
         scratch = None if nhwc else np.empty((height, width, 3), dtype=np.uint8)
-        shrink_aa = torch.ops.aten._upsample_bilinear2d_aa.out
-        size, linear = [height, width], cv2.INTER_LINEAR
+        linear = cv2.INTER_LINEAR
         for n, (img, (top, left, h, w)) in enumerate(zip(images, boxes, strict=True)):
             box = img[top : top + h, left : left + w]
             if h > height or w > width:
                 # shrinking needs the antialiasing filter: torchvision's own kernel
-                src = torch.from_numpy(box).permute(2, 0, 1)[None]
-                shrink_aa(src, size, False, out=out_nchw[n : n + 1])
+                resize_antialiased(
+                    torch.from_numpy(box).permute(2, 0, 1)[None], out_nchw[n : n + 1]
+                )
             elif nhwc:
                 cv2.resize(box, (width, height), dst=out[n], interpolation=linear)
             else:
@@ -347,8 +368,6 @@ class RandomResizedCrop:
 
     def _resize_torch(self, images: list[torch.Tensor], boxes: list[list[int]]) -> torch.Tensor:
         out = self._out_batch(len(images))
-        resize = torch.ops.aten._upsample_bilinear2d_aa.out
-        size = list(self.size)
         # the uint8 kernel writes the layout it reads (CHW here): into the batch when that is
         # NCHW, else into a scratch image copied into the channels_last batch
         nchw = self.memory_format == torch.contiguous_format
@@ -356,9 +375,9 @@ class RandomResizedCrop:
         for n, (img, (top, left, h, w)) in enumerate(zip(images, boxes, strict=True)):
             crop = img[None, :, top : top + h, left : left + w]
             if nchw:
-                resize(crop, size, False, out=out[n : n + 1])
+                resize_antialiased(crop, out[n : n + 1])
             else:
-                resize(crop, size, False, out=scratch)
+                resize_antialiased(crop, scratch)
                 out[n].copy_(scratch[0])
         return out
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from gpufeed.batch import new_batch_tensor
-from gpufeed.data.decoders import RandomResizedCrop, decode_rgb
+from gpufeed.data.decoders import RandomResizedCrop, decode_rgb, resize_antialiased
 
 NOT_A_JPEG = "not a JPEG"
 
@@ -133,7 +133,6 @@ def decode_resized_crops(
 
 def _resize_into(img: torch.Tensor, box, flip: bool, out: torch.Tensor) -> None:
     top, left, h, w = (int(v) for v in box)
-    src = img[None, :, top : top + h, left : left + w]
-    torch.ops.aten._upsample_bilinear2d_aa.out(src, list(out.shape[2:]), False, out=out)
+    resize_antialiased(img[None, :, top : top + h, left : left + w], out)
     if flip:
         out.copy_(out.flip(-1))
