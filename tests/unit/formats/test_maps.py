@@ -5,6 +5,7 @@ pack is never read through the old map; the kept maps are bounded."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,3 +81,30 @@ def test_forgetting_the_maps_maps_anew(array_folder, tmp_path, fmt):
     again = gpufeed.open_dataset(dest)
     assert again.reader.handle is not handle
     again.close()
+
+
+def _deleted_files_mapped(folder: Path) -> list[str]:
+    """Files under ``folder`` this process still maps though they were deleted: disk space
+    that is not freed until the maps go."""
+    with open("/proc/self/maps") as f:
+        lines = [line.rstrip("\n") for line in f]
+    return [line for line in lines if str(folder) in line and line.endswith("(deleted)")]
+
+
+@pytest.mark.parametrize("fmt", ["mmap", "hdf5", "lmdb"])
+@pytest.mark.parametrize("how", ["pack", "writer"])
+def test_overwriting_a_pack_drops_its_kept_maps(make_arrays, tmp_path, fmt, how):
+    dest = tmp_path / f"ds.{fmt}"
+    make_arrays(tmp_path / "a", {"x": 6}, seed=1)
+    make_arrays(tmp_path / "b", {"x": 6}, seed=2)
+    old = gpufeed.open_dataset(_pack(tmp_path / "a", dest, fmt))
+    old.get_batch([0, 1, 2])
+    old.close()
+    del old
+    if how == "pack":
+        gpufeed.pack(tmp_path / "b", dest, format=fmt, workers=1, quiet=True, overwrite=True)
+    else:
+        with gpufeed.Writer(dest, format=fmt, overwrite=True, quiet=True) as w:
+            w.write({"x": np.arange(4.0)})
+    assert _deleted_files_mapped(tmp_path) == []
+    assert not [p for p in maps.kept_maps() if maps.covers(p, dest)]

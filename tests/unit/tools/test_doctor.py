@@ -230,6 +230,22 @@ def test_shm_against_threshold_and_workers(sandbox, tmp_path):
     assert missing.status == WARN and "does not exist" in missing.message
 
 
+def test_jpeg_backend_named_with_why_not_faster(sandbox, monkeypatch):
+    from gpufeed.data import decoders
+
+    check = quick(sandbox.base_env()).by_name("jpeg_backend")
+    name = decoders.RandomResizedCrop(4).backend
+    assert check.section == "cpu" and check.data == {"backend": name}
+    assert check.message.startswith(f"JPEG decoder: {name} (")
+    assert check.status == (OK if name == "native" else INFO)
+    monkeypatch.setattr(decoders, "native_status", lambda: (False, "gpufeed-jpeg: no module"))
+    monkeypatch.setattr(decoders, "_opencv_import", lambda: (None, "cv2: no module named cv2"))
+    check = quick(sandbox.base_env()).by_name("jpeg_backend")
+    assert check.data == {"backend": "torch"} and check.status == INFO
+    assert "native: gpufeed-jpeg: no module; opencv: cv2: no module named cv2" in check.message
+    assert "pip install ./app/native" in check.fix
+
+
 def test_open_file_limit(sandbox):
     import resource
 

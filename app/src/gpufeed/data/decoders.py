@@ -100,15 +100,20 @@ def _decode_chw(data) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=1)
-def opencv_backend():
-    """(cv2, simplejpeg) when both import, else None: the fast path of RandomResizedCrop
-    (``pip install gpufeed[opencv]``; the images carry both)."""
+def _opencv_import():
+    """((cv2, simplejpeg), None) when both import, else (None, why not)."""
     try:
         import cv2
         import simplejpeg
-    except Exception:  # noqa: BLE001 - missing or broken: the torch backend works alone
-        return None
-    return cv2, simplejpeg
+    except Exception as exc:  # noqa: BLE001 - missing or broken: the torch backend works alone
+        return None, f"cv2 or simplejpeg does not import ({exc}): pip install 'gpufeed[opencv]'"
+    return (cv2, simplejpeg), None
+
+
+def opencv_backend():
+    """(cv2, simplejpeg) when both import, else None: the fast path of RandomResizedCrop
+    (``pip install gpufeed[opencv]``; the images carry both)."""
+    return _opencv_import()[0]
 
 
 def _hwc(chw: torch.Tensor) -> np.ndarray:
@@ -171,6 +176,24 @@ def _pick_backend(backend: str) -> str:
     if native:
         return "native"
     return "opencv" if opencv_backend() is not None else "torch"
+
+
+def jpeg_backend() -> tuple[str, str]:
+    """(the backend ``RandomResizedCrop(backend="auto")`` takes here, one line saying what it
+    is and, for each faster backend passed over, why: the import that failed)."""
+    name = _pick_backend("auto")
+    native, native_why = native_status()
+    if name == "native":
+        return name, native_why
+    passed = f"native: {native_why}" if not native else ""
+    if name == "opencv":
+        cv2, simplejpeg = opencv_backend()
+        what = f"cv2 {cv2.__version__} + simplejpeg {simplejpeg.__version__}"
+    else:
+        opencv_why = _opencv_import()[1] or "cv2 and simplejpeg do not import"
+        passed += f"; opencv: {opencv_why}"
+        what = "torchvision.io" if have_torchvision() else "PIL"
+    return name, f"{what}; not faster ones ({passed})"
 
 
 class RandomResizedCrop:

@@ -93,18 +93,19 @@ def decode_resized_crops(
             failed.append((j, f"cannot decode: {problem}"))
     for j, img in others.items():
         sizes[j] = img.shape[1:]
-    kept = [j for j in range(len(payloads)) if sizes[j, 0] >= 0]
-    boxes = crop.crop_boxes(sizes[kept, 0], sizes[kept, 1])
+    kept_at = np.flatnonzero(sizes[:, 0] >= 0)  # in numpy: no Python step per image
+    kept = kept_at.tolist()
+    boxes = crop.crop_boxes(sizes[kept_at, 0], sizes[kept_at, 1])
     flips = np.zeros(len(kept), dtype=bool)
     if crop.flip and kept:
         flips = (torch.rand(len(kept)) < crop.flip).numpy()
     height, width = crop.size
     out = new_batch_tensor((len(kept), height, width, 3))
     rows = out.numpy()
-    jpegs = [n for n, j in enumerate(kept) if j not in others]
-    if len(jpegs) == len(payloads):  # all JPEGs, all readable: no copy of the list
+    if not others and len(kept) == len(payloads):  # all JPEGs, all readable: no list copy
         broken = mod.decode_crops(payloads, boxes, flips, rows, threads, dct_scaling)
     else:
+        jpegs = [n for n, j in enumerate(kept) if j not in others]
         part = np.empty((len(jpegs), height, width, 3), dtype=np.uint8)
         broken = mod.decode_crops(
             [payloads[kept[n]] for n in jpegs],
@@ -116,9 +117,9 @@ def decode_resized_crops(
         )
         rows[jpegs] = part
         broken = [(jpegs[n], problem) for n, problem in broken]
-    for n, j in enumerate(kept):
-        if j in others:
-            _resize_into(others[j], boxes[n], bool(flips[n]), out[n : n + 1].permute(0, 3, 1, 2))
+    for j, img in others.items():
+        n = kept.index(j)
+        _resize_into(img, boxes[n], bool(flips[n]), out[n : n + 1].permute(0, 3, 1, 2))
     if broken:  # found only while decoding: the batch closes up over them
         bad = {n for n, _ in broken}
         failed += [(kept[n], f"cannot decode: {problem}") for n, problem in broken]

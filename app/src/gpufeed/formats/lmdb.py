@@ -22,7 +22,7 @@ import numpy as np
 from gpufeed.errors import CorruptSampleError, DataError, DiskFullError
 from gpufeed.formats.base import Reader, Writer
 from gpufeed.formats.files import is_disk_full
-from gpufeed.formats.maps import KEEP_MAPS, on_forget
+from gpufeed.formats.maps import KEEP_MAPS, covers, on_forget
 from gpufeed.formats.npy import npy_bytes, npy_from_bytes
 from gpufeed.formats.parts import Part
 from gpufeed.formats.readahead import advise_buffers
@@ -211,9 +211,10 @@ def _release_env(key: tuple, env) -> None:
 
 
 def _close_idle_envs(path: str | None) -> None:
-    """Close the kept envs nobody uses (of the pack whose data.mdb is ``path``, when given)."""
+    """Close the kept envs nobody uses (of the pack whose data.mdb, folder or a folder
+    above it is ``path``, when given)."""
     for key in [k for k, e in _ENVS.items() if e[2] <= 0 and e[0] == os.getpid()]:
-        if path is None or str(Path(key[0]) / DATA_FILE) == path or key[0] == path:
+        if covers(Path(key[0]) / DATA_FILE, path):
             _ENVS.pop(key)[1].close()
 
 

@@ -8,7 +8,8 @@ mtime) mapped the same way gets the map this process already has, with its pages
 mapped. At most ``KEEP_MAPS`` are kept (least recently used dropped first); a map of a file
 that was replaced since is dropped when the new one is asked for, so no reader sees old bytes.
 A kept map keeps its file open: disk space freed by deleting a pack returns when the map is
-dropped (``forget_maps``) or the process ends.
+dropped (``forget_maps``; gpufeed's own replacement of a pack, ``pack --overwrite`` or a
+Writer's ``overwrite=True``, does that) or the process ends.
 
 Maps inherited through fork stay valid in the child (read-only, shared file mappings), so a
 forked DataLoader worker reuses them too.
@@ -16,13 +17,14 @@ forked DataLoader worker reuses them too.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEEP_MAPS", "forget_maps", "kept_map", "kept_maps", "on_forget"]
+__all__ = ["KEEP_MAPS", "covers", "forget_maps", "kept_map", "kept_maps", "on_forget"]
 
 KEEP_MAPS = 8
 _MAPS: OrderedDict[tuple, Any] = OrderedDict()
@@ -32,7 +34,8 @@ _FORGETTERS: list[Callable[[str | None], None]] = []
 
 
 def on_forget(forget: Callable[[str | None], None]) -> None:
-    """Have :func:`forget_maps` also call ``forget(path or None)``."""
+    """Have :func:`forget_maps` also call ``forget(path or None)`` (a file or a folder: see
+    :func:`covers`)."""
     _FORGETTERS.append(forget)
 
 
@@ -64,12 +67,23 @@ def kept_maps() -> list[str]:
         return [k[0] for k in _MAPS]
 
 
+def covers(path: str | Path, forgotten: str | Path | None) -> bool:
+    """Whether forgetting ``forgotten`` (a file, a pack folder, or None: everything) drops
+    what is kept of ``path``."""
+    if forgotten is None:
+        return True
+    path, forgotten = os.path.realpath(path), os.path.realpath(forgotten)
+    return path == forgotten or path.startswith(forgotten.rstrip(os.sep) + os.sep)
+
+
 def forget_maps(path: str | Path | None = None) -> None:
-    """Drop the kept maps (of ``path`` only, when given): their files close once no array
-    over them is left. Pages a process maps cannot be evicted (posix_fadvise DONTNEED skips
-    them): a benchmark's cold pass forgets the maps first."""
+    """Drop the kept maps (of the file ``path``, or of every file in the folder ``path``,
+    when given): their files close once no array over them is left. Pages a process maps
+    cannot be evicted (posix_fadvise DONTNEED skips them): a benchmark's cold pass forgets
+    the maps first; a pack about to be replaced or deleted forgets its folder, so its disk
+    space is not held."""
     with _LOCK:
-        for key in [k for k in _MAPS if path is None or k[0] == str(path)]:
+        for key in [k for k in _MAPS if covers(k[0], path)]:
             del _MAPS[key]
     for forget in _FORGETTERS:
         forget(None if path is None else str(path))

@@ -21,6 +21,7 @@ from gpufeed.formats.manifest import (
     write_manifest,
     write_sources,
 )
+from gpufeed.formats.maps import forget_maps
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.write import progress
@@ -124,9 +125,11 @@ def _write_parts(writer, paths: list[Path], quiet: bool, fmt: str) -> dict[str, 
 def _swap_into_place(out: Path, dest: Path, partial: Path, src: Source) -> None:
     """out/ becomes DEST. A DEST there (a pack gpufeed made: checked again now) is first moved
     into DEST.partial, which is deleted with it afterwards: a crash in between leaves either
-    the old pack or the new one at DEST, and a resumable DEST.partial."""
+    the old pack or the new one at DEST, and a resumable DEST.partial. This process's kept
+    maps of the old pack are dropped first, so its files' space is freed with them."""
     if occupied(dest):
         check_removable(dest, "replace it (--overwrite)", src)
+        forget_maps(dest)
         replaced = partial / REPLACED_DIR
         if replaced.exists():
             remove_tree(replaced, "drop a pack replaced by an earlier run")

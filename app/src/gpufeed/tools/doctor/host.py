@@ -1,6 +1,6 @@
 """Doctor's host checks: the CPUs this process may use and what make_loader will do about
-workers here (the same code make_loader runs), the memory limit, /dev/shm (doctor/shm.py) and
-the open-file and locked-memory limits."""
+workers here (the same code make_loader runs), the JPEG decoder they run, the memory limit,
+/dev/shm (doctor/shm.py) and the open-file and locked-memory limits."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
+from gpufeed.data.decoders import jpeg_backend
 from gpufeed.errors import SysinfoWarning
 from gpufeed.loading.outlook import worker_outlook
 from gpufeed.loading.settings import SETTINGS_ENV
@@ -31,9 +32,10 @@ def host_checks(
     self_cgroup: str,
     shm_path: str,
 ) -> list[Check]:
-    """CPUs, memory, /dev/shm (sized for ``workers``, default what make_loader plans) and
-    the process limits, in that order."""
+    """CPUs, the JPEG decoder, memory, /dev/shm (sized for ``workers``, default what
+    make_loader plans) and the process limits, in that order."""
     checks, chosen, mem_limit = _cpu_checks(workers, cgroup_root, self_cgroup)
+    checks.append(_jpeg_check())
     checks.append(_memory_check(mem_limit, chosen))
     checks.append(shm_check(limits, chosen, batch_bytes, shm_path))
     return checks + _limit_checks(has_gpu)
@@ -101,6 +103,19 @@ def _cpu_checks(workers: int | None, cgroup_root: str, self_cgroup: str):
     for w in caught:
         checks.append(Check("cpu", "cgroup_files", WARN, str(w.message), None))
     return checks, chosen, mem_limit
+
+
+def _jpeg_check() -> Check:
+    """The decoder RandomResizedCrop(backend="auto") runs on these CPUs, and why not a
+    faster one."""
+    name, why = jpeg_backend()
+    status, fix = OK, None
+    if name != "native":
+        status = INFO
+        fix = "pip install ./app/native (the images carry it): one GIL-free call per batch"
+    return Check(
+        "cpu", "jpeg_backend", status, f"JPEG decoder: {name} ({why})", fix, {"backend": name}
+    )
 
 
 def _memory_check(mem_limit: int | None, chosen: int) -> Check:
