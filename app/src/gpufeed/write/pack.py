@@ -37,7 +37,7 @@ from gpufeed.formats.files import atomic_write_json
 from gpufeed.formats.lock import PackLock
 from gpufeed.formats.manifest import PARTIAL_SUFFIX, read_manifest
 from gpufeed.storage.urls import RemoteURL, parse_location
-from gpufeed.write.assemble import assemble
+from gpufeed.write.assemble import Stream, assemble
 from gpufeed.write.guard import (
     PARTS_DIR,
     STATE_NAME,
@@ -198,10 +198,17 @@ def pack_files(
         load_opts = LoadOptions(encode=encode, resize=resize_hw)
         nparts = max(1, -(-len(src) // state["part_size"]))
         drop_changed_parts(src, parts_dir, nparts, state["part_size"], say)
-        commit_parts(
-            src, parts_dir, nparts, state["part_size"], load_opts, workers, on_error, quiet
-        )
-        manifest = assemble(src, dest, partial, nparts, state, quiet)
+        # a fresh pack's format files are written as its parts are committed
+        stream = Stream(partial, state, src.classes, on=not any(parts_dir.glob("part-*")))
+        try:
+            commit_parts(
+                src, parts_dir, nparts, state["part_size"], load_opts, workers, on_error, quiet,
+                stream,
+            )  # fmt: skip
+        except BaseException:
+            stream.stop()
+            raise
+        manifest = assemble(src, dest, partial, nparts, state, quiet, stream)
         remove_partial(partial, lock)
     return manifest
 
