@@ -38,6 +38,7 @@ is what runs.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import multiprocessing as mp
 import os
@@ -77,14 +78,23 @@ KINDS = {  # kind: (title, fn, schema)
 FOLDER = {"jpeg": "jpg", "raw": "npy"}
 
 
+UNIQUE_JPEGS = 1000
+
+
 def sources(root: Path, n: int) -> dict[str, list[str]]:
     """N JPEGs and N .npy arrays under root/jpg and root/npy, sample i in class folder
-    c{i % 10} (made once: a second run with the same root and n reuses them)."""
+    c{i % 10} (made once: a second run with the same root and n reuses them). The JPEGs are
+    UNIQUE_JPEGS different images, repeated (encoding 100,000 took longer than converting
+    them); the arrays are written with one .npy header (np.save per file cost as much)."""
     from bench.multifield import jpeg
 
     done = root / f"sources-{n}.json"
     if done.exists():
         return json.loads(done.read_text())
+    images = [jpeg(i) for i in range(min(n, UNIQUE_JPEGS))]
+    buf = io.BytesIO()
+    np.save(buf, np.zeros((3, 32, 32), np.float32))
+    header = buf.getvalue()[: -3 * 32 * 32 * 4]
     paths = {"jpeg": [], "raw": []}
     for i in range(n):
         c = f"c{i % CLASSES}"
@@ -93,8 +103,8 @@ def sources(root: Path, n: int) -> dict[str, list[str]]:
         if i < CLASSES:
             p.parent.mkdir(parents=True, exist_ok=True)
             q.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(jpeg(i))
-        np.save(q, np.full((3, 32, 32), i % 251, np.float32))
+        p.write_bytes(images[i % len(images)])
+        q.write_bytes(header + np.full((3, 32, 32), i % 251, np.float32).tobytes())
         paths["jpeg"].append(str(p))
         paths["raw"].append(str(q))
     done.write_text(json.dumps(paths))
@@ -256,13 +266,19 @@ def run_convert(
             # after a given peer (whose processes may still be exiting)
             for c in names[rep % len(names) :] + names[: rep % len(names)]:
                 out = root / f"out-{c.replace(' ', '_')}"
-                shutil.rmtree(out, ignore_errors=True)
+                _remove(out)
                 r = measure(c, kind, paths_file, out, workers)
-                shutil.rmtree(out, ignore_errors=True)
+                _remove(out)
                 if c not in best or r["wall"] < best[c]["wall"]:
                     best[c] = r
         _report(KINDS[kind][0], n, names, best)
     del paths
+
+
+def _remove(out: Path) -> None:
+    """A candidate's output, and what a stopped gpufeed run leaves beside it."""
+    for path in (out, out.with_name(out.name + ".partial")):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _report(title: str, n: int, names: list[str], best: dict[str, dict]) -> None:

@@ -247,30 +247,35 @@ def _pack_files(dest: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(dest.iterdir()) if p.name != "manifest.json"}
 
 
-def test_a_fresh_tar_pack_is_written_as_its_parts_are_committed(tmp_path):
-    """The tar shards of a fresh pack are written while samples come (assemble.Stream), not
-    in a second pass at close; a pack resumed from its parts (assembled at close) is the same,
-    byte for byte, over several shards and past the index's first 1,024 rows."""
-    n, opts = 2600, {"format": "tar", "schema": SCHEMA, "part_size": 500, "shard_size": 1000}
+@pytest.mark.parametrize("fmt", ["tar", "lmdb"])
+def test_a_fresh_pack_is_written_as_its_parts_are_committed(tmp_path, fmt):
+    """The tar shards or LMDB file of a fresh pack are written while samples come
+    (assemble.Stream), not in a second pass at close; a pack resumed from its parts
+    (assembled at close) is the same, byte for byte, over several shards and past the
+    index's first 1,024 rows."""
+    n, opts = 5200, {"format": fmt, "schema": SCHEMA, "part_size": 500}
+    opts.update(shard_size=2000) if fmt == "tar" else None
     streamed = tmp_path / "streamed"
     with gpufeed.Writer(streamed, **opts) as w:
-        for i in range(1200):
+        for i in range(4600):
             w.write(sample(i))
-        shard = tmp_path / "streamed.partial" / "out" / "shard-000000.tar"
-        assert shard.stat().st_size > 1000 * 512  # two parts committed: in the shard already
-        for i in range(1200, n):
+        first = "shard-000000.tar" if fmt == "tar" else "data.mdb"
+        written = tmp_path / "streamed.partial" / "out" / first
+        # 9 parts committed: in the shard, or in LMDB's first transaction (of 4,096 records)
+        assert written.stat().st_size > 4096 * 20
+        for i in range(4600, n):
             w.write(sample(i))
     resumed = tmp_path / "resumed"
     with pytest.raises(RuntimeError), gpufeed.Writer(resumed, **opts) as w:
-        for i in range(700):
+        for i in range(2700):
             w.write(sample(i))
-        raise RuntimeError("stopped after one committed part")
+        raise RuntimeError("stopped after five committed parts")
     with gpufeed.Writer(resumed, resume=True, **opts) as w:
         for i in range(w.written, n):
             w.write(sample(i))
     check(streamed, n)
     assert _pack_files(streamed) == _pack_files(resumed)
-    assert len(list(streamed.glob("shard-*.tar"))) == 3
+    assert fmt == "lmdb" or len(list(streamed.glob("shard-*.tar"))) == 3
 
 
 def test_pack_fn_keeps_at_most_a_part_of_records_in_flight():

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import CorruptSampleError, DataError
-from gpufeed.formats.base import Reader, Writer
+from gpufeed.formats.base import Reader, Writer, make_room
 from gpufeed.formats.files import fsync_dir
 from gpufeed.formats.npy import npy_bytes
 from gpufeed.formats.parts import Part
@@ -163,17 +163,8 @@ class TarWriter(Writer):
 
     _INDEX = ("shard", "offset", "size", "labels", "crcs")
 
-    def _make_room(self, n: int) -> None:
-        rows = len(self.shard)
-        if n > rows:
-            for name in self._INDEX:
-                old = getattr(self, name)
-                grown = np.empty(max(n, 2 * rows), dtype=old.dtype)
-                grown[:rows] = old
-                setattr(self, name, grown)
-
     def add(self, part: Part) -> None:
-        self._make_room(self.n + len(part))
+        make_room(self, self._INDEX, self.n + len(part))
         first = self.n
         view = memoryview(part.payload)
         offsets = part.offsets.tolist()  # Python ints: indexing numpy per sample cost more

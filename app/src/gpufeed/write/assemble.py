@@ -43,7 +43,7 @@ __all__ = ["STREAMED_FORMATS", "Stream", "assemble"]
 # formats whose writer takes the samples in order without knowing their totals: a fresh pack
 # feeds it each part as the part is committed (Stream), so the format's files are written
 # while the workers read, not in a second pass over every part after them
-STREAMED_FORMATS = frozenset({"tar"})
+STREAMED_FORMATS = frozenset({"tar", "lmdb"})
 
 
 class Stream:
@@ -71,7 +71,7 @@ class Stream:
             if self.out.exists():
                 remove_tree(self.out, "redo the unfinished output")
             self.out.mkdir()
-            options = _writer_options(self.state, self.classes, None)
+            options = _writer_options(self.state, self.classes)
             self.writer = writer_class(self.state["format"])(self.out, part.spec, None, 0, options)
         if self.writer is not None:
             with _format_errors(self.writer):
@@ -91,14 +91,13 @@ class Stream:
         self.on, self.writer = False, None
 
 
-def _writer_options(state: dict, classes, sizes) -> dict[str, Any]:
+def _writer_options(state: dict, classes) -> dict[str, Any]:
     return {
         "classes": classes,
         "compression": state["compression"],
         "shard_size": state["shard_size"],
         "shard_bytes": state["shard_bytes"],
         "container": state["container"],
-        "sample_sizes": sizes,
     }
 
 
@@ -137,7 +136,7 @@ def assemble(
         if out.exists():
             remove_tree(out, "redo the unfinished output")
         out.mkdir()
-        options = _writer_options(state, src.classes, sizes_all)
+        options = _writer_options(state, src.classes)
         writer = writer_class(fmt)(out, spec, count, int(sizes_all.sum()), options)
         info = _write_parts(writer, paths, quiet, fmt)
     with no_space_is_an_error(out / SOURCES_NAME):

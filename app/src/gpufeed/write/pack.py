@@ -15,7 +15,10 @@ How a pack survives a crash at any point (kill -9 included):
   3. When every part is committed, the format writer assembles them into DEST.partial/out/
      from scratch (HDF5 is not crash-safe while written, so it is only ever written in one
      pass from committed parts), then the manifest is written last and out/ is renamed to
-     DEST. A DEST without manifest.json never exists.
+     DEST. A DEST without manifest.json never exists. A fresh pack in a streamed format
+     (tar: assemble.STREAMED_FORMATS) writes out/ as each part is committed instead, while
+     the workers read on; a crash leaves out/ half written, and the resume assembles it
+     again from the parts.
   4. One pack at a time per DEST: the run holds a lock on DEST.partial (gpufeed.formats.lock) until
      DEST.partial is gone. --overwrite replaces only a pack gpufeed made (gpufeed.write.guard): an
      old DEST is moved into DEST.partial, the new one renamed into place, then DEST.partial

@@ -7,7 +7,8 @@
 It is a pack like any other, made the same crash-safe way (gpufeed.write.pack): samples
 are committed in parts under DEST.partial/ (each part written, fsynced, renamed), the
 format's files are assembled from the committed parts when the writer closes without an
-error, the manifest is written last, and DEST appears by one rename. Until then DEST does
+error (tar: written as each part is committed, gpufeed.write.assemble.Stream), the
+manifest is written last, and DEST appears by one rename. Until then DEST does
 not exist and ``open_dataset(DEST)`` raises NotPackedError saying so. The lock on
 DEST.partial keeps a second writer (or pack) out.
 
