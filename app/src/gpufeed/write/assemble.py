@@ -68,15 +68,23 @@ class Stream:
             self.stop()
             return
         if self.writer is None and part.spec is not None:
-            if self.out.exists():
-                remove_tree(self.out, "redo the unfinished output")
-            self.out.mkdir()
-            options = _writer_options(self.state, self.classes)
-            self.writer = writer_class(self.state["format"])(self.out, part.spec, None, 0, options)
+            self._open(part.spec)
         if self.writer is not None:
-            with _format_errors(self.writer):
-                self.writer.add(part)
+            try:
+                with _format_errors(self.writer):  # closes the writer's files on a failure
+                    self.writer.add(part)
+            except BaseException:
+                self.on, self.writer = False, None
+                raise
         self.fed += 1
+
+    def _open(self, spec) -> None:
+        """The format's writer, in an empty out/ (its total count unknown: None)."""
+        if self.out.exists():
+            remove_tree(self.out, "redo the unfinished output")
+        self.out.mkdir()
+        options = _writer_options(self.state, self.classes)
+        self.writer = writer_class(self.state["format"])(self.out, spec, None, 0, options)
 
     def finished_writer(self, nparts: int):
         """The writer that has every one of the nparts parts, else None (stream stopped)."""
