@@ -15,7 +15,8 @@
   ``litdata.optimize(num_workers=W)``, MosaicML's ``MDSWriter`` and webdataset's
   ``ShardWriter`` (both single-process writers: fed by a pool of W processes making the samples,
   as their docs do), for two sample kinds: a JPEG + a 32-token caption, and a raw float32
-  array. A peer that is not installed is reported as such.
+  array. A peer that is not installed is reported as such. The same as ``python -m
+  bench.convert`` (bench/convert.py: its flags, the folder path, CPU seconds, peak RSS).
 
 The passes are interleaved (pass 1 of every candidate, then pass 2, ...) so the machine's
 noise falls on all alike; the best pass counts, and ratios are printed side by side.

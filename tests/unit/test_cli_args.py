@@ -156,5 +156,7 @@ def test_progress_bars_count_what_they_say(paths, tmp_path, monkeypatch):
 
     monkeypatch.setattr(progress, "progress_bar", spy)
     gpufeed.pack(paths["SRC"], tmp_path / "l", format="lmdb", workers=1, part_size=5)
-    assert ("pack", "sample", 17) in bars
-    assert ("write lmdb", "part", 4) in bars  # 17 samples in parts of 5
+    # LMDB is written as its parts are committed (gpufeed.write.assemble.Stream): one bar
+    assert bars == [("pack", "sample", 17)]
+    gpufeed.pack(paths["SRC"], tmp_path / "h", format="hdf5", workers=1, part_size=5)
+    assert ("write hdf5", "part", 4) in bars  # 17 samples in parts of 5, assembled after them

@@ -185,10 +185,10 @@ def test_lmdb_reader_reads_ahead_unless_told_not_to(array_folder, tmp_path):
     random.close()
 
 
-def test_lmdb_map_size_grows_when_estimate_is_short(array_folder, tmp_path, monkeypatch):
+def test_lmdb_map_size_grows_when_it_fills(array_folder, tmp_path, monkeypatch):
     from gpufeed.formats import lmdb as lmdb_format
 
-    monkeypatch.setattr(lmdb_format, "estimate_map_size", lambda sizes: 64 << 10)
+    monkeypatch.setattr(lmdb_format, "FIRST_MAP_SIZE", 64 << 10)
     dest = tmp_path / "ds.lmdb"
     gpufeed.pack(array_folder, dest, format="lmdb", workers=1, quiet=True)
     arrays, _ = source_arrays(array_folder)

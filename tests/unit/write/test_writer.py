@@ -241,3 +241,55 @@ def test_function_packs_refuse_a_url_dest_and_url_only_options(tmp_path):
     with pytest.raises(UsageError, match="staging_dir= is for a URL DEST"):
         gpufeed.pack(lambda i: {"x": i}, range(3), tmp_path / "p", staging_dir=tmp_path / "s")
     assert not (tmp_path / "p").exists() and not Path("s3:").exists()
+
+
+def _pack_files(dest: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(dest.iterdir()) if p.name != "manifest.json"}
+
+
+@pytest.mark.parametrize("fmt", ["tar", "lmdb"])
+def test_a_fresh_pack_is_written_as_its_parts_are_committed(tmp_path, fmt):
+    """The tar shards or LMDB file of a fresh pack are written while samples come
+    (assemble.Stream), not in a second pass at close; a pack resumed from its parts
+    (assembled at close) is the same, byte for byte, over several shards and past the
+    index's first 1,024 rows."""
+    n, opts = 5200, {"format": fmt, "schema": SCHEMA, "part_size": 500}
+    opts.update(shard_size=2000) if fmt == "tar" else None
+    streamed = tmp_path / "streamed"
+    with gpufeed.Writer(streamed, **opts) as w:
+        for i in range(4600):
+            w.write(sample(i))
+        first = "shard-000000.tar" if fmt == "tar" else "data.mdb"
+        written = tmp_path / "streamed.partial" / "out" / first
+        # 9 parts committed: in the shard, or in LMDB's first transaction (of 4,096 records)
+        assert written.stat().st_size > 4096 * 20
+        for i in range(4600, n):
+            w.write(sample(i))
+    resumed = tmp_path / "resumed"
+    with pytest.raises(RuntimeError), gpufeed.Writer(resumed, **opts) as w:
+        for i in range(2700):
+            w.write(sample(i))
+        raise RuntimeError("stopped after five committed parts")
+    with gpufeed.Writer(resumed, resume=True, **opts) as w:
+        for i in range(w.written, n):
+            w.write(sample(i))
+    check(streamed, n)
+    assert _pack_files(streamed) == _pack_files(resumed)
+    assert fmt == "lmdb" or len(list(streamed.glob("shard-*.tar"))) == 3
+
+
+def test_pack_fn_keeps_at_most_a_part_of_records_in_flight():
+    """pack(fn)'s workers run ahead of the writer by up to one part of inputs (so they go
+    on while a part is committed), but never by more than PART_BYTES of records."""
+    from gpufeed.write.convert import CHUNK, _window
+    from gpufeed.write.writer import PART_BYTES
+
+    def chunk(record_bytes):
+        return [("ok", [(b"x" * record_bytes, 0)])] * CHUNK
+
+    small = _window(2, 1024, chunk(100))
+    assert small * CHUNK >= 1024  # a whole part ahead
+    for size in (100, 64 << 10, 1 << 20, 16 << 20):
+        w = _window(2, 1024, chunk(size))
+        assert w >= 2 * 2  # a couple of chunks per worker, whatever the size
+        assert w == 4 or w * CHUNK * size <= PART_BYTES

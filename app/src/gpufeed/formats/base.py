@@ -20,7 +20,7 @@ from gpufeed.formats.manifest import MANIFEST_NAME, SOURCES_NAME, pack_file, rea
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
 
-__all__ = ["ContiguousWriter", "Reader", "Writer"]
+__all__ = ["ContiguousWriter", "Reader", "Writer", "make_room"]
 
 
 class Reader:
@@ -225,6 +225,8 @@ class Writer:
 
     A writer works inside a fresh output folder and is given the totals up front (the pack
     knows them once every part is committed), so fixed-size containers are allocated once.
+    A writer that takes count None (tar) is fed each part as it is committed
+    (gpufeed.write.assemble.Stream).
     """
 
     format_name = ""
@@ -255,6 +257,19 @@ class Writer:
 
     def abort(self) -> None:
         """Close what is open after a failed write, quietly (the output is discarded)."""
+
+
+def make_room(writer: Writer, names: tuple[str, ...], rows: int) -> None:
+    """Grow the writer's per-sample index arrays `names` to hold at least `rows` rows (a
+    writer fed as parts are committed does not know its count; it doubles them)."""
+    have = len(getattr(writer, names[0]))
+    if rows <= have:
+        return
+    for name in names:
+        old = getattr(writer, name)
+        grown = np.empty(max(rows, 2 * have), dtype=old.dtype)
+        grown[:have] = old
+        setattr(writer, name, grown)
 
 
 class ContiguousWriter(Writer):

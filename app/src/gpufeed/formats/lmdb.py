@@ -20,7 +20,7 @@ import lmdb
 import numpy as np
 
 from gpufeed.errors import CorruptSampleError, DataError, DiskFullError
-from gpufeed.formats.base import Reader, Writer
+from gpufeed.formats.base import Reader, Writer, make_room
 from gpufeed.formats.files import is_disk_full
 from gpufeed.formats.maps import KEEP_MAPS, covers, on_forget
 from gpufeed.formats.npy import npy_bytes, npy_from_bytes
@@ -36,6 +36,11 @@ CRC_KEY = b"__crc32__"
 PAGE = 4096
 TXN_RECORDS = 4096
 TXN_BYTES = 64 << 20
+# The map size a pack starts with, doubled whenever it fills. LMDB records it in the file (and
+# never lowers it there), so it must not depend on what the writer knew up front: a pack
+# written as its parts are committed (gpufeed.write.assemble.Stream) and the same pack
+# assembled after a resume are byte-identical. Mapping 1 GiB costs address space, not memory.
+FIRST_MAP_SIZE = 1 << 30
 
 
 def key(index: int) -> bytes:
@@ -52,35 +57,22 @@ def keys(indices: np.ndarray) -> list[bytes]:
     return digits.astype(np.uint8).view("S10").ravel().tolist()
 
 
-def estimate_map_size(sizes: np.ndarray) -> int:
-    """Bytes LMDB needs for values of these sizes: small values share leaf pages, large ones
-    take whole overflow pages; plus room for branch pages and the index keys."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    large = sizes > 2000
-    overflow = ((sizes[large] + 16 + PAGE - 1) // PAGE * PAGE).sum()
-    small = (sizes[~large] + 32).sum() * 2
-    index = len(sizes) * 16 * 2
-    return int((overflow + small + index) * 1.25) + (8 << 20)
-
-
 class LMDBWriter(Writer):
     format_name = "lmdb"
 
     def __init__(self, out, spec, count, total_bytes, options):
         super().__init__(out, spec, count, total_bytes, options)
         self.spec = spec or SampleSpec("encoded")
-        sizes = options.get("sample_sizes")
-        if sizes is None:
-            sizes = np.full(count, total_bytes // max(count, 1), dtype=np.int64)
-        self.map_size = estimate_map_size(sizes)
+        self.map_size = FIRST_MAP_SIZE
         self.current_file = self.out / DATA_FILE
         # meminit stays on: pages are zeroed before use, so the file's bytes depend only on
         # what was written, and two packs of the same data are byte-identical.
         self.env = lmdb.open(
             str(self.out), subdir=True, map_size=self.map_size, meminit=True, sync=True, lock=True
         )
-        self.labels = np.empty(count, dtype=np.int64)
-        self.crcs = np.empty(count, dtype=np.uint32)
+        rows = count if count is not None else 1024
+        self.labels = np.empty(rows, dtype=np.int64)
+        self.crcs = np.empty(rows, dtype=np.uint32)
         self.n = 0
         self.pending: list[tuple[bytes, memoryview]] = []
         self.pending_bytes = 0
@@ -107,12 +99,15 @@ class LMDBWriter(Writer):
     def add(self, part: Part) -> None:
         # Transactions are cut by record count and bytes, never by part: LMDB's file bytes
         # depend on the transaction sequence, and the pack's bytes must not depend on parts.
+        make_room(self, ("labels", "crcs"), self.n + len(part))
+        self.labels[self.n : self.n + len(part)] = part.labels
+        self.crcs[self.n : self.n + len(part)] = part.crc32
+        view = memoryview(part.payload)
+        offsets = part.offsets.tolist()
         for j in range(len(part)):
-            value = part.sample(j)
+            value = view[offsets[j] : offsets[j + 1]]
             self.pending.append((key(self.n), value))
             self.pending_bytes += len(value)
-            self.labels[self.n] = part.labels[j]
-            self.crcs[self.n] = part.crc32[j]
             self.n += 1
             if len(self.pending) >= TXN_RECORDS or self.pending_bytes >= TXN_BYTES:
                 self._flush()
@@ -124,11 +119,12 @@ class LMDBWriter(Writer):
         self.pending_bytes = 0
 
     def finish(self) -> dict[str, Any]:
-        assert self.n == self.count
+        assert self.count is None or self.n == self.count
         self._flush()
+        self.labels, self.crcs = self.labels[: self.n], self.crcs[: self.n]
         meta = {
             "format_version": self.spec.format_version,
-            "count": self.count,
+            "count": self.n,
             "sample": self.spec.to_json(),
             "classes": self.options.get("classes"),
             "key_format": "%010d",

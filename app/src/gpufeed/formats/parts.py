@@ -2,7 +2,8 @@
 
 A part holds the samples read from a fixed range of source items. ``gpufeed.write`` commits
 each as one file (parts/part-NNNNNN.npz) and a format writer assembles the committed parts
-into its files in one pass (:meth:`gpufeed.formats.base.Writer.add`).
+into its files in one pass (:meth:`gpufeed.formats.base.Writer.add`), after the last part
+or, for a fresh tar pack, as each is committed.
 """
 
 from __future__ import annotations

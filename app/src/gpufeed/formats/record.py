@@ -248,12 +248,12 @@ def member_bytes(field: Field, stored) -> bytes:
         return _npy_header(field.dtype, field.shape) + bytes(stored)
     if kind == "ragged":
         nd = len(field.shape)
-        shape = tuple(np.frombuffer(stored[: 8 * nd], dtype=_INT64).tolist())
+        shape = struct.unpack_from(f"<{nd}q", stored)
         return _npy_header(field.dtype, shape) + bytes(stored[8 * nd :])
-    if kind == "int":
-        return b"%d" % int(np.frombuffer(stored, dtype=_INT64)[0])
+    if kind == "int":  # struct, not numpy: a tar pack's assembly makes one member per field
+        return b"%d" % struct.unpack_from("<q", stored)[0]
     if kind == "float":
-        value = float(np.frombuffer(stored, dtype="<f8")[0])
+        value = struct.unpack_from("<d", stored)[0]
         if not math.isfinite(value):
             return json.dumps(value).encode()  # NaN/Infinity: Python's json reads them back
         return repr(value).encode()

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import CorruptSampleError, DataError
-from gpufeed.formats.base import Reader, Writer
+from gpufeed.formats.base import Reader, Writer, make_room
 from gpufeed.formats.files import fsync_dir
 from gpufeed.formats.npy import npy_bytes
 from gpufeed.formats.parts import Part
@@ -66,11 +66,12 @@ def member_header(name: str, size: int) -> bytes:
         ti.uid = ti.gid = 0
         ti.uname = ti.gname = ""
         return ti.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
-    head = bytearray(_HEADER)
-    head[: len(raw)] = raw
-    head[124:136] = b"%011o\0" % size
-    head[148:155] = b"%06o\0" % sum(head)
-    return bytes(head)
+    size_field = b"%011o" % size
+    # the checksum sums the header's bytes: the template's, plus the name and size written
+    # into it (summing all 512 bytes each time cost a third of a member's header)
+    checksum = b"%06o\0 " % (_HEADER_SUM + sum(raw) + sum(size_field))
+    return b"".join((raw.ljust(100, b"\0"), _HEADER[100:124], size_field, _HEADER[135:148],
+                     checksum, _HEADER[156:]))  # fmt: skip
 
 
 def _header_template() -> bytes:
@@ -85,6 +86,7 @@ def _header_template() -> bytes:
 
 
 _HEADER = _header_template()
+_HEADER_SUM = sum(_HEADER)
 _ZEROS = bytes(BLOCK)
 
 
@@ -104,13 +106,19 @@ class TarWriter(Writer):
         self.max_count = int(options.get("shard_size") or DEFAULT_SHARD_SIZE)
         self.max_bytes = int(options.get("shard_bytes") or DEFAULT_SHARD_BYTES)
         self.header = npy_header(self.spec) if self.spec.kind == "array" else b""
-        self.shard = np.empty(count, dtype=np.int32)
-        self.offset = np.empty(count, dtype=np.int64)
-        self.size = np.empty(count, dtype=np.int64)
-        self.labels = np.empty(count, dtype=np.int64)
-        self.crcs = np.empty(count, dtype=np.uint32)
+        # the index, one row per sample; count None (a pack streamed as its parts are
+        # committed, gpufeed.write.assemble): rows are added as samples come
+        rows = count if count is not None else 1024
+        self.shard = np.empty(rows, dtype=np.int32)
+        self.offset = np.empty(rows, dtype=np.int64)
+        self.size = np.empty(rows, dtype=np.int64)
+        self.labels = np.empty(rows, dtype=np.int64)
+        self.crcs = np.empty(rows, dtype=np.uint32)
         self.names: list[str] = []
         self._suffixes: list[str] | None = None  # ".NAME.EXT" of each field's member
+        # what the current part adds to the shard, written at once (gpufeed.write streams a
+        # pack's parts into the writer while the workers read: a write per sample cost more)
+        self._chunks: list = []
         self.f = None
         self.in_shard = 0
         self.pos = 0
@@ -125,9 +133,15 @@ class TarWriter(Writer):
         self.in_shard = 0
         self.pos = 0
 
+    def _write_out(self) -> None:
+        if self._chunks:
+            self.f.write(b"".join(self._chunks))
+            self._chunks = []
+
     def _end_shard(self) -> None:
         if self.f is None:
             return
+        self._write_out()
         end = self.pos + 2 * BLOCK
         self.f.write(b"\0" * (2 * BLOCK + (-end) % RECORD))
         self.f.flush()
@@ -137,12 +151,9 @@ class TarWriter(Writer):
 
     def _member(self, name: str, data_parts: list) -> int:
         size = sum(len(d) for d in data_parts)
-        self.f.write(member_header(name, size))
         start = self.pos + BLOCK
-        for d in data_parts:
-            self.f.write(d)
         pad = (-size) % BLOCK
-        self.f.write(b"\0" * pad)
+        self._chunks += [member_header(name, size), *data_parts, _ZEROS[:pad]]
         self.pos = start + size + pad
         return start
 
@@ -150,12 +161,20 @@ class TarWriter(Writer):
     def _member_bytes(size: int) -> int:
         return BLOCK + size + (-size) % BLOCK
 
+    _INDEX = ("shard", "offset", "size", "labels", "crcs")
+
     def add(self, part: Part) -> None:
+        make_room(self, self._INDEX, self.n + len(part))
+        first = self.n
+        view = memoryview(part.payload)
+        offsets = part.offsets.tolist()  # Python ints: indexing numpy per sample cost more
+        labels = part.labels.tolist()
+        fields = self.spec.kind == "fields"
         for j in range(len(part)):
-            data = part.sample(j)
-            label = b"%d" % int(part.labels[j])
+            data = view[offsets[j] : offsets[j + 1]]
+            label = b"%d" % labels[j]
             need = self._member_bytes(len(self.header) + len(data)) + self._member_bytes(len(label))
-            if self.spec.kind == "fields":  # a member per field, each with an .npy header at most
+            if fields:  # a member per field, each with an .npy header at most
                 need = len(data) + 1280 * len(self.spec.schema.fields)
             if (
                 self.f is None
@@ -164,7 +183,7 @@ class TarWriter(Writer):
             ):
                 self._start_shard()
             k = KEY_FORMAT.format(self.n)
-            if self.spec.kind == "fields":
+            if fields:
                 start, size = self._field_members(k, data)
             else:
                 ext = "npy" if self.spec.kind == "array" else str(part.exts[j])
@@ -174,10 +193,11 @@ class TarWriter(Writer):
             self.shard[self.n] = len(self.names) - 1
             self.offset[self.n] = start
             self.size[self.n] = size
-            self.labels[self.n] = part.labels[j]
-            self.crcs[self.n] = part.crc32[j]
             self.n += 1
             self.in_shard += 1
+        self._write_out()
+        self.labels[first : self.n] = part.labels
+        self.crcs[first : self.n] = part.crc32
 
     def _field_members(self, key: str, record) -> tuple[int, int]:
         """A multi-field sample: one member per field, KEY.NAME.EXT (no .cls: a label is a
@@ -187,21 +207,23 @@ class TarWriter(Writer):
         if self._suffixes is None:
             self._suffixes = [member_name("", f) for f in schema.fields]
         first = pos = self.pos
-        chunks = []
         for field, suffix, stored in zip(
             schema.fields, self._suffixes, split_record(schema, record), strict=True
         ):
             data = member_bytes(field, stored)
-            pad = (-len(data)) % BLOCK
-            chunks += [member_header(key + suffix, len(data)), data, _ZEROS[:pad]]
-            end = pos + BLOCK + len(data)
+            size = len(data)
+            head = member_header(key + suffix, size)
+            pad = (-size) % BLOCK
+            self._chunks += [head, data, _ZEROS[:pad]]
+            end = pos + BLOCK + size
             pos = end + pad
-        self.f.write(b"".join(chunks))  # one write per sample: a write per member cost more
         self.pos = pos
         return first, end - first
 
     def finish(self) -> dict[str, Any]:
-        assert self.n == self.count
+        assert self.count is None or self.n == self.count
+        for name in self._INDEX:
+            setattr(self, name, getattr(self, name)[: self.n])
         if self.f is None and not self.names:
             self._start_shard()  # an empty dataset is still one valid (empty) tar
         self._end_shard()

@@ -3,8 +3,10 @@ DEST.partial/out/, the manifest written last, then out/ renamed to DEST."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +39,86 @@ from gpufeed.write.options import MANIFEST_OPTIONS
 from gpufeed.write.scan import Source
 from gpufeed.write.staging import part_path
 
-__all__ = ["assemble"]
+__all__ = ["STREAMED_FORMATS", "Stream", "assemble"]
+
+# formats whose writer takes the samples in order without knowing their totals: a fresh pack
+# feeds it each part as the part is committed (Stream), so the format's files are written
+# while the workers read, not in a second pass over every part after them
+STREAMED_FORMATS = frozenset({"tar", "lmdb"})
 
 
-def assemble(src: Source, dest: Path, partial: Path, nparts: int, state: dict, quiet: bool):
+class Stream:
+    """The format's files written from each part as it is committed (a fresh pack in a
+    format of STREAMED_FORMATS), into DEST.partial/out/. The committed parts stay what a
+    resume trusts: a crash leaves out/ half written, and the resumed pack assembles out/
+    again from the parts (assemble). Anything else (another format, a part out of order)
+    turns the stream off, and assemble writes out/ after the last part as before."""
+
+    def __init__(self, partial: Path, state: dict, classes: list[str] | None, on: bool = True):
+        self.out = partial / OUT_DIR
+        self.state = state
+        self.classes = classes
+        self.on = on and state["format"] in STREAMED_FORMATS
+        self.writer = None
+        self.fed = 0  # parts written, in order
+
+    def feed(self, index: int, part: Part) -> None:
+        if not self.on:
+            return
+        if index != self.fed:
+            self.stop()
+            return
+        if self.writer is None and part.spec is not None:
+            self._open(part.spec)
+        if self.writer is not None:
+            try:
+                with _format_errors(self.writer):  # closes the writer's files on a failure
+                    self.writer.add(part)
+            except BaseException:
+                self.on, self.writer = False, None
+                raise
+        self.fed += 1
+
+    def _open(self, spec) -> None:
+        """The format's writer, in an empty out/ (its total count unknown: None)."""
+        if self.out.exists():
+            remove_tree(self.out, "redo the unfinished output")
+        self.out.mkdir()
+        options = _writer_options(self.state, self.classes)
+        self.writer = writer_class(self.state["format"])(self.out, spec, None, 0, options)
+
+    def finished_writer(self, nparts: int):
+        """The writer that has every one of the nparts parts, else None (stream stopped)."""
+        if self.on and self.writer is not None and self.fed == nparts:
+            return self.writer
+        self.stop()
+        return None
+
+    def stop(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
+        self.on, self.writer = False, None
+
+
+def _writer_options(state: dict, classes) -> dict[str, Any]:
+    return {
+        "classes": classes,
+        "compression": state["compression"],
+        "shard_size": state["shard_size"],
+        "shard_bytes": state["shard_bytes"],
+        "container": state["container"],
+    }
+
+
+def assemble(
+    src: Source,
+    dest: Path,
+    partial: Path,
+    nparts: int,
+    state: dict,
+    quiet: bool,
+    stream: Stream | None = None,
+):
     parts_dir = partial / PARTS_DIR
     paths = [part_path(parts_dir, p) for p in range(nparts)]
     spec_json, sizes, items = None, [], []
@@ -58,20 +136,18 @@ def assemble(src: Source, dest: Path, partial: Path, nparts: int, state: dict, q
     count = len(sizes_all)
     spec = SampleSpec.from_json(spec_json) if spec_json else None
     out = partial / OUT_DIR
-    if out.exists():
-        remove_tree(out, "redo the unfinished output")
-    out.mkdir()
     fmt = state["format"]
-    options = {
-        "classes": src.classes,
-        "compression": state["compression"],
-        "shard_size": state["shard_size"],
-        "shard_bytes": state["shard_bytes"],
-        "container": state["container"],
-        "sample_sizes": sizes_all,
-    }
-    writer = writer_class(fmt)(out, spec, count, int(sizes_all.sum()), options)
-    info = _write_parts(writer, paths, quiet, fmt)
+    writer = stream.finished_writer(nparts) if stream is not None else None
+    if writer is not None:
+        with _format_errors(writer):
+            info = writer.finish()
+    else:
+        if out.exists():
+            remove_tree(out, "redo the unfinished output")
+        out.mkdir()
+        options = _writer_options(state, src.classes)
+        writer = writer_class(fmt)(out, spec, count, int(sizes_all.sum()), options)
+        info = _write_parts(writer, paths, quiet, fmt)
     with no_space_is_an_error(out / SOURCES_NAME):
         write_sources(out / SOURCES_NAME, (src.rel[i] for i in items_all.tolist()))
     files = {name: file_entry(out, name) for name in sorted([*info["files"], SOURCES_NAME])}
@@ -108,18 +184,27 @@ def _write_parts(writer, paths: list[Path], quiet: bool, fmt: str) -> dict[str, 
     the file being written, and the writer's files are closed quietly on any failure."""
     bar = progress.progress_bar(len(paths), 0, quiet, f"write {fmt}", unit="part")
     try:
-        for path in paths:
-            writer.add(Part.load(path))
-            bar.update(1)
-        return writer.finish()
+        with _format_errors(writer):
+            for path in paths:
+                writer.add(Part.load(path))
+                bar.update(1)
+            return writer.finish()
+    finally:
+        bar.close()
+
+
+@contextlib.contextmanager
+def _format_errors(writer) -> Iterator[None]:
+    """A full disk is a DiskFullError naming the file being written, and the writer's files
+    are closed quietly on any failure."""
+    try:
+        yield
     except BaseException as e:
         writer.abort()
         where = writer.current_file or writer.out
         if isinstance(e, (OSError, RuntimeError)) and is_disk_full(e, where):
             raise DiskFullError(where) from None
         raise
-    finally:
-        bar.close()
 
 
 def _swap_into_place(out: Path, dest: Path, partial: Path, src: Source) -> None:

@@ -21,7 +21,7 @@ import contextlib
 import multiprocessing as mp
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from itertools import islice
@@ -35,11 +35,11 @@ from gpufeed.formats.schema import Schema, infer_schema
 from gpufeed.write import progress
 from gpufeed.write.options import ON_ERROR
 from gpufeed.write.pool import default_workers, die_with_parent
-from gpufeed.write.writer import Writer, label_of
+from gpufeed.write.writer import PART_BYTES, Writer, label_of
 
 __all__ = ["pack_function", "pack_in_place"]
 
-CHUNK = 16
+CHUNK = 32
 _JOB: dict[str, Any] = {}  # in a worker: fn, inputs, schema (set by _start_worker)
 
 
@@ -71,7 +71,7 @@ def _run(lo: int, hi: int) -> list[tuple]:
     return [_convert(fn, inputs[i], schema) for i in range(lo, hi)]
 
 
-def _results(fn, inputs: Sequence, start: int, schema: Schema, workers: int) -> Iterator:
+def _results(fn, inputs: Sequence, start: int, schema: Schema, workers: int, part_size: int):
     """(index, result) for inputs[start:], in order; workers processes, or in-process."""
     if workers <= 1:
         for i in range(start, len(inputs)):
@@ -86,6 +86,7 @@ def _results(fn, inputs: Sequence, start: int, schema: Schema, workers: int) -> 
         initargs=(fn, inputs, schema, os.getpid()),
     ) as ex:
         pending = deque((r, ex.submit(_run, *r)) for r in islice(ranges, workers * 4))
+        window = workers * 4
         while pending:
             (lo, _), future = pending.popleft()
             try:
@@ -95,10 +96,19 @@ def _results(fn, inputs: Sequence, start: int, schema: Schema, workers: int) -> 
                     "a pack worker process died (killed or out of memory); the committed "
                     "inputs are kept: rerun with resume=True"
                 ) from None
-            nxt = next(ranges, None)
-            if nxt is not None:
+            window = _window(workers, part_size, chunk)
+            for nxt in islice(ranges, max(0, window - len(pending))):
                 pending.append((nxt, ex.submit(_run, *nxt)))
             yield from enumerate(chunk, lo)
+
+
+def _window(workers: int, part_size: int, chunk: list[tuple]) -> int:
+    """Chunks to keep in flight: enough to cover one part (while the writer commits a part,
+    the workers go on converting the next), but never more than PART_BYTES of records
+    (memory stays bounded however large the samples), and at least a few per worker."""
+    nbytes = sum(len(rec) for res in chunk if res[0] == "ok" for rec, _ in res[1])
+    by_bytes = PART_BYTES // max(nbytes, 1)
+    return max(workers * 2, min(by_bytes, -(-part_size // CHUNK)))
 
 
 def _name(item: Any, i: int) -> str:
@@ -138,7 +148,7 @@ def pack_function(
             _take(w, start, _first(fn, inputs[start]), inputs, on_error)
             bar.update(1)
             start += 1
-        for i, result in _results(fn, inputs, start, w.schema, workers):
+        for i, result in _results(fn, inputs, start, w.schema, workers, w.state["part_size"]):
             _take(w, i, result, inputs, on_error)
             bar.update(1)
         return w.close()

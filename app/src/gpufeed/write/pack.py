@@ -15,7 +15,10 @@ How a pack survives a crash at any point (kill -9 included):
   3. When every part is committed, the format writer assembles them into DEST.partial/out/
      from scratch (HDF5 is not crash-safe while written, so it is only ever written in one
      pass from committed parts), then the manifest is written last and out/ is renamed to
-     DEST. A DEST without manifest.json never exists.
+     DEST. A DEST without manifest.json never exists. A fresh pack in a streamed format
+     (tar: assemble.STREAMED_FORMATS) writes out/ as each part is committed instead, while
+     the workers read on; a crash leaves out/ half written, and the resume assembles it
+     again from the parts.
   4. One pack at a time per DEST: the run holds a lock on DEST.partial (gpufeed.formats.lock) until
      DEST.partial is gone. --overwrite replaces only a pack gpufeed made (gpufeed.write.guard): an
      old DEST is moved into DEST.partial, the new one renamed into place, then DEST.partial
@@ -37,7 +40,7 @@ from gpufeed.formats.files import atomic_write_json
 from gpufeed.formats.lock import PackLock
 from gpufeed.formats.manifest import PARTIAL_SUFFIX, read_manifest
 from gpufeed.storage.urls import RemoteURL, parse_location
-from gpufeed.write.assemble import assemble
+from gpufeed.write.assemble import Stream, assemble
 from gpufeed.write.guard import (
     PARTS_DIR,
     STATE_NAME,
@@ -198,10 +201,17 @@ def pack_files(
         load_opts = LoadOptions(encode=encode, resize=resize_hw)
         nparts = max(1, -(-len(src) // state["part_size"]))
         drop_changed_parts(src, parts_dir, nparts, state["part_size"], say)
-        commit_parts(
-            src, parts_dir, nparts, state["part_size"], load_opts, workers, on_error, quiet
-        )
-        manifest = assemble(src, dest, partial, nparts, state, quiet)
+        # a fresh pack's format files are written as its parts are committed
+        stream = Stream(partial, state, src.classes, on=not any(parts_dir.glob("part-*")))
+        try:
+            commit_parts(
+                src, parts_dir, nparts, state["part_size"], load_opts, workers, on_error, quiet,
+                stream,
+            )  # fmt: skip
+        except BaseException:
+            stream.stop()
+            raise
+        manifest = assemble(src, dest, partial, nparts, state, quiet, stream)
         remove_partial(partial, lock)
     return manifest
 

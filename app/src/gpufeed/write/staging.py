@@ -140,7 +140,9 @@ def drop_changed_parts(src: Source, parts_dir: Path, nparts: int, part_size: int
             path.unlink()
 
 
-def commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error, quiet):
+def commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error, quiet, stream):
+    """Read every part not committed yet, commit it, and hand it to ``stream``
+    (gpufeed.write.assemble.Stream: the format's files written as the parts come)."""
     for tmp in parts_dir.glob("*.tmp"):
         tmp.unlink()
     todo = [p for p in range(nparts) if not part_path(parts_dir, p).exists()]
@@ -182,7 +184,9 @@ def commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error
                     skipped += 1
                     bar.set_postfix(skipped=skipped, refresh=False)
                 bar.update(1)
-            builder.build().save(part_path(parts_dir, p))
+            part = builder.build()
+            part.save(part_path(parts_dir, p))
+            stream.feed(p, part)
     finally:
         bar.close()
         results.close()

@@ -7,7 +7,8 @@
 It is a pack like any other, made the same crash-safe way (gpufeed.write.pack): samples
 are committed in parts under DEST.partial/ (each part written, fsynced, renamed), the
 format's files are assembled from the committed parts when the writer closes without an
-error, the manifest is written last, and DEST appears by one rename. Until then DEST does
+error (tar: written as each part is committed, gpufeed.write.assemble.Stream), the
+manifest is written last, and DEST appears by one rename. Until then DEST does
 not exist and ``open_dataset(DEST)`` raises NotPackedError saying so. The lock on
 DEST.partial keeps a second writer (or pack) out.
 
@@ -41,7 +42,7 @@ from gpufeed.formats.record import encode_record
 from gpufeed.formats.schema import Schema, infer_schema, parse_schema
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.storage.urls import require_local
-from gpufeed.write.assemble import assemble
+from gpufeed.write.assemble import Stream, assemble
 from gpufeed.write.guard import (
     PARTS_DIR,
     STATE_NAME,
@@ -165,6 +166,9 @@ class Writer:
         self._pending: list[tuple[int, bytes, int]] = []
         self._pending_bytes = 0
         self._items = 0  # inputs done: gpufeed.pack(fn, inputs) goes on from here
+        # a fresh pack's format files are written as its parts are committed; a resumed one
+        # assembles them from every part when it closes
+        self._stream = Stream(self.partial, self.state, None, on=not resume)
         if state_path.exists() and resume:
             self._resume(json.loads(state_path.read_text()))
             return
@@ -267,7 +271,7 @@ class Writer:
         offsets = np.zeros(len(records) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
         n = len(records)
-        Part(
+        part = Part(
             payload=np.frombuffer(b"".join(records), dtype=np.uint8),
             offsets=offsets,
             labels=np.asarray([lab for _, _, lab in self._pending], dtype=np.int64),
@@ -277,7 +281,9 @@ class Writer:
             skip_items=np.asarray([i for i, _ in self.skipped], dtype=np.int64),
             skip_errors=np.asarray([e for _, e in self.skipped], dtype=str),
             spec=SampleSpec("fields", schema=self.schema) if self.schema else None,
-        ).save(part_path(self.partial / PARTS_DIR, self.parts))
+        )
+        part.save(part_path(self.partial / PARTS_DIR, self.parts))
+        self._stream.feed(self.parts, part)
         self.parts += 1
         self._pending, self._pending_bytes, self.skipped = [], 0, []
 
@@ -297,13 +303,17 @@ class Writer:
         if self.parts == 0:
             self.flush(empty=True)
         src = WrittenSource(count=self._items, names=self.item_names)
-        self.manifest = assemble(src, self.dest, self.partial, self.parts, self.state, self.quiet)
+        self.manifest = assemble(
+            src, self.dest, self.partial, self.parts, self.state, self.quiet, self._stream
+        )
         remove_partial(self.partial, self._lock)
         self._release()
         return self.manifest
 
     def abandon(self) -> None:
         """Stop without finishing: committed parts stay (resume=True continues)."""
+        if self._lock is not None:
+            self._stream.stop()
         self._release()
 
     def _release(self) -> None:
