@@ -80,7 +80,7 @@ class SampleReading:
         if callable(decode) and not _holds_images(reader.spec):
             raise UsageError(
                 f"{reader.root}: decode={decode!r} decodes encoded images, but this pack holds "
-                f"{reader.spec.describe()}"
+                f"{reader.spec.kind} samples ({reader.spec.describe()})"
             )
         if verify_crc and not getattr(reader, "checksums", True):
             raise UsageError(
