@@ -5,7 +5,10 @@ Cases (full size; QUICK=1 takes a tenth):
 - ``raw``:   100,000 uint8 tensors 3x64x64 (12 KiB each), one ``.pt`` file per sample;
 - ``jpeg``:  100,000 JPEGs of 64x64 (smooth pictures with detail, ~2-3 KiB), read with
   decode + RandomResizedCrop(56) + horizontal flip per sample, as ImageNet training does;
-- ``large``: 1,000 uint8 tensors 3x384x384 (432 KiB each).
+- ``large``: 1,000 uint8 tensors 3x384x384 (432 KiB each);
+- ``fields``: 100,000 multi-field samples, a JPEG as in ``jpeg`` + a 32-token caption (int32
+  token ids, ``tokens.npy``) + the class: read with the JPEG decoded + RandomResizedCrop(56)
+  + flip and the captions batched as int32 [B, 32].
 
 The per-file layout (``class/NNNNNNN.pt`` or ``.jpg``) is what the tutorial baseline reads
 and what ``gpufeed pack`` and the peers' writers start from.
@@ -23,12 +26,16 @@ import numpy as np
 import torch
 
 CLASSES = 10
+CAPTION_TOKENS = 32
+VOCABULARY = 50_000
+# the fields case as gpufeed stores it (the peers store the same three columns)
+FIELDS_SCHEMA = {"image": "jpeg", "caption": f"int32[{CAPTION_TOKENS}]", "label": "int"}
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
-    kind: str  # "raw" | "jpeg"
+    kind: str  # "raw" | "jpeg" | "fields"
     count: int
     shape: tuple[int, int, int]  # stored (raw) or decoded (jpeg) CHW
     root: Path  # the case's folder: source/ + one folder per stored format
@@ -51,6 +58,10 @@ class Case:
     def labels(self) -> np.ndarray:
         return np.load(self.root / "labels.npy")
 
+    def tokens(self) -> np.ndarray:
+        """fields: int32 [count, CAPTION_TOKENS], in gpufeed's sample order."""
+        return np.load(self.root / "tokens.npy", mmap_mode="r")
+
     def sample_bytes(self) -> float:
         """Stored payload bytes per sample (the MB/s numerator, the same for every row)."""
         return json.loads((self.root / "files.json").read_text())["payload_bytes"] / self.count
@@ -62,6 +73,7 @@ def cases(root: Path, quick: bool) -> list[Case]:
         Case("raw", "raw", 100_000 // div, (3, 64, 64), root / "raw"),
         Case("jpeg", "jpeg", 100_000 // div, (3, 64, 64), root / "jpeg", crop=56),
         Case("large", "raw", 1_000 // div, (3, 384, 384), root / "large"),
+        Case("fields", "fields", 100_000 // div, (3, 64, 64), root / "fields", crop=56),
     ]
 
 
@@ -114,6 +126,10 @@ def generate(case: Case, seed: int = 0) -> None:
     files = [files[k] for k in order]
     labels = labels[order]
     np.save(case.root / "labels.npy", labels)
+    if case.kind == "fields":
+        tokens = rng.integers(0, VOCABULARY, (case.count, CAPTION_TOKENS), dtype=np.int32)
+        np.save(case.root / "tokens.npy", tokens)
+        payload += tokens.nbytes
     tmp = done.with_suffix(".tmp")
     rel = [str(Path(f).relative_to(case.root)) for f in files]
     tmp.write_text(json.dumps({"files": rel, "payload_bytes": payload}))
@@ -179,6 +195,23 @@ class Augment:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return random_resized_crop_flip(x, self.size)
+
+
+class FieldsSample:
+    """fields: input i -> the sample dict gpufeed.pack(fn, ...) and the peers' writers store
+    (picklable: pack runs it in worker processes)."""
+
+    def __init__(self, case: Case):
+        self.case = case
+        self.files = case.files()
+        self.labels = case.labels()
+
+    def __call__(self, i: int) -> dict:
+        return {
+            "image": Path(self.files[i]).read_bytes(),
+            "caption": np.ascontiguousarray(self.case.tokens()[i]),
+            "label": int(self.labels[i]),
+        }
 
 
 def decode_jpeg_bytes(data) -> torch.Tensor:

@@ -56,12 +56,14 @@ CONDITIONS = {
     ],
     "jpeg": [("cold", "shuffled"), ("warm", "shuffled")],
     "large": [("cold", "shuffled"), ("warm", "shuffled")],
+    "fields": [("cold", "shuffled"), ("warm", "shuffled")],
 }
 # QUICK: every row, fewer conditions, one timed pass each (a check that all runs, not numbers)
 QUICK_CONDITIONS = {
     "raw": [("cold", "shuffled"), ("warm", "sequential")],
     "jpeg": [("warm", "shuffled")],
     "large": [("cold", "shuffled")],
+    "fields": [("cold", "shuffled"), ("warm", "shuffled")],
 }
 # a store runs once per data folder; the full JPEG case through every writer takes minutes
 STORE_TIMEOUT_S = 3600
@@ -84,6 +86,15 @@ def rows() -> list[tuple[str, str]]:
     out += [(f"gpufeed {f}", f"gpufeed:{f}") for f in FORMATS]
     out += [(name, f"peer:{name}") for name in bpeers.PEERS]
     return out
+
+
+def row_applies(case, row: str) -> bool:
+    """The fields case (JPEG + caption) is stored by gpufeed and the peers that take such
+    samples; no per-file row (the tutorial dataset reads one file per sample)."""
+    if case.kind != "fields":
+        return True
+    kind, _, arg = row.partition(":")
+    return kind == "gpufeed" or (kind == "peer" and arg in bpeers.FIELDS_PEERS)
 
 
 def row_label(case, label: str) -> str:
@@ -138,7 +149,13 @@ def prepare(case, row: str) -> dict:
             import gpufeed
 
             opts = {"shard_size": max(1, case.count // 10)} if arg == "tar" else {}
-            gpufeed.pack(case.source, dest, format=arg, overwrite=True, quiet=True, **opts)
+            if case.kind == "fields":  # from Python objects, as the peers' writers take them
+                gpufeed.pack(
+                    bdata.FieldsSample(case), range(case.count), dest, format=arg,
+                    schema=bdata.FIELDS_SCHEMA, workers=2, overwrite=True, quiet=True, **opts,
+                )  # fmt: skip
+            else:
+                gpufeed.pack(case.source, dest, format=arg, overwrite=True, quiet=True, **opts)
         else:
             import shutil
 
@@ -254,7 +271,7 @@ def make_batches(case, row: str, *, shuffle: bool, workers: int, batch_size: int
     import torch
 
     kind, _, arg = row.partition(":")
-    aug = bdata.Augment(case.crop) if case.kind == "jpeg" else None
+    aug = bdata.Augment(case.crop) if case.crop else None
     if kind == "perfile":
         ds = PerFileDataset(case.files(), case.labels(), case.kind, aug)
         g = torch.Generator().manual_seed(seed)
@@ -265,7 +282,8 @@ def make_batches(case, row: str, *, shuffle: bool, workers: int, batch_size: int
     if kind == "gpufeed":
         import gpufeed
 
-        # JPEGs: gpufeed's fused decode + RandomResizedCrop + flip, as FFCV's row uses FFCV's
+        # JPEGs (and the fields case's): gpufeed's fused decode + RandomResizedCrop + flip, as
+        # FFCV's row uses FFCV's
         opts = {"decode": gpufeed.RandomResizedCrop(case.crop)} if aug is not None else {}
         path = store_dir(case, row)
         if arg == "tar":  # streamed whole shards: the fastest documented way to read tar
@@ -349,7 +367,7 @@ def run_row(spec: dict) -> dict:
     n = cpus()
     workers = 0
     out = {"conditions": {}}
-    if case.kind == "jpeg":
+    if case.crop:
         # the decoder and the transform's imports, once here: forked workers inherit them
         # instead of each importing torchvision on its first sample (seconds per pass)
         bdata.decode_jpeg_bytes(Path(case.files()[0]).read_bytes())
@@ -848,7 +866,7 @@ def main(argv=None) -> int:
         results["cases"][case.name] = cr
         todo = []
         for label, row in rows():
-            if args.rows and not re.search(args.rows, row):
+            if (args.rows and not re.search(args.rows, row)) or not row_applies(case, row):
                 continue
             entry = cr["rows"][row] = {"label": row_label(case, label)}
             if row.startswith("peer:"):

@@ -4,9 +4,10 @@
     batches(case, out_dir, *, shuffle, workers, batch_size, seed) -> iterable of batches
 
 ``case`` is a :class:`bench.data.Case`: where its per-file source lies, the sample kind
-("raw" uint8 tensors or "jpeg" files) and the per-sample transform. Every loader yields
-``(samples, labels)`` batches of ``batch_size``; the suite only counts and times them.
-"""
+("raw" uint8 tensors, "jpeg" files, or "fields": a JPEG + a caption) and the per-sample
+transform. Every loader yields ``(samples, labels)`` batches of ``batch_size`` (fields:
+``(images, captions, labels)``); the suite only counts and times them. FIELDS_PEERS: those
+that store the fields case (FFCV's row is about JPEGs alone)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ PEERS = {
     "mds": "bench.peers.mds_peer",
     "ffcv": "bench.peers.ffcv_peer",
 }
+
+FIELDS_PEERS = ("webdataset", "litdata", "mds")
 
 
 def load(name: str):

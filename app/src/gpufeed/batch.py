@@ -52,6 +52,7 @@ __all__ = [
     "is_batch",
     "iter_tensors",
     "new_batch_tensor",
+    "pad_fields",
     "stack",
     "to_batch",
     "to_samples",
@@ -201,9 +202,29 @@ def collate_fields(samples: Sequence[Mapping], pad: Mapping[str, Any] | None = N
     return out
 
 
+def pad_fields(batch: FieldBatch, pad: Mapping[str, Any] | None) -> FieldBatch:
+    """A FieldBatch whose ragged fields are lists of tensors -> those named in ``pad``
+    padded, each followed by its ``NAME_mask`` (as collate_fields pads them)."""
+    if not pad:
+        return batch
+    out = FieldBatch()
+    for name, values in batch.items():
+        if name in pad and isinstance(values, torch.Tensor):  # every size agreed
+            out[name] = values
+            out[f"{name}_mask"] = new_batch_tensor(values.shape, torch.bool).fill_(True)
+        elif name in pad and values:
+            out[name], out[f"{name}_mask"] = _pad(values, pad[name])
+        else:
+            out[name] = values
+    return out
+
+
 def to_batch(samples, labels: np.ndarray, pad: Mapping[str, Any] | None = None):
     """A read batch as one :class:`Batch` (samples stacked when their shapes agree), or a
-    :class:`FieldBatch` for field dicts (``pad``: see collate_fields)."""
+    :class:`FieldBatch` for field dicts or a FieldBatch read as one (``pad``: see
+    collate_fields)."""
+    if isinstance(samples, FieldBatch):
+        return pad_fields(samples, pad)
     if isinstance(samples, list) and samples and isinstance(samples[0], dict):
         return collate_fields(samples, pad)
     if not isinstance(samples, torch.Tensor):

@@ -8,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -225,6 +226,36 @@ def test_suite_perfile_dataset_and_augment(suite, tmp_path):
     x, y = ds[3]
     assert x.shape == (3, 56, 56) and x.dtype == torch.uint8 and y == int(labels[3])
     assert 500 < case.sample_bytes() < 12288  # a JPEG, smaller than the raw pixels
+
+
+def test_suite_fields_case_rows_store_and_read_jpeg_and_caption(suite, tmp_path):
+    from bench import data as bdata
+
+    case = bdata.Case("fields", "fields", 40, (3, 64, 64), tmp_path / "fields", crop=56)
+    bdata.generate(case)
+    tokens = case.tokens()
+    assert tokens.shape == (40, 32) and tokens.dtype == np.int32
+    rows = [r for _, r in suite.rows() if suite.row_applies(case, r)]
+    assert rows == [f"gpufeed:{f}" for f in suite.FORMATS] + [
+        "peer:webdataset", "peer:litdata", "peer:mds"
+    ]  # fmt: skip
+    for row in ("gpufeed:lmdb", "gpufeed:tar", "peer:webdataset"):
+        info = suite.prepare(case, row)
+        assert info["disk_bytes"] > 40 * 32 * 4
+        batches, cleanup = suite.make_batches(
+            case, row, shuffle=True, workers=0, batch_size=16, seed=1
+        )
+        first = next(iter(batches))
+        if row.startswith("gpufeed"):
+            images, captions, labels = first["image"], first["caption"], first["label"]
+        else:
+            images, captions, labels = first
+        assert images.shape == (16, 3, 56, 56) and images.dtype == torch.uint8, row
+        assert captions.shape == (16, 32) and captions.dtype == torch.int32, row
+        # each caption is its own sample's: the rows' shuffles differ, the pairs may not
+        where = [int(np.flatnonzero((tokens == c.numpy()).all(1))[0]) for c in captions]
+        assert case.labels()[where].tolist() == [int(y) for y in labels], row
+        cleanup()
 
 
 def test_compare_plain_reads_both_loaders_side_by_side(mmap_pack, capsys):

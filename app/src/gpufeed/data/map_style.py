@@ -64,10 +64,13 @@ class PackedDataset(SampleReading, Dataset):
     ``collate_fn=gpufeed.collate`` to a plain DataLoader, which drops them; torch's
     default_collate cannot), ``get_batch`` and ``make_loader`` give a shorter batch.
     pad (multi-field packs): ragged field -> fill value; get_batch pads those fields and adds
-    NAME_mask (gpufeed.batch.collate_fields); others come as lists.
+    NAME_mask (gpufeed.batch.collate_fields); others come as lists. A multi-field read is
+    decoded a batch at a time (gpufeed.data.fields.decode_batch): get_batch hands out the
+    collated FieldBatch without making a dict per sample; __getitems__ splits it into them.
     decode=False returns encoded samples as 1-D uint8 tensors (e.g. for GPU JPEG decoding);
     decode=a batch decoder, such as gpufeed.RandomResizedCrop(224), decodes and
-    augments a batch in one pass (then transform, if given, runs on its output). Other
+    augments a batch in one pass (then transform, if given, runs on its output); in a
+    multi-field pack it decodes the image fields. Other
     keyword options go to the reader (hdf5: use_mmap, rdcc_mb; lmdb: readahead) and, for a
     pack in object storage (``path`` a URL), to its cache (cache_dir, cache_limit: see
     :func:`gpufeed.storage.packs.open_reader_at`).
@@ -131,7 +134,7 @@ class PackedDataset(SampleReading, Dataset):
         """PyTorch's batched fetch: the list of what ``self[i]`` returns for each index (a
         skipped sample is ``None``), read in one storage round trip."""
         samples, labels, kept = self._read_samples(indices)
-        return to_samples(samples, labels, kept, len(indices))
+        return to_samples(self._samples_of(samples), labels, kept, len(indices))
 
     def __getitem__(self, index):
         if isinstance(index, slice):

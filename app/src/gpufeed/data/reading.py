@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpufeed.batch import FieldBatch
 from gpufeed.data.decoders import array_to_tensor, decode_bytes, raw_bytes_tensor
-from gpufeed.data.fields import decode_fields
+from gpufeed.data.fields import decode_batch, field_rows
 from gpufeed.errors import CorruptSampleError, StorageError, UsageError
 from gpufeed.formats.base import Reader
 from gpufeed.formats.checksums import crc32, row_crcs
@@ -76,10 +77,10 @@ class SampleReading:
         self.batch_transform = batch_transform
         self.verify_crc = bool(verify_crc)
         self.on_error = on_error
-        if callable(decode) and reader.spec.kind != "encoded":
+        if callable(decode) and not _holds_images(reader.spec):
             raise UsageError(
                 f"{reader.root}: decode={decode!r} decodes encoded images, but this pack holds "
-                f"{reader.spec.kind} samples"
+                f"{reader.spec.kind} samples ({reader.spec.describe()})"
             )
         if verify_crc and not getattr(reader, "checksums", True):
             raise UsageError(
@@ -208,7 +209,10 @@ class SampleReading:
         """Decode + transform: (samples, kept positions). The samples are one tensor where
         they were read or decoded as one (fixed-shape arrays, a batch decoder), else a list:
         stacking is left to whoever needs a stacked batch (get_batch), so the per-sample
-        path (__getitems__) never copies a sample only to split it again."""
+        path (__getitems__) never copies a sample only to split it again. A multi-field
+        pack's samples are one FieldBatch (see _fields_to_tensors)."""
+        if self.reader.spec.kind == "fields":
+            return self._fields_to_tensors(idx, keep, payloads)
         if isinstance(payloads, np.ndarray):
             samples = array_to_tensor(payloads)
             if self.transform is None:
@@ -225,15 +229,7 @@ class SampleReading:
             tensors = list(batch.unbind(0))
         else:
             tensors, kept_list = [], []
-            fields = self.reader.spec.schema if self.reader.spec.kind == "fields" else None
             for j, payload in zip(keep.tolist(), payloads, strict=True):
-                if fields is not None:
-                    try:
-                        tensors.append(decode_fields(fields, payload, self.decode))
-                        kept_list.append(j)
-                    except Exception as e:  # noqa: BLE001 - a record that does not decode
-                        self._fail(self._corrupt(int(idx[j]), f"cannot decode: {e}"))
-                    continue
                 if not self.decode:
                     tensors.append(raw_bytes_tensor(payload))
                     kept_list.append(j)
@@ -247,6 +243,31 @@ class SampleReading:
         if self.transform is not None:
             tensors = [self.transform(t) for t in tensors]
         return tensors, kept
+
+    def _fields_to_tensors(self, idx: np.ndarray, keep: np.ndarray, payloads):
+        """A multi-field read, decoded as a batch (gpufeed.data.fields.decode_batch): the
+        FieldBatch (ragged fields as lists: get_batch pads them), or with a transform, the
+        sample dicts it made, each transformed."""
+        schema = self.reader.spec.schema
+        batch, rows, failed = decode_batch(schema, payloads, self.decode)
+        for j, problem in failed:
+            self._fail(self._corrupt(int(idx[keep[j]]), problem))
+        kept = keep[rows]
+        if self.transform is None:
+            return batch, kept
+        return [self.transform(s) for s in field_rows(schema, batch)], kept
+
+    def _samples_of(self, samples):
+        """What the per-sample path hands out: a FieldBatch split into its sample dicts."""
+        if isinstance(samples, FieldBatch):
+            return field_rows(self.reader.spec.schema, samples)
+        return samples
+
+
+def _holds_images(spec) -> bool:
+    if spec.kind == "fields":
+        return any(f.type == "image" for f in spec.schema.fields)
+    return spec.kind == "encoded"
 
 
 def _check_pad(reader: Reader, pad) -> dict[str, Any] | None:

@@ -257,7 +257,9 @@ class TarShardDataset(SampleReading, IterableDataset):
 
     def __iter__(self):
         for samples, labels, kept in self._stream(self.read_size, False):
-            yield from to_samples(samples, labels, np.arange(len(kept)), len(kept))
+            yield from to_samples(
+                self._samples_of(samples), labels, np.arange(len(kept)), len(kept)
+            )
 
     def __getstate__(self):
         state = self.__dict__.copy()

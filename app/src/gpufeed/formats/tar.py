@@ -338,13 +338,6 @@ class TarReader(Reader):
     def shard_range(self, shard: int) -> tuple[int, int]:
         return int(self.shard_start[shard]), int(self.shard_start[shard + 1])
 
-    def _pread(self, i: int) -> bytes:
-        size = int(self.size[i])
-        data = os.pread(self._fd(int(self.shard[i])), size, int(self.offset[i]))
-        if len(data) != size:
-            raise CorruptSampleError(self.location(i), i, "shard is truncated")
-        return data
-
     def prefetch(self, indices: np.ndarray) -> None:
         if self.source is not None:  # a remote pack: fetch the shards to come into the cache
             shards = np.unique(self.shard[indices]).tolist() if len(indices) else []
@@ -429,7 +422,21 @@ class TarReader(Reader):
             view = memoryview(span)
             sizes = self.size[indices].tolist()
             return [bytes(view[o : o + n]) for o, n in zip(rel.tolist(), sizes, strict=True)]
-        return [self._pread(int(i)) for i in indices]
+        # the index read once for the batch (numpy scalars one at a time cost more)
+        where = zip(
+            indices.tolist(),
+            self.shard[indices].tolist(),
+            self.offset[indices].tolist(),
+            self.size[indices].tolist(),
+            strict=True,
+        )
+        out, fd_of, pread = [], self._fd, os.pread
+        for i, shard, offset, size in where:
+            data = pread(fd_of(shard), size, offset)
+            if len(data) != size:
+                raise CorruptSampleError(self.location(i), i, "shard is truncated")
+            out.append(data)
+        return out
 
     def _rows_of_run(self, indices: np.ndarray) -> np.ndarray:
         width = self.spec.nbytes
