@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from gpufeed.data.open import open_dataset
+from gpufeed.errors import ObjectNotFoundError
 from gpufeed.storage import upload_pack
 from gpufeed.write.pack import pack
 
@@ -82,3 +83,14 @@ def test_forked_workers_fetch_what_the_parent_never_did(s3, packs, tmp_path):
     assert len(samples(batches)) == 17
     assert all(os.path.exists(s) for s in shards)  # linked into the view by the workers
     assert torch.is_tensor(batches[0][0])
+
+
+@pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
+def test_a_forked_workers_fetch_error_names_the_object(s3, packs, tmp_path, rclone_server):
+    """The helper's error reaches the worker, and the loader, as the same gpufeed error."""
+    upload_pack(packs / "tar", f"{s3}/tar")
+    ds = open_dataset(f"{s3}/tar", cache_dir=tmp_path / "cache", map_style=True)
+    missing = ds.reader.shards[-1]
+    rclone_server.delete(f"{s3}/tar/{missing}")
+    with pytest.raises(ObjectNotFoundError, match=f"{missing}: no such object"):
+        list(tutorial_loader(ds, 2, "fork"))
