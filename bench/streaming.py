@@ -140,11 +140,8 @@ class LitdataReader:
 
     def open(self, cache: Path) -> None:
         import litdata
-        from litdata.streaming import downloader
 
-        # LitData fetches chunks with obstore, whose client refuses http:// unless told (gpufeed
-        # tells it for an http endpoint the user set); LitData 0.2.76 has no option for it
-        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
+        _litdata_allow_http()
         self.ds = litdata.StreamingDataset(
             self.where, cache_dir=str(cache), storage_options={"endpoint_url": self.endpoint}
         )
@@ -152,8 +149,22 @@ class LitdataReader:
     def batches(self):
         import litdata
 
-        loader = litdata.StreamingDataLoader(self.ds, batch_size=BATCH, num_workers=self.workers)
+        loader = litdata.StreamingDataLoader(
+            self.ds,
+            batch_size=BATCH,
+            num_workers=self.workers,
+            worker_init_fn=_litdata_allow_http if self.workers else None,
+        )
         return ((len(b["y"]), b) for b in loader)
+
+
+def _litdata_allow_http(_worker_id: int | None = None) -> None:
+    """LitData fetches chunks with obstore, whose client refuses http:// unless told (gpufeed
+    tells it for an http endpoint the user set); LitData 0.2.76 has no option for it. Also
+    in each worker: a spawned one imports litdata afresh."""
+    from litdata.streaming import downloader
+
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
 
 
 class MdsReader:
