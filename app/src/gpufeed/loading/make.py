@@ -237,7 +237,7 @@ def _decide_auto(tuned: LoaderSettings, dataset) -> LoaderSettings:
     count (measured later, over the order the loader will read)."""
     return tuned.replace(
         multiprocessing_context=(
-            tuned.multiprocessing_context or default_multiprocessing_context(dataset)
+            tuned.multiprocessing_context or default_multiprocessing_context()
         ),
         block_size=(
             int(getattr(dataset, "preferred_block_size", DEFAULT_BLOCK_SIZE))

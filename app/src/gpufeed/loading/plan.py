@@ -26,7 +26,6 @@ from gpufeed.batch import batch_nbytes, collate, iter_tensors
 from gpufeed.loading.outlook import loader_cpus, worker_count_for
 from gpufeed.loading.settings import SETTINGS_KEYS
 from gpufeed.loading.workers import MapProxy, loader_dataset
-from gpufeed.storage import store
 
 __all__ = [
     "LoaderPlan",
@@ -34,7 +33,6 @@ __all__ = [
     "clear_plan_cache",
     "decoder_threads",
     "default_multiprocessing_context",
-    "reads_object_storage",
     "fast_path",
     "iter_batches",
     "plan_workers",
@@ -108,9 +106,8 @@ def cached_plans() -> list[Plan]:
     return list(_PLAN_CACHE.values())
 
 
-def default_multiprocessing_context(dataset=None) -> str | None:
-    """``"fork"`` on Linux unless CUDA is initialised in this process or ``dataset`` reads
-    object storage, then ``"spawn"``.
+def default_multiprocessing_context() -> str | None:
+    """``"fork"`` on Linux unless CUDA is initialised in this process, then ``"spawn"``.
 
     Fork starts a worker in milliseconds and shares the parent's memory (the dataset's numpy
     index, say) copy-on-write; spawn starts a fresh interpreter that re-imports torch (seconds
@@ -118,29 +115,17 @@ def default_multiprocessing_context(dataset=None) -> str | None:
     child that touches CUDA fails with "Cannot re-initialize CUDA in forked subprocess", and
     a fork taken while driver threads hold locks can hang the child. So once the parent has
     initialised CUDA (``model.cuda()`` before building the loader) spawn is the safe default.
-    The same holds for object storage: obstore's tokio runtime does not survive a fork, so
-    the workers of a dataset read by URL (opening it already used the runtime) are spawned
-    (:mod:`gpufeed.storage.store`); a forked worker that never fetches is unaffected.
+    A dataset read by URL forks too: obstore's tokio runtime does not survive a fork, so a
+    forked worker fetches through a helper process (:mod:`gpufeed.storage.helper`); fork still
+    reached the first batch 6.5x sooner than spawn with a cold cache, 32x with a warm one
+    (``python -m bench.url_workers``, docs/object-storage.md).
     Other platforms keep Python's default (spawn on macOS and Windows).
     """
     if not sys.platform.startswith("linux"):
         return None
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return "spawn"
-    if store.used_in_this_process() and reads_object_storage(dataset):
-        return "spawn"
     return "fork"
-
-
-def reads_object_storage(dataset) -> bool:
-    """Whether ``dataset`` (or one it wraps: Subset, ConcatDataset, gpufeed's proxies) reads
-    its files from object storage (its reader has a remote ``source``)."""
-    if dataset is None:
-        return False
-    if getattr(getattr(dataset, "reader", None), "source", None) is not None:
-        return True
-    inner = getattr(dataset, "datasets", None) or [getattr(dataset, "dataset", None)]
-    return any(d is not dataset and reads_object_storage(d) for d in inner)
 
 
 def _fingerprint(dataset) -> tuple:

@@ -17,6 +17,10 @@ drops a dead process's locks):
     and the reservation counts against cache_limit), is checked against the caller's size and
     sha256, fsynced, and renamed into place. A reader never sees a half-written file.
   - Recently used = most recent mtime: every pin touches the file.
+  - A forked child closes its copies of this process's lock descriptors at once (a flock
+    belongs to the open file, so a copy would hold it until the child exits: a forked worker
+    that inherited the cache lock would block every download on the node). Each Pin or lock
+    is closed only by the process that took it.
 """
 
 from __future__ import annotations
@@ -69,15 +73,16 @@ class Pin:
     def __init__(self, path: Path, fd: int):
         self.path = path
         self._fd = fd
+        self._pid = os.getpid()
 
     def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # closing drops the shared lock
-            self._fd = -1
+        if self._fd >= 0 and self._pid == os.getpid():
+            _close(self._fd)  # closing drops the shared lock
+        self._fd = -1
 
     @property
     def held(self) -> bool:
-        return self._fd >= 0
+        return self._fd >= 0 and self._pid == os.getpid()
 
     def __enter__(self) -> Pin:
         return self
@@ -125,16 +130,16 @@ class Cache:
         """The cached file, pinned, or None when it is not in the cache."""
         path = self.path(entry)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = _open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
         fcntl.flock(fd, fcntl.LOCK_SH)
         try:
             if not _same_file(fd, path):  # evicted between open and lock
-                os.close(fd)
+                _close(fd)
                 return None
         except OSError:
-            os.close(fd)
+            _close(fd)
             raise
         with contextlib.suppress(PermissionError):  # another user's file: LRU order only
             os.utime(fd)  # most recently used
@@ -159,7 +164,7 @@ class Cache:
         final = self.path(entry)
         part_fd, part = self._reserve(entry)
         try:
-            with os.fdopen(os.dup(part_fd), "r+b", buffering=1 << 20) as f:
+            with os.fdopen(part_fd, "r+b", buffering=1 << 20, closefd=False) as f:
                 out = _HashingWriter(f)
                 fetch(entry, out)
                 f.flush()
@@ -177,7 +182,7 @@ class Cache:
             _unlink(part)
             raise
         finally:
-            os.close(part_fd)
+            _close(part_fd)
         pin = self.pin(entry)
         if pin is None:  # only the download lock (held) lets a fresh file be evicted
             raise AssertionError(f"{final}: vanished right after landing")
@@ -194,13 +199,13 @@ class Cache:
             files = self._scan()  # also sweeps .part files left by dead downloads
             if self.limit is not None:
                 self._make_room(entry, files)
-            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = _open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL)
             fcntl.flock(fd, fcntl.LOCK_EX)  # marks it live for the orphan sweep
             try:
                 if entry.size:
                     os.posix_fallocate(fd, 0, entry.size)
             except OSError as e:
-                os.close(fd)
+                _close(fd)
                 _unlink(part)
                 raise self._full(entry, e) from None
         return fd, part
@@ -313,7 +318,7 @@ def _unlink_unpinned(path: Path) -> bool:
     """Unlink `path` unless someone holds a lock on it (a pin, or a live download's .part);
     True when unlinked."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = _open(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:
@@ -325,7 +330,7 @@ def _unlink_unpinned(path: Path) -> bool:
     except (BlockingIOError, FileNotFoundError):
         return False
     finally:
-        os.close(fd)
+        _close(fd)
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -351,21 +356,23 @@ class _Flock:
         self.path = path
         self.wait = wait
         self.fd = -1
+        self._pid = os.getpid()
 
     def acquire(self) -> bool:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._pid = os.getpid()
+        self.fd = _open(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            os.close(self.fd)
+            _close(self.fd)
             self.fd = -1
             return False
         return True
 
     def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        if self.fd >= 0 and self._pid == os.getpid():
+            _close(self.fd)
+        self.fd = -1
 
     def __enter__(self) -> _Flock:
         self.acquire()
@@ -373,3 +380,33 @@ class _Flock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+# Descriptors this process holds flocks through (see the module's doc: closed in a fork child)
+_lock_fds: set[int] = set()
+_lock_fds_guard = threading.Lock()
+
+
+def _open(path: Path, flags: int) -> int:
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+    with _lock_fds_guard:
+        _lock_fds.add(fd)
+    return fd
+
+
+def _close(fd: int) -> None:
+    with _lock_fds_guard:
+        _lock_fds.discard(fd)
+    os.close(fd)
+
+
+def _close_inherited_locks() -> None:
+    global _lock_fds_guard
+    _lock_fds_guard = threading.Lock()  # a parent thread may have held it at the fork
+    for fd in _lock_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _lock_fds.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)

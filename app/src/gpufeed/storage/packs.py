@@ -131,8 +131,12 @@ class RemoteFiles:
             pin.release()
 
     def close(self) -> None:
+        """Release every pin, after the fetches ahead still running (none is left half-done)."""
         for name in list(self._mine()):
             self.release(name)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool, self._warming = None, set()
         with self._lock:
             for pin in self._warm.values():
                 pin.release()

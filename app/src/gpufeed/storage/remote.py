@@ -9,6 +9,7 @@ from typing import Any, BinaryIO
 
 from gpufeed.errors import (
     BucketNotFoundError,
+    CacheFullError,
     DataError,
     NotPackedError,
     ObjectNotFoundError,
@@ -17,11 +18,16 @@ from gpufeed.errors import (
 from gpufeed.formats.manifest import FORMATS, MANIFEST_NAME
 from gpufeed.storage.cache import Cache, FileEntry, Pin
 from gpufeed.storage.download import download
+from gpufeed.storage.helper import FetchHelper
 from gpufeed.storage.prefetch import DEFAULT_AHEAD, DEFAULT_WORKERS, Prefetcher
 from gpufeed.storage.retry import RetryPolicy, with_retries
 from gpufeed.storage.stats import StorageStats
-from gpufeed.storage.store import ObjectStore
+from gpufeed.storage.store import ObjectStore, forked_from_a_client
 from gpufeed.storage.urls import RemoteURL, parse_location
+
+# a file fetched by a forked process's helper is pinned right after it lands; only a cache too
+# small for the files in use evicts it in between, so a few tries tell that apart
+HELPER_TRIES = 3
 
 
 class RemotePack:
@@ -41,6 +47,10 @@ class RemotePack:
         self.retry = retry or RetryPolicy()
         self.manifest = self._read_manifest()
         self.entries = _entries(self.manifest, url)
+        self._helper: FetchHelper | None = None  # this process's, when forked (storage/helper)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_helper": None}
 
     @property
     def stats(self) -> StorageStats:
@@ -73,16 +83,33 @@ class RemotePack:
 
     def fetch(self, name: str) -> Pin:
         """The pack's file `name` as a pinned local file (fetched on a miss)."""
-        return self.cache.get(self.entry(name), self._download)
+        return self._get(self.entry(name))
+
+    def _get(self, entry: FileEntry) -> Pin:
+        if not forked_from_a_client():
+            return self.cache.get(entry, self._download)
+        for _ in range(HELPER_TRIES):
+            pin = self.cache.pin(entry)
+            if pin is not None:
+                self.stats.add(hits=1)
+                return pin
+            self._forked_helper().fetch(entry.name)  # lands it in the cache, counts the miss
+        raise CacheFullError(
+            f"cache_dir {self.cache.root}: {entry.label} was evicted {HELPER_TRIES} times "
+            "between its download and its first read; raise cache_limit"
+        )
+
+    def _forked_helper(self) -> FetchHelper:
+        if self._helper is None or self._helper.pid != os.getpid():
+            self._helper = FetchHelper(self)
+        return self._helper
 
     def prefetch(
         self, names: Iterable[str], *, workers: int = DEFAULT_WORKERS, ahead: int = DEFAULT_AHEAD
     ) -> Prefetcher:
         """Pins of `names` in that order, fetched ahead by a bounded pool (see Prefetcher)."""
         entries = [self.entry(n) for n in names]
-        return Prefetcher(
-            lambda e: self.cache.get(e, self._download), entries, workers=workers, ahead=ahead
-        )
+        return Prefetcher(self._get, entries, workers=workers, ahead=ahead)
 
     def _download(self, entry: FileEntry, out: BinaryIO) -> None:
         download(self.store, entry.name, out, entry.size, retry=self.retry, stats=self.stats)

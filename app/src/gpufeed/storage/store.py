@@ -16,10 +16,9 @@ An http:// endpoint is allowed when the user configured one (a local MinIO or rc
 The client is created lazily in the process that uses it, so a store object can be made in a
 DataLoader's parent and used in spawned workers. A forked one cannot use it once the parent
 has: obstore runs every request on one tokio runtime per process, made on first use, whose
-threads do not survive a fork (tokio-rs/tokio#4301); a forked child's requests then wait for
-ever. So a forked child of a process that used the store raises StorageError instead (never
-skipped as a corrupt sample under on_error="skip"), and
-`default_multiprocessing_context` picks spawn for a dataset read by URL.
+threads do not survive a fork (tokio-rs/tokio#4301); a forked child's requests would wait for
+ever. So a forked child fetches pack files through a helper process (storage/helper.py), and
+a direct request from it raises StorageError instead of hanging.
 """
 
 from __future__ import annotations
@@ -49,18 +48,19 @@ CREDENTIAL_HELP = (
 _client_pid: int | None = None  # the process that made an obstore client (started its runtime)
 
 
-def used_in_this_process() -> bool:
-    """Whether this process made an obstore client, so its forked children cannot use one."""
-    return _client_pid == os.getpid()
+def forked_from_a_client() -> bool:
+    """Whether this process was forked from one that made an obstore client, so it cannot
+    make one (its fetches go through storage/helper.py)."""
+    return _client_pid is not None and _client_pid != os.getpid()
 
 
 def _check_not_forked(url: RemoteURL) -> None:
-    if _client_pid is not None and _client_pid != os.getpid():
+    if forked_from_a_client():
         raise StorageError(
             f"{url}: this process was forked from one (pid {_client_pid}) that had used object "
             "storage; obstore's tokio runtime does not survive a fork, so requests here would "
-            "hang. Start DataLoader workers with multiprocessing_context='spawn' or "
-            "'forkserver' (make_loader picks spawn itself unless told 'fork')"
+            "hang. Fetch pack files through RemotePack.fetch (it uses a helper process), or "
+            "start the process with multiprocessing_context='spawn'"
         )
 
 
