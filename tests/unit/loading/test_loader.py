@@ -406,7 +406,9 @@ def test_worker_budget_divides_cpus_among_local_ranks(monkeypatch):
 
 def test_spawn_context_is_estimated_not_probed(monkeypatch):
     monkeypatch.setattr(plan_mod, "_measure_workers", lambda *a, **k: pytest.fail("probed"))
-    slow = make_loader(MemDataset(2000, delay=0.01), 16, multiprocessing_context="spawn")
+    # a 40 ms sleep per batch: the model's IPC term (timed here, inflated on a loaded machine)
+    # stays small beside it, so the estimate favours workers however busy the machine is
+    slow = make_loader(MemDataset(2000, delay=0.04), 16, multiprocessing_context="spawn")
     assert "estimated (spawn workers start too slowly to probe)" in slow.plan.reason
     assert slow.plan.num_workers >= 1 and slow.plan.multiprocessing_context == "spawn"
     m = slow.plan.measured
