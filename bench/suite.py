@@ -161,7 +161,13 @@ def resident_fraction(paths: list[str]) -> float:
     """The share of ``paths``' pages in the page cache (mincore), to check that an eviction
     worked: pages a process still maps are skipped by posix_fadvise(DONTNEED) and even by
     drop_caches (FFCV keeps its .beton mapped for the life of the process: its "cold" passes
-    read from memory)."""
+    read from memory).
+
+    NaN when it cannot tell: for a file the caller neither owns nor may write, the kernel
+    reports every page resident (mm/mincore.c, can_do_mincore: no page-cache side channel),
+    e.g. a bench user in a container reading data the host's root wrote."""
+    if any(not _mincore_tells(p) for p in paths):
+        return float("nan")
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     page = mmap.PAGESIZE
@@ -181,6 +187,10 @@ def resident_fraction(paths: list[str]) -> float:
             cached += int(np.count_nonzero(vec & 1))
             total += pages
     return cached / total if total else 0.0
+
+
+def _mincore_tells(path: str) -> bool:
+    return os.geteuid() in (0, os.stat(path).st_uid) or os.access(path, os.W_OK)
 
 
 NOT_COLD = 0.05  # a cold pass with more of its files still cached is marked "not cold"
@@ -425,7 +435,8 @@ def run_row(spec: dict) -> dict:
             "first_batch_s": statistics.median(p["first_batch_s"] for p in passes),
             "runs": [p["samples_per_s"] for p in passes],
             "samples_per_run": [p["samples"] for p in passes],
-            "resident_after_evict": max(resident) if resident else None,
+            # the worst pass; NaN (cannot tell) wins over any number
+            "resident_after_evict": max(resident, key=lambda r: (r != r, r)) if resident else None,
         }
     out["workers"] = workers if kind == "peer" else None
     if kind == "gpufeed":
@@ -604,7 +615,7 @@ def build_table(results: dict) -> list[dict]:
                 sps = c["samples_per_s"]
                 resident = c.get("resident_after_evict")
                 label = rr["label"]
-                if resident is not None and not resident <= NOT_COLD:
+                if resident is not None and resident > NOT_COLD:  # NaN: cannot tell
                     label += f" (not cold: {resident:.0%} of its files stayed cached)"
                 table.append(
                     {
