@@ -4,6 +4,7 @@ comparison suite's helpers (the suite itself runs with `make bench`, not here)."
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import time
 from pathlib import Path
@@ -158,6 +159,20 @@ def test_suite_evict_and_disk_bytes(suite, tmp_path):
     suite.evict([str(f), str(tmp_path / "missing")])  # no root needed, missing files ignored
     assert suite.disk_bytes(tmp_path / "d") >= 1 << 16
     assert suite.data_files(tmp_path / "d") == [str(f)]
+
+
+def test_suite_checks_that_an_eviction_left_nothing_cached(suite, tmp_path):
+    f = tmp_path / "x.bin"
+    f.write_bytes(os.urandom(1 << 20))
+    os.sync()  # dirty pages are not dropped: write them back first
+    f.read_bytes()
+    assert suite.resident_fraction([str(f)]) == 1.0
+    suite.evict([str(f)])
+    assert suite.resident_fraction([str(f)]) <= suite.NOT_COLD
+    with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as m:
+        m[:: mmap.PAGESIZE]  # a live map keeps its pages through DONTNEED (FFCV's .beton)
+        suite.evict([str(f)])
+        assert suite.resident_fraction([str(f)]) == 1.0
 
 
 def test_suite_table_ratios_and_goals(suite):
