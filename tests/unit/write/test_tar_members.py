@@ -16,7 +16,7 @@ import gpufeed
 import gpufeed.formats.tar as tar_format
 from gpufeed.formats.record import encode_record
 from gpufeed.formats.schema import parse_schema
-from gpufeed.formats.tarmembers import Members, place_members, sample_members
+from gpufeed.formats.tarmembers import place_members, sample_members
 
 SCHEMA = {
     "image": "jpeg",
@@ -109,9 +109,9 @@ def test_a_resumed_and_an_in_process_pack_are_the_same_bytes(per_member, tmp_pat
 def test_place_members_writes_keys_and_checksums_as_tarfile_does():
     schema = parse_schema(SCHEMA)
     members = [sample_members(schema, encode_record(schema, make(i))) for i in range(5)]
-    assert all(isinstance(m, Members) for m in members)
-    buf, starts = place_members(members, 123_456_780)
-    with tarfile.open(fileobj=io.BytesIO(bytes(buf) + bytes(1024))) as t:
+    assert all(isinstance(m, bytes) for m in members)
+    placed = place_members(members, len(SCHEMA), 123_456_780)
+    with tarfile.open(fileobj=io.BytesIO(bytes(placed.data) + bytes(1024))) as t:
         infos = t.getmembers()  # tarfile checks every header's checksum
     assert [i.name for i in infos[: len(SCHEMA)]] == [
         f"123456780.{k}.{v}"
@@ -122,4 +122,7 @@ def test_place_members_writes_keys_and_checksums_as_tarfile_does():
         )
     ]
     assert infos[-1].name == "123456784.packed.npy.zst"
-    assert starts.tolist()[1] == len(members[0].data)
+    assert placed.starts.tolist() == np.cumsum([0] + [len(m) for m in members[:-1]]).tolist()
+    assert placed.sizes.tolist() == [len(m) for m in members]
+    last = infos[len(SCHEMA) - 1]  # a span ends at its last member's data, before the padding
+    assert placed.spans[0] == last.offset_data + last.size

@@ -165,29 +165,32 @@ class TarWriter(Writer):
             return False
         if n == 0:
             return True
-        view = memoryview(part.payload)
-        offsets = part.offsets.tolist()
         members = part.members
         if members is None or len(members) != n:
+            view, offsets = memoryview(part.payload), part.offsets.tolist()
             members = [sample_members(schema, view[offsets[j] : offsets[j + 1]]) for j in range(n)]
         if any(m is None for m in members):
             return False
-        buf, starts = place_members(members, self.n)
-        out, starts = memoryview(buf), starts.tolist()
-        extra, run = 1280 * len(schema.fields), 0
-        for j, m in enumerate(members):
-            if self._next_shard(offsets[j + 1] - offsets[j] + extra):  # as _add_each's need
-                if starts[j] > run:
-                    self._chunks.append(out[run : starts[j]])
+        placed = place_members(members, len(schema.fields), self.n)
+        out = memoryview(placed.data)
+        # what a sample may need in its shard, as _add_each reckons it
+        need = np.diff(part.offsets) + 1280 * len(schema.fields) + 2 * BLOCK
+        j = 0
+        while j < n:  # a run of samples j..k-1 to one shard
+            if self._next_shard(int(need[j]) - 2 * BLOCK):
                 self._start_shard()
-                run = starts[j]
-            self.shard[self.n] = len(self.names) - 1
-            self.offset[self.n] = self.pos
-            self.size[self.n] = m.span
-            self.pos += len(m.data)
-            self.n += 1
-            self.in_shard += 1
-        self._chunks.append(out[run:])
+            pos = placed.starts[j:] - placed.starts[j] + self.pos  # if all went to this shard
+            over = pos + need[j:] > self.max_bytes
+            over[0] = False
+            over[max(1, self.max_count - self.in_shard) :] = True
+            k = j + (int(over.argmax()) if over.any() else n - j)
+            lo, hi = self.n, self.n + k - j
+            self.shard[lo:hi] = len(self.names) - 1
+            self.offset[lo:hi] = pos[: k - j]
+            self.size[lo:hi] = placed.spans[j:k]
+            self._chunks.append(out[placed.starts[j] : placed.starts[k - 1] + placed.sizes[k - 1]])
+            self.pos += int(placed.starts[k - 1] + placed.sizes[k - 1] - placed.starts[j])
+            self.n, self.in_shard, j = hi, self.in_shard + k - j, k
         return True
 
     def _add_each(self, part: Part) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from gpufeed.formats.record import member_bytes, member_name, split_record
 from gpufeed.formats.schema import Schema
 
-__all__ = ["BLOCK", "KEY0", "KEY_DIGITS", "Members", "member_header", "place_members", "placeable",
+__all__ = ["BLOCK", "KEY0", "KEY_DIGITS", "Placed", "member_header", "place_members", "placeable",
            "sample_members"]  # fmt: skip
 
 BLOCK = 512
@@ -73,56 +73,58 @@ def placeable(schema: Schema) -> bool:
     return all(len(member_name(KEY0, f).encode("utf-8")) <= 100 for f in schema.fields)
 
 
-class Members(NamedTuple):
-    """A sample's members with KEY0 as key: ``data`` header + bytes + padding per field;
-    ``span`` the bytes from the first header to the end of the last field's data (what the
-    index records); ``heads`` each member header's offset in ``data``."""
-
-    data: bytes
-    span: int
-    heads: tuple[int, ...]
-
-
-def sample_members(schema: Schema, record) -> Members | None:
-    """A record's tar members (with KEY0), or None where place_members cannot place them
-    (a name over 100 bytes, a member of 8 GiB or more): the writer then builds them itself."""
-    chunks, heads, pos, end = [], [], 0, 0
+def sample_members(schema: Schema, record) -> bytes | None:
+    """A record's tar members (header + data + padding per field, KEY0 as key), or None where
+    place_members cannot place them (a member of 8 GiB or more, a name over 100 bytes): the
+    writer then builds them itself."""
+    chunks = []
     for field, stored in zip(schema.fields, split_record(schema, record), strict=True):
         data = member_bytes(field, stored)
         size = len(data)
         name = member_name(KEY0, field)
         if size >= MAX_SIZE or len(name.encode("utf-8")) > 100:
             return None
-        pad = (-size) % BLOCK
-        chunks += [member_header(name, size), data, _ZEROS[:pad]]
-        heads.append(pos)
-        end = pos + BLOCK + size
-        pos = end + pad
-    return Members(b"".join(chunks), end, tuple(heads))
+        chunks += [member_header(name, size), data, _ZEROS[: (-size) % BLOCK]]
+    return b"".join(chunks)
 
 
 _OCTAL = 8 ** np.arange(5, -1, -1, dtype=np.int64)
+_SIZE = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 _DECIMAL = 10 ** np.arange(KEY_DIGITS - 1, -1, -1, dtype=np.int64)
 
 
-def place_members(members: Sequence[Members], first_key: int) -> tuple[bytearray, np.ndarray]:
-    """Samples first_key, first_key + 1, ...: their members joined, each header's KEY0
-    replaced by the sample's key and its checksum corrected. Returns (the bytes, each
-    sample's offset in them). Keys must stay below 10**KEY_DIGITS."""
+class Placed(NamedTuple):
+    """place_members' result: ``data`` the samples' members back to back; per sample, its
+    ``starts`` in data, ``sizes`` (its members, padding included) and ``spans`` (from its
+    first header to the end of its last field's data: what the tar index records)."""
+
+    data: bytearray
+    starts: np.ndarray
+    sizes: np.ndarray
+    spans: np.ndarray
+
+
+def place_members(members: Sequence[bytes], fields: int, first_key: int) -> Placed:
+    """Samples first_key, first_key + 1, ... (sample_members' bytes, ``fields`` members
+    each): joined, each header's KEY0 replaced by the sample's key and its checksum
+    corrected. Keys must stay below 10**KEY_DIGITS."""
     n = len(members)
-    buf = bytearray(b"".join(m.data for m in members))
-    sizes = np.fromiter((len(m.data) for m in members), np.int64, n)
+    buf = bytearray().join(members)
+    view = np.frombuffer(buf, np.uint8)
+    sizes = np.fromiter(map(len, members), np.int64, n)
     starts = np.zeros(n, np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
-    per = np.fromiter((len(m.heads) for m in members), np.int64, n)
-    heads = np.fromiter((h for m in members for h in m.heads), np.int64, int(per.sum()))
-    heads += np.repeat(starts, per)
-    keys = np.repeat(np.arange(first_key, first_key + n, dtype=np.int64), per)
-    digits = (keys[:, None] // _DECIMAL) % 10  # [members, KEY_DIGITS]
-    view = np.frombuffer(buf, np.uint8)
-    view[heads[:, None] + np.arange(KEY_DIGITS)] = digits + ord("0")
-    # KEY0's digits counted ord("0") each in the checksum; the key's count theirs
-    where = heads[:, None] + 148 + np.arange(6)
-    checksum = (view[where].astype(np.int64) - ord("0")) @ _OCTAL + digits.sum(1)
-    view[where] = (checksum[:, None] // _OCTAL) % 8 + ord("0")
-    return buf, starts
+    digits = (np.arange(first_key, first_key + n, dtype=np.int64)[:, None] // _DECIMAL) % 10
+    digit_sum = digits.sum(1)
+    digits += ord("0")
+    head, spans = starts.copy(), starts
+    for _ in range(fields):  # the k-th header of every sample at once
+        size = (view[head[:, None] + 124 + np.arange(11)].astype(np.int64) - ord("0")) @ _SIZE
+        view[head[:, None] + np.arange(KEY_DIGITS)] = digits
+        # KEY0's digits counted ord("0") each in the checksum; the key's count theirs
+        where = head[:, None] + 148 + np.arange(6)
+        checksum = (view[where].astype(np.int64) - ord("0")) @ _OCTAL + digit_sum
+        view[where] = (checksum[:, None] // _OCTAL) % 8 + ord("0")
+        spans = head + BLOCK + size
+        head = spans + (-size) % BLOCK
+    return Placed(buf, starts, sizes, spans - starts)

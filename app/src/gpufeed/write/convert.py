@@ -115,7 +115,7 @@ def _window(workers: int, part_size: int, chunk: list[tuple]) -> int:
     the workers go on converting the next), but never more than PART_BYTES of records
     (memory stays bounded however large the samples), and at least a few per worker."""
     nbytes = sum(
-        len(rec[0]) + (len(rec[2].data) if len(rec) > 2 and rec[2] else 0)
+        len(rec[0]) + (len(rec[2]) if len(rec) > 2 and rec[2] else 0)
         for res in chunk
         if res[0] == "ok"
         for rec in res[1]

@@ -17,7 +17,7 @@ from gpufeed.formats.checksums import crc32
 from gpufeed.pixels import to_8bit
 from gpufeed.write.scan import IMAGE_EXTS
 
-__all__ = ["LoadOptions", "load_item", "stamp"]
+__all__ = ["LoadOptions", "jpeg_decodes", "load_item", "stamp"]
 
 
 # --------------------------------------------------------------------------- reading items
@@ -63,11 +63,48 @@ def load_item(path: str, opts: LoadOptions) -> tuple:
         return ("error", before, f"{type(e).__name__}: {msg}" if msg else type(e).__name__)
 
 
+def _native_jpeg():
+    """gpufeed_jpeg (the native decoder, app/native), or None where it is not installed."""
+    global _NATIVE
+    if _NATIVE is None:
+        try:
+            import gpufeed_jpeg
+        except ImportError:
+            gpufeed_jpeg = False
+        _NATIVE = gpufeed_jpeg
+    return _NATIVE or None
+
+
+_NATIVE = None
+
+
+def jpeg_decodes(data: bytes) -> bool:
+    """Whether libjpeg-turbo decodes the JPEG without a complaint, at 1/8 scale (the IDCT's
+    DCT scaling: every coefficient is still read, so a truncated or corrupt stream fails as
+    in a full decode, at a third of its cost for a 64x64 JPEG and 0.6x for 640x480;
+    docs/benchmarks.md). False too where the native decoder is not installed."""
+    native = _native_jpeg()
+    if native is None:
+        return False
+    sizes, bad = native.image_sizes([data])
+    if bad:
+        return False
+    h, w = sizes[0].tolist()
+    out = np.empty((1, max(1, h // 8), max(1, w // 8), 3), np.uint8)
+    box = np.array([[0, 0, h, w]], np.int64)
+    return not native.decode_crops([data], box, np.zeros(1, bool), out, 1, True)
+
+
 def _load_image(path: str, ext: str, opts: LoadOptions):
     from PIL import Image
 
     with open(path, "rb") as f:
         data = f.read()
+    # kept as they are, JPEGs are checked by a scaled native decode; what it complains of
+    # (or anything else) gets PIL's full decode, whose verdict stands (the native decoder is
+    # stricter: libjpeg's warnings are its errors)
+    if opts.encode == "keep" and ext in (".jpg", ".jpeg") and jpeg_decodes(data):
+        return data, {"kind": "encoded"}, ext
     with Image.open(io.BytesIO(data)) as img:
         img.load()  # a full decode: truncated or corrupt files fail here, not at train time
         if opts.encode == "keep":
