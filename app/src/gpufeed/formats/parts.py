@@ -43,9 +43,6 @@ class Part:
     # int64 [items in the part's range, 2]: each source file's size and mtime_ns when read
     # (-1 when it could not be stat'ed): a resume re-reads a part whose files changed since
     stamps: np.ndarray | None = None
-    # each sample's tar members, serialised where it was encoded (gpufeed.formats.tarmembers;
-    # pack(fn) to tar): not saved, a part loaded again has None and the writer builds them
-    members: list | None = None
 
     def __len__(self) -> int:
         return len(self.labels)

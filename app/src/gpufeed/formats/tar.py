@@ -20,6 +20,7 @@ random access, per-sample verification and splitting shards without opening them
 from __future__ import annotations
 
 import os
+import tarfile
 from typing import Any
 
 import numpy as np
@@ -32,19 +33,11 @@ from gpufeed.formats.parts import Part
 from gpufeed.formats.readahead import PREFETCH_MIN_BYTES, advise_willneed, is_run
 from gpufeed.formats.record import member_bytes, member_name, record_from_members, split_record
 from gpufeed.formats.spec import SampleSpec
-from gpufeed.formats.tarmembers import (
-    BLOCK,
-    KEY_DIGITS,
-    member_header,
-    place_members,
-    placeable,
-    sample_members,
-)
 
 INDEX_NAME = "index.npz"
 SHARD_FORMAT = "shard-{:06d}.tar"
+BLOCK = 512
 RECORD = 20 * BLOCK
-_ZEROS = bytes(BLOCK)
 DEFAULT_SHARD_SIZE = 10_000
 DEFAULT_SHARD_BYTES = 256 << 20
 # shards of a remote pack one process keeps open (and pinned in the cache): a streaming
@@ -57,6 +50,44 @@ def shard_pattern(n: int) -> str:
     if n <= 1:
         return SHARD_FORMAT.format(0)
     return f"shard-{{{0:06d}..{n - 1:06d}}}.tar"
+
+
+def member_header(name: str, size: int) -> bytes:
+    """The ustar header tarfile writes for a regular file of owner 0, mode 0644, mtime 0
+    (byte for byte: a test compares), built directly: tarfile's TarInfo.tobuf cost 140 us a
+    member, most of a tar pack's assembly. Names over 100 bytes and members of 8 GiB and up
+    go through tarfile."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > 100 or size >= 8**11:
+        ti = tarfile.TarInfo(name)
+        ti.size = size
+        ti.mtime = 0
+        ti.mode = 0o644
+        ti.uid = ti.gid = 0
+        ti.uname = ti.gname = ""
+        return ti.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+    size_field = b"%011o" % size
+    # the checksum sums the header's bytes: the template's, plus the name and size written
+    # into it (summing all 512 bytes each time cost a third of a member's header)
+    checksum = b"%06o\0 " % (_HEADER_SUM + sum(raw) + sum(size_field))
+    return b"".join((raw.ljust(100, b"\0"), _HEADER[100:124], size_field, _HEADER[135:148],
+                     checksum, _HEADER[156:]))  # fmt: skip
+
+
+def _header_template() -> bytes:
+    head = bytearray(512)
+    head[100:124] = b"0000644\0" + b"0000000\0" * 2  # mode, uid, gid
+    head[136:148] = b"00000000000\0"  # mtime 0
+    head[148:156] = b" " * 8  # the checksum counts its own field as spaces
+    head[156:157] = b"0"  # a regular file
+    head[257:265] = b"ustar\x0000"
+    # devmajor and devminor stay NUL, as tarfile leaves them for regular files
+    return bytes(head)
+
+
+_HEADER = _header_template()
+_HEADER_SUM = sum(_HEADER)
+_ZEROS = bytes(BLOCK)
 
 
 def npy_header(spec: SampleSpec) -> bytes:
@@ -85,7 +116,6 @@ class TarWriter(Writer):
         self.crcs = np.empty(rows, dtype=np.uint32)
         self.names: list[str] = []
         self._suffixes: list[str] | None = None  # ".NAME.EXT" of each field's member
-        self._placeable: bool | None = None  # members placed by numpy (_add_placed)
         # what the current part adds to the shard, written at once (gpufeed.write streams a
         # pack's parts into the writer while the workers read: a write per sample cost more)
         self._chunks: list = []
@@ -104,12 +134,9 @@ class TarWriter(Writer):
         self.pos = 0
 
     def _write_out(self) -> None:
-        chunks = self._chunks
-        if len(chunks) == 1:  # a placed part's run of samples: written as it is
-            self.f.write(chunks[0])
-        elif chunks:
-            self.f.write(b"".join(chunks))
-        self._chunks = []
+        if self._chunks:
+            self.f.write(b"".join(self._chunks))
+            self._chunks = []
 
     def _end_shard(self) -> None:
         if self.f is None:
@@ -139,61 +166,6 @@ class TarWriter(Writer):
     def add(self, part: Part) -> None:
         make_room(self, self._INDEX, self.n + len(part))
         first = self.n
-        if not (self.spec.kind == "fields" and self._add_placed(part)):
-            self._add_each(part)
-        self._write_out()
-        self.labels[first : self.n] = part.labels
-        self.crcs[first : self.n] = part.crc32
-
-    def _next_shard(self, need: int) -> bool:
-        """Whether a sample needing ``need`` bytes starts a new shard."""
-        return (
-            self.f is None
-            or self.in_shard >= self.max_count
-            or (self.in_shard and self.pos + need + 2 * BLOCK > self.max_bytes)
-        )
-
-    def _add_placed(self, part: Part) -> bool:
-        """A multi-field part's members serialised per sample (in the pack(fn) workers:
-        part.members; else here) and placed by numpy (gpufeed.formats.tarmembers): the same
-        bytes as _field_members writes, without Python per member. False where they
-        cannot be placed (long names, huge members, keys past KEY_DIGITS): nothing written."""
-        schema, n = self.spec.schema, len(part)
-        if self._placeable is None:
-            self._placeable = placeable(schema)
-        if not self._placeable or self.n + n > 10**KEY_DIGITS:
-            return False
-        if n == 0:
-            return True
-        members = part.members
-        if members is None or len(members) != n:
-            view, offsets = memoryview(part.payload), part.offsets.tolist()
-            members = [sample_members(schema, view[offsets[j] : offsets[j + 1]]) for j in range(n)]
-        if any(m is None for m in members):
-            return False
-        placed = place_members(members, len(schema.fields), self.n)
-        out = memoryview(placed.data)
-        # what a sample may need in its shard, as _add_each reckons it
-        need = np.diff(part.offsets) + 1280 * len(schema.fields) + 2 * BLOCK
-        j = 0
-        while j < n:  # a run of samples j..k-1 to one shard
-            if self._next_shard(int(need[j]) - 2 * BLOCK):
-                self._start_shard()
-            pos = placed.starts[j:] - placed.starts[j] + self.pos  # if all went to this shard
-            over = pos + need[j:] > self.max_bytes
-            over[0] = False
-            over[max(1, self.max_count - self.in_shard) :] = True
-            k = j + (int(over.argmax()) if over.any() else n - j)
-            lo, hi = self.n, self.n + k - j
-            self.shard[lo:hi] = len(self.names) - 1
-            self.offset[lo:hi] = pos[: k - j]
-            self.size[lo:hi] = placed.spans[j:k]
-            self._chunks.append(out[placed.starts[j] : placed.starts[k - 1] + placed.sizes[k - 1]])
-            self.pos += int(placed.starts[k - 1] + placed.sizes[k - 1] - placed.starts[j])
-            self.n, self.in_shard, j = hi, self.in_shard + k - j, k
-        return True
-
-    def _add_each(self, part: Part) -> None:
         view = memoryview(part.payload)
         offsets = part.offsets.tolist()  # Python ints: indexing numpy per sample cost more
         labels = part.labels.tolist()
@@ -204,7 +176,11 @@ class TarWriter(Writer):
             need = self._member_bytes(len(self.header) + len(data)) + self._member_bytes(len(label))
             if fields:  # a member per field, each with an .npy header at most
                 need = len(data) + 1280 * len(self.spec.schema.fields)
-            if self._next_shard(need):
+            if (
+                self.f is None
+                or self.in_shard >= self.max_count
+                or (self.in_shard and self.pos + need + 2 * BLOCK > self.max_bytes)
+            ):
                 self._start_shard()
             k = KEY_FORMAT.format(self.n)
             if fields:
@@ -219,6 +195,9 @@ class TarWriter(Writer):
             self.size[self.n] = size
             self.n += 1
             self.in_shard += 1
+        self._write_out()
+        self.labels[first : self.n] = part.labels
+        self.crcs[first : self.n] = part.crc32
 
     def _field_members(self, key: str, record) -> tuple[int, int]:
         """A multi-field sample: one member per field, KEY.NAME.EXT (no .cls: a label is a

@@ -32,7 +32,6 @@ import numpy as np
 from gpufeed.errors import PackWorkerError, SourceError, UsageError
 from gpufeed.formats.record import encode_record
 from gpufeed.formats.schema import Schema, infer_schema
-from gpufeed.formats.tarmembers import placeable, sample_members
 from gpufeed.write import progress
 from gpufeed.write.options import ON_ERROR
 from gpufeed.write.pool import default_workers, die_with_parent
@@ -53,45 +52,38 @@ def _samples(out: Any) -> list[Mapping]:
     return list(out)
 
 
-def _convert(fn, item, schema: Schema, tar: bool = False) -> tuple:
-    """("ok", [(record, label)]) or ("error", message) for one input; tar: (record, label,
-    members) each, the sample's tar members serialised here (in a worker: the process
-    writing the shards only joins them, gpufeed.formats.tarmembers)."""
+def _convert(fn, item, schema: Schema) -> tuple:
+    """("ok", [(record, label)]) or ("error", message) for one input."""
     try:
         samples = _samples(fn(item))
-        records = [(encode_record(schema, s), label_of(schema, s)) for s in samples]
-        if tar:
-            records = [(r, lab, sample_members(schema, r)) for r, lab in records]
-        return "ok", records
+        return "ok", [(encode_record(schema, s), label_of(schema, s)) for s in samples]
     except Exception as e:  # noqa: BLE001 - any failure of the user's fn is that input's error
         return "error", f"{type(e).__name__}: {e}"
 
 
-def _start_worker(fn, inputs, schema, tar: bool, parent: int) -> None:
+def _start_worker(fn, inputs, schema, parent: int) -> None:
     die_with_parent(parent)
-    _JOB.update(fn=fn, inputs=inputs, schema=schema, tar=tar)
+    _JOB.update(fn=fn, inputs=inputs, schema=schema)
 
 
 def _run(lo: int, hi: int) -> list[tuple]:
-    fn, inputs, schema, tar = _JOB["fn"], _JOB["inputs"], _JOB["schema"], _JOB["tar"]
-    return [_convert(fn, inputs[i], schema, tar) for i in range(lo, hi)]
+    fn, inputs, schema = _JOB["fn"], _JOB["inputs"], _JOB["schema"]
+    return [_convert(fn, inputs[i], schema) for i in range(lo, hi)]
 
 
-def _results(fn, inputs: Sequence, start: int, schema: Schema, workers: int, w: Writer):
+def _results(fn, inputs: Sequence, start: int, schema: Schema, workers: int, part_size: int):
     """(index, result) for inputs[start:], in order; workers processes, or in-process."""
-    part_size = w.state["part_size"]
     if workers <= 1:
         for i in range(start, len(inputs)):
             yield i, _convert(fn, inputs[i], schema)
         return
-    tar = w.state["format"] == "tar" and placeable(schema)
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     ranges = iter((lo, min(lo + CHUNK, len(inputs))) for lo in range(start, len(inputs), CHUNK))
     with ProcessPoolExecutor(
         workers,
         mp_context=mp.get_context(method),
         initializer=_start_worker,
-        initargs=(fn, inputs, schema, tar, os.getpid()),
+        initargs=(fn, inputs, schema, os.getpid()),
     ) as ex:
         pending = deque((r, ex.submit(_run, *r)) for r in islice(ranges, workers * 4))
         window = workers * 4
@@ -114,12 +106,7 @@ def _window(workers: int, part_size: int, chunk: list[tuple]) -> int:
     """Chunks to keep in flight: enough to cover one part (while the writer commits a part,
     the workers go on converting the next), but never more than PART_BYTES of records
     (memory stays bounded however large the samples), and at least a few per worker."""
-    nbytes = sum(
-        len(rec[0]) + (len(rec[2]) if len(rec) > 2 and rec[2] else 0)
-        for res in chunk
-        if res[0] == "ok"
-        for rec in res[1]
-    )
+    nbytes = sum(len(rec) for res in chunk if res[0] == "ok" for rec, _ in res[1])
     by_bytes = PART_BYTES // max(nbytes, 1)
     return max(workers * 2, min(by_bytes, -(-part_size // CHUNK)))
 
@@ -161,7 +148,7 @@ def pack_function(
             _take(w, start, _first(fn, inputs[start]), inputs, on_error)
             bar.update(1)
             start += 1
-        for i, result in _results(fn, inputs, start, w.schema, workers, w):
+        for i, result in _results(fn, inputs, start, w.schema, workers, w.state["part_size"]):
             _take(w, i, result, inputs, on_error)
             bar.update(1)
         return w.close()

@@ -164,7 +164,6 @@ class Writer:
         # what each input was (sources.txt); gpufeed.pack(fn, inputs) sets it
         self.item_names: list[str] | None = None
         self._pending: list[tuple[int, bytes, int]] = []
-        self._members: list = []  # each pending sample's tar members, or None (Part.members)
         self._pending_bytes = 0
         self._items = 0  # inputs done: gpufeed.pack(fn, inputs) goes on from here
         # a fresh pack's format files are written as its parts are committed; a resumed one
@@ -243,14 +242,12 @@ class Writer:
         records = [(encode_record(self.schema, s), label_of(self.schema, s)) for s in samples]
         self.add_records(item, records)
 
-    def add_records(self, item: int, records: list[tuple]) -> None:
+    def add_records(self, item: int, records: list[tuple[bytes, int]]) -> None:
         """Encoded samples of input ``item``: (record, label) each (add_item's work, done
-        in a worker process by gpufeed.pack(fn, inputs)), or (record, label, members): its
-        tar members too (gpufeed.formats.tarmembers.sample_members)."""
+        in a worker process by gpufeed.pack(fn, inputs))."""
         self._check_open()
-        for record, label, *members in records:
+        for record, label in records:
             self._pending.append((item, record, label))
-            self._members.append(members[0] if members else None)
             self._pending_bytes += len(record)
             self.written += 1
         self._items = max(self._items, item + 1)
@@ -284,12 +281,11 @@ class Writer:
             skip_items=np.asarray([i for i, _ in self.skipped], dtype=np.int64),
             skip_errors=np.asarray([e for _, e in self.skipped], dtype=str),
             spec=SampleSpec("fields", schema=self.schema) if self.schema else None,
-            members=None if None in self._members else self._members,
         )
         part.save(part_path(self.partial / PARTS_DIR, self.parts))
         self._stream.feed(self.parts, part)
         self.parts += 1
-        self._pending, self._pending_bytes, self.skipped, self._members = [], 0, [], []
+        self._pending, self._pending_bytes, self.skipped = [], 0, []
 
     def _check_open(self) -> None:
         if self._lock is None:
