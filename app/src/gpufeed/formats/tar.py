@@ -20,7 +20,6 @@ random access, per-sample verification and splitting shards without opening them
 from __future__ import annotations
 
 import os
-import tarfile
 from typing import Any
 
 import numpy as np
@@ -33,11 +32,23 @@ from gpufeed.formats.parts import Part
 from gpufeed.formats.readahead import PREFETCH_MIN_BYTES, advise_willneed, is_run
 from gpufeed.formats.record import member_bytes, member_name, record_from_members, split_record
 from gpufeed.formats.spec import SampleSpec
+from gpufeed.formats.ustar import (
+    HEADER_END,
+    HEADER_MID,
+    KEY_DIGITS,
+    MAX_SIZE,
+    field_header,
+    member_header,
+)
 
 INDEX_NAME = "index.npz"
 SHARD_FORMAT = "shard-{:06d}.tar"
 BLOCK = 512
 RECORD = 20 * BLOCK
+_ZEROS = bytes(BLOCK)
+_IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
+# field types whose member is the stored bytes as they are (member_bytes copies them)
+_AS_STORED = frozenset({"str", "bytes", "json", "image"})
 DEFAULT_SHARD_SIZE = 10_000
 DEFAULT_SHARD_BYTES = 256 << 20
 # shards of a remote pack one process keeps open (and pinned in the cache): a streaming
@@ -50,44 +61,6 @@ def shard_pattern(n: int) -> str:
     if n <= 1:
         return SHARD_FORMAT.format(0)
     return f"shard-{{{0:06d}..{n - 1:06d}}}.tar"
-
-
-def member_header(name: str, size: int) -> bytes:
-    """The ustar header tarfile writes for a regular file of owner 0, mode 0644, mtime 0
-    (byte for byte: a test compares), built directly: tarfile's TarInfo.tobuf cost 140 us a
-    member, most of a tar pack's assembly. Names over 100 bytes and members of 8 GiB and up
-    go through tarfile."""
-    raw = name.encode("utf-8", "surrogateescape")
-    if len(raw) > 100 or size >= 8**11:
-        ti = tarfile.TarInfo(name)
-        ti.size = size
-        ti.mtime = 0
-        ti.mode = 0o644
-        ti.uid = ti.gid = 0
-        ti.uname = ti.gname = ""
-        return ti.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
-    size_field = b"%011o" % size
-    # the checksum sums the header's bytes: the template's, plus the name and size written
-    # into it (summing all 512 bytes each time cost a third of a member's header)
-    checksum = b"%06o\0 " % (_HEADER_SUM + sum(raw) + sum(size_field))
-    return b"".join((raw.ljust(100, b"\0"), _HEADER[100:124], size_field, _HEADER[135:148],
-                     checksum, _HEADER[156:]))  # fmt: skip
-
-
-def _header_template() -> bytes:
-    head = bytearray(512)
-    head[100:124] = b"0000644\0" + b"0000000\0" * 2  # mode, uid, gid
-    head[136:148] = b"00000000000\0"  # mtime 0
-    head[148:156] = b" " * 8  # the checksum counts its own field as spaces
-    head[156:157] = b"0"  # a regular file
-    head[257:265] = b"ustar\x0000"
-    # devmajor and devminor stay NUL, as tarfile leaves them for regular files
-    return bytes(head)
-
-
-_HEADER = _header_template()
-_HEADER_SUM = sum(_HEADER)
-_ZEROS = bytes(BLOCK)
 
 
 def npy_header(spec: SampleSpec) -> bytes:
@@ -116,6 +89,8 @@ class TarWriter(Writer):
         self.crcs = np.empty(rows, dtype=np.uint32)
         self.names: list[str] = []
         self._suffixes: list[str] | None = None  # ".NAME.EXT" of each field's member
+        self._heads: list = []  # each field's field_header
+        self._as_stored: list[bool] = []  # whether its member is its stored bytes
         # what the current part adds to the shard, written at once (gpufeed.write streams a
         # pack's parts into the writer while the workers read: a write per sample cost more)
         self._chunks: list = []
@@ -134,9 +109,20 @@ class TarWriter(Writer):
         self.pos = 0
 
     def _write_out(self) -> None:
-        if self._chunks:
-            self.f.write(b"".join(self._chunks))
-            self._chunks = []
+        """The chunks gathered, written by writev (joining them first cost a copy of every
+        byte in this process)."""
+        chunks, self._chunks = self._chunks, []
+        if not chunks:
+            return
+        self.f.flush()
+        fd = self.f.fileno()
+        for i in range(0, len(chunks), _IOV_MAX):
+            batch = chunks[i : i + _IOV_MAX]
+            done = os.writev(fd, batch)
+            if done < sum(map(len, batch)):  # a short write: the rest one write at a time
+                rest = memoryview(b"".join(batch))[done:]
+                while rest:
+                    rest = rest[os.write(fd, rest) :]
 
     def _end_shard(self) -> None:
         if self.f is None:
@@ -206,15 +192,26 @@ class TarWriter(Writer):
         schema = self.spec.schema
         if self._suffixes is None:
             self._suffixes = [member_name("", f) for f in schema.fields]
+            self._heads = [field_header(s) for s in self._suffixes]
+            self._as_stored = [bool(f.compression) or f.type in _AS_STORED for f in schema.fields]
+        raw = key.encode()
+        key_sum = sum(raw)
         first = pos = self.pos
-        for field, suffix, stored in zip(
-            schema.fields, self._suffixes, split_record(schema, record), strict=True
+        chunks = self._chunks
+        stored_bytes = split_record(schema, record)
+        for field, suffix, head, as_stored, stored in zip(
+            schema.fields, self._suffixes, self._heads, self._as_stored, stored_bytes, strict=True
         ):
-            data = member_bytes(field, stored)
+            data = stored if as_stored else member_bytes(field, stored)
             size = len(data)
-            head = member_header(key + suffix, size)
+            if head is None or len(raw) != KEY_DIGITS or size >= MAX_SIZE:
+                chunks.append(member_header(key + suffix, size))
+            else:  # member_header's bytes, in pieces: the name's and the sum's fixed parts
+                size_field = b"%011o" % size
+                checksum = b"%06o\0 " % (head[1] + key_sum + sum(size_field))
+                chunks += [raw, head[0], size_field, HEADER_MID, checksum, HEADER_END]
             pad = (-size) % BLOCK
-            self._chunks += [head, data, _ZEROS[:pad]]
+            chunks += [data, _ZEROS[:pad]]
             end = pos + BLOCK + size
             pos = end + pad
         self.pos = pos
