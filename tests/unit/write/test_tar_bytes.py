@@ -96,3 +96,21 @@ def test_a_resumed_writer_pack_is_the_same_bytes(in_process, tmp_path):
         for i in range(w.written, N):
             w.write(make(i))
     assert _files(resumed) == in_process
+
+
+def test_short_writes_are_finished(in_process, tmp_path, monkeypatch):
+    """The tar writer's writev may write less than it was given (a signal, a pipe-like
+    file system): the rest is written after it, the pack the same bytes."""
+    import os
+
+    real_write, calls = os.write, []
+
+    def short_writev(fd, buffers):
+        first = memoryview(buffers[0])
+        calls.append(len(buffers))
+        return real_write(fd, first[: max(1, len(first) // 2)])
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    dest = tmp_path / "p"
+    gpufeed.pack(make, range(N), dest, workers=0, **OPTS)
+    assert calls and _files(dest) == in_process

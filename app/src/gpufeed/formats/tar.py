@@ -46,7 +46,12 @@ SHARD_FORMAT = "shard-{:06d}.tar"
 BLOCK = 512
 RECORD = 20 * BLOCK
 _ZEROS = bytes(BLOCK)
-_IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
+_IOV_MAX = 1024  # buffers a writev takes (POSIX: at least 16; Linux, macOS: 1024)
+if hasattr(os, "sysconf"):
+    try:
+        _IOV_MAX = min(_IOV_MAX, max(16, os.sysconf("SC_IOV_MAX")))
+    except (ValueError, OSError):  # not known here: POSIX's least
+        _IOV_MAX = 16
 # field types whose member is the stored bytes as they are (member_bytes copies them)
 _AS_STORED = frozenset({"str", "bytes", "json", "image"})
 DEFAULT_SHARD_SIZE = 10_000

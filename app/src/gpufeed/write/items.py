@@ -81,8 +81,9 @@ _NATIVE = None
 def jpeg_decodes(data: bytes) -> bool:
     """Whether libjpeg-turbo decodes the JPEG without a complaint, at 1/8 scale (the IDCT's
     DCT scaling: every coefficient is still read, so a truncated or corrupt stream fails as
-    in a full decode, at 0.2-0.3x its cost for a 64x64 JPEG and 0.6x for 640x480;
-    docs/benchmarks.md). False too where the native decoder is not installed."""
+    in a full decode, at 0.2-0.3x its cost for a 64x64 JPEG (18 us against PIL's 58-90) and
+    0.6x for 640x480 (1.25 against 2.0 ms)). False too where the native decoder is not
+    installed."""
     native = _native_jpeg()
     if native is None:
         return False
