@@ -1,7 +1,8 @@
 """gpufeed streaming from object storage against LitData and MosaicML Streaming, in one run.
 
     python -m bench.streaming [--samples 4000] [--sample-kib 16] [--rounds 3] [--workers 0]
-                              [--warm-epochs 5] [--peers litdata,mds] [--tmp DIR]
+                              [--warm-epochs 5] [--peers litdata,mds] [--persistent]
+                              [--tmp DIR]
 
 Starts a real S3 server on 127.0.0.1 (bench/s3server.py: rclone), writes the same synthetic
 uint8 samples as a gpufeed tar pack, a LitData dataset (`litdata.optimize`) and a MosaicML
@@ -108,9 +109,9 @@ class GpufeedReader:
 
     map_style = True
 
-    def __init__(self, where: str, endpoint: str, workers: int):
-        self.where, self.workers = where, workers
-        self.ds = None
+    def __init__(self, where: str, endpoint: str, workers: int, persistent: bool = False):
+        self.where, self.workers, self.persistent = where, workers, persistent
+        self.ds = self.loader = None
         self.epochs = 0
 
     def open(self, cache: Path) -> None:
@@ -122,10 +123,14 @@ class GpufeedReader:
     def batches(self):
         from gpufeed.loading.make import make_loader
 
-        if hasattr(self.ds, "set_epoch"):
+        if hasattr(self.ds, "set_epoch") and self.loader is None:
             self.ds.set_epoch(self.epochs)
         self.epochs += 1
-        loader = make_loader(self.ds, BATCH, num_workers=self.workers, check_shm=False)
+        loader = self.loader or make_loader(
+            self.ds, BATCH, num_workers=self.workers, check_shm=False,
+            persistent_workers=self.persistent and self.workers > 0,
+        )  # fmt: skip
+        self.loader = loader if self.persistent else None
         return ((len(b.labels), b) for b in loader)
 
 
@@ -134,9 +139,10 @@ class GpufeedStreamReader(GpufeedReader):
 
 
 class LitdataReader:
-    def __init__(self, where: str, endpoint: str, workers: int):
+    def __init__(self, where: str, endpoint: str, workers: int, persistent: bool = False):
         self.where, self.endpoint, self.workers = where, endpoint, workers
-        self.ds = None
+        self.persistent = persistent and workers > 0
+        self.ds = self.loader = None
 
     def open(self, cache: Path) -> None:
         import litdata
@@ -149,12 +155,14 @@ class LitdataReader:
     def batches(self):
         import litdata
 
-        loader = litdata.StreamingDataLoader(
+        loader = self.loader or litdata.StreamingDataLoader(
             self.ds,
             batch_size=BATCH,
             num_workers=self.workers,
             worker_init_fn=_litdata_allow_http if self.workers else None,
+            persistent_workers=self.persistent,
         )
+        self.loader = loader if self.persistent else None
         return ((len(b["y"]), b) for b in loader)
 
 
@@ -168,10 +176,11 @@ def _litdata_allow_http(_worker_id: int | None = None) -> None:
 
 
 class MdsReader:
-    def __init__(self, where: str, endpoint: str, workers: int):
+    def __init__(self, where: str, endpoint: str, workers: int, persistent: bool = False):
         self.where, self.workers = where, workers
+        self.persistent = persistent and workers > 0
         os.environ["S3_ENDPOINT_URL"] = endpoint  # how MosaicML Streaming takes an endpoint
-        self.ds = None
+        self.ds = self.loader = None
 
     def open(self, cache: Path) -> None:
         import streaming
@@ -185,7 +194,10 @@ class MdsReader:
     def batches(self):
         import torch
 
-        loader = torch.utils.data.DataLoader(self.ds, batch_size=BATCH, num_workers=self.workers)
+        loader = self.loader or torch.utils.data.DataLoader(
+            self.ds, batch_size=BATCH, num_workers=self.workers, persistent_workers=self.persistent
+        )
+        self.loader = loader if self.persistent else None
         return ((len(b["y"]), b) for b in loader)
 
 
@@ -276,15 +288,16 @@ def run(args) -> dict[str, dict[str, list[dict]]]:
             writers = {"litdata": write_litdata, "mds": write_mds}
             for peer in args.peers:
                 upload_folder(server, writers[peer](work, work / peer), peer)
+            how = (args.workers, args.persistent)
             for r in range(args.rounds):
                 for name in names[r % len(names) :] + names[: r % len(names)]:
                     cache = work / f"cache-{name}-{r}"
                     cache.mkdir()
                     where = f"s3://{BUCKET}/{name.removesuffix('-stream')}"
                     if name == "local":
-                        reader = GpufeedReader(str(local), server.endpoint, args.workers)
+                        reader = GpufeedReader(str(local), server.endpoint, *how)
                     else:
-                        reader = READERS[name](where, server.endpoint, args.workers)
+                        reader = READERS[name](where, server.endpoint, *how)
                     results[name]["cold"].append(timed_epoch(reader, server, cache, True))
                     for _ in range(args.warm_epochs):  # one warm epoch is ~0.1 s: too noisy
                         results[name]["warm"].append(timed_epoch(reader, server, cache, False))
@@ -301,7 +314,8 @@ def median(rows: list[dict], key: str) -> float:
 def report(results: dict, args) -> str:
     lines = [
         f"{args.samples} samples of {args.sample_kib} KiB, shards of ~4 MiB, batch {BATCH}, "
-        f"num_workers={args.workers}, no shuffle, medians of {args.rounds} interleaved rounds "
+        f"num_workers={args.workers}{' (persistent)' if args.persistent else ''}, no shuffle, "
+        f"medians of {args.rounds} interleaved rounds "
         f"({args.warm_epochs} warm epochs each)",
         f"{'reader':14s} {'epoch':5s} {'samples/s':>10s} {'vs gpufeed':>10s} {'first batch':>12s} "
         f"{'bytes fetched':>14s} {'peak cache':>12s}",
@@ -345,6 +359,12 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--warm-epochs", type=int, default=5, help="epochs from the cache per round")
     p.add_argument("--peers", default="litdata,mds", help="comma-separated; '' for none")
+    p.add_argument(
+        "--persistent",
+        action="store_true",
+        help="one loader (persistent_workers=True) for the cold epoch and every warm one, as "
+        "make_loader's default; without it, a new loader (new workers) every epoch",
+    )
     p.add_argument("--tmp", default=None, help="folder for the packs, caches and server data")
     args = p.parse_args(argv)
     args.peers = [x for x in args.peers.split(",") if x]

@@ -145,6 +145,11 @@ class Cache:
             os.utime(fd)  # most recently used
         return Pin(path, fd)
 
+    def holds(self, entry: FileEntry) -> bool:
+        """Whether the verified file is in the cache now (one stat: no pin, no lock; only a
+        pin keeps it from being evicted after)."""
+        return self.path(entry).exists()
+
     def get(self, entry: FileEntry, fetch: Fetch) -> Pin:
         """The file pinned, from the cache or, on a miss, fetched by `fetch(entry, out)` (which
         writes its bytes to `out`; a ChecksumError or any other error leaves nothing behind)."""

@@ -79,14 +79,20 @@ class RemoteFiles:
 
     def warm(self, names: list[str]) -> None:
         """Start fetching `names` in the background (a hint for reads to come: a failure
-        surfaces when the file is read)."""
+        surfaces when the file is read). A file already whole in the cache (landed files are
+        verified) is left for its read to pin: no thread, no pin, no lock; the pool of
+        fetches ahead starts on the first miss, so a process reading a cached pack (a
+        DataLoader worker forked each epoch) never starts one."""
         self._mine()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(WARM_WORKERS, thread_name_prefix="gpufeed-warm")
         for name in names:
-            if name not in self._warming and name not in self._pins and name not in self._warm:
-                self._warming.add(name)
-                self._pool.submit(self._warm_one, name)
+            if name in self._warming or name in self._pins or name in self._warm:
+                continue
+            if self.pack.cached(name):
+                continue
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(WARM_WORKERS, thread_name_prefix="gpufeed-warm")
+            self._warming.add(name)
+            self._pool.submit(self._warm_one, name)
 
     def _warm_one(self, name: str) -> None:
         """Fetch `name` and keep it pinned until read (fetch adopts the pin), so eviction
