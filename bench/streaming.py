@@ -2,7 +2,7 @@
 
     python -m bench.streaming [--samples 4000] [--sample-kib 16] [--rounds 3] [--workers 0]
                               [--warm-epochs 5] [--peers litdata,mds] [--persistent]
-                              [--tmp DIR]
+                              [--formats mmap,lmdb,hdf5] [--tmp DIR]
 
 Starts a real S3 server on 127.0.0.1 (bench/s3server.py: rclone), writes the same synthetic
 uint8 samples as a gpufeed tar pack, a LitData dataset (`litdata.optimize`) and a MosaicML
@@ -13,6 +13,8 @@ in interleaved rounds (the order rotates) reads each the way its docs show:
   gpufeed-stream  the same with the streamed TarShardDataset (map_style=False, shuffle_buffer=0)
   litdata   StreamingDataset("s3://bench/litdata", cache_dir=...) + StreamingDataLoader
   mds       StreamingDataset(remote="s3://bench/mds", local=...) + torch DataLoader
+  gpufeed-mmap (--formats mmap,lmdb,hdf5)  the same samples packed as that format and read
+            by URL (map-style): one file fetched whole at open, samples back to back
   local     gpufeed (map-style) over the same pack on local disk (in the page cache)
 
 each with batch_size 256, no shuffle, `--workers` workers: a cold first epoch into an empty
@@ -42,17 +44,19 @@ import numpy as np
 from bench.s3server import S3Server
 
 
-def make_pack(work: Path, samples: int, sample_kib: int) -> Path:
+def make_pack(work: Path, samples: int, sample_kib: int, fmt: str = "tar") -> Path:
+    """The samples (written once, under work/src) packed as `fmt` (tar: shards of ~4 MiB)."""
     from gpufeed.write.pack import pack
 
     src = work / "src"
     rng = np.random.default_rng(0)
-    for i in range(samples):
+    for i in range(samples if not src.exists() else 0):
         folder = src / f"c{i % 10}"
         folder.mkdir(parents=True, exist_ok=True)
         np.save(folder / f"{i:06d}.npy", rng.integers(0, 255, sample_kib << 10, dtype=np.uint8))
-    dest = work / "pack"
-    pack(src, dest, "tar", shard_bytes=SHARD_BYTES, quiet=True)
+    dest = work / ("pack" if fmt == "tar" else f"pack-{fmt}")
+    extra = {"shard_bytes": SHARD_BYTES} if fmt == "tar" else {}
+    pack(src, dest, fmt, quiet=True, **extra)
     return dest
 
 
@@ -276,7 +280,8 @@ def timed_epoch(reader, server: S3Server, cache: Path, open_first: bool) -> dict
 def run(args) -> dict[str, dict[str, list[dict]]]:
     from gpufeed.storage import upload_pack
 
-    names = ["gpufeed", "gpufeed-stream", *args.peers, "local"]
+    extra = [f"gpufeed-{fmt}" for fmt in args.formats]
+    names = ["gpufeed", "gpufeed-stream", *extra, *args.peers, "local"]
     results = {name: {"cold": [], "warm": []} for name in names}
     with tempfile.TemporaryDirectory(prefix="gpufeed-stream-", dir=args.tmp) as tmp:
         work = Path(tmp)
@@ -285,6 +290,9 @@ def run(args) -> dict[str, dict[str, list[dict]]]:
             os.environ.update(server.env())
             server.make_bucket(BUCKET)
             upload_pack(local, f"s3://{BUCKET}/gpufeed")
+            for fmt in args.formats:  # the same samples in a format fetched whole
+                packed = make_pack(work, args.samples, args.sample_kib, fmt)
+                upload_pack(packed, f"s3://{BUCKET}/gpufeed-{fmt}")
             writers = {"litdata": write_litdata, "mds": write_mds}
             for peer in args.peers:
                 upload_folder(server, writers[peer](work, work / peer), peer)
@@ -297,7 +305,7 @@ def run(args) -> dict[str, dict[str, list[dict]]]:
                     if name == "local":
                         reader = GpufeedReader(str(local), server.endpoint, *how)
                     else:
-                        reader = READERS[name](where, server.endpoint, *how)
+                        reader = READERS.get(name, GpufeedReader)(where, server.endpoint, *how)
                     results[name]["cold"].append(timed_epoch(reader, server, cache, True))
                     for _ in range(args.warm_epochs):  # one warm epoch is ~0.1 s: too noisy
                         results[name]["warm"].append(timed_epoch(reader, server, cache, False))
@@ -360,6 +368,12 @@ def main(argv=None) -> int:
     p.add_argument("--warm-epochs", type=int, default=5, help="epochs from the cache per round")
     p.add_argument("--peers", default="litdata,mds", help="comma-separated; '' for none")
     p.add_argument(
+        "--formats",
+        default="",
+        help="comma-separated gpufeed formats read from the server besides tar (mmap, lmdb, "
+        "hdf5: fetched whole at open, no per-sample header); each is a row gpufeed-FORMAT",
+    )
+    p.add_argument(
         "--persistent",
         action="store_true",
         help="one loader (persistent_workers=True) for the cold epoch and every warm one, as "
@@ -368,6 +382,10 @@ def main(argv=None) -> int:
     p.add_argument("--tmp", default=None, help="folder for the packs, caches and server data")
     args = p.parse_args(argv)
     args.peers = [x for x in args.peers.split(",") if x]
+    args.formats = [x for x in args.formats.split(",") if x]
+    for fmt in args.formats:
+        if fmt not in ("mmap", "lmdb", "hdf5"):
+            p.error(f"--formats: {fmt!r} is not one of mmap, lmdb, hdf5")
     for peer in args.peers:
         if peer not in ("litdata", "mds"):
             p.error(f"--peers: {peer!r} is not one of litdata, mds")

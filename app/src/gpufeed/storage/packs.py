@@ -61,6 +61,7 @@ class RemoteFiles:
         self._warming: set[str] = set()
         self._warm: dict[str, Pin] = {}  # fetched ahead, not yet read: oldest first
         self._lock = threading.Lock()
+        self._links: dict[str, Path] = {}  # links this process made or checked: name -> link
 
     @property
     def url(self) -> RemoteURL:
@@ -74,7 +75,7 @@ class RemoteFiles:
         if self._pid != os.getpid():  # inherited through fork: the parent's pins stay its own
             self._pins, self._pid = {}, os.getpid()
             self._pool, self._warming, self._warm = None, set(), {}
-            self._lock = threading.Lock()
+            self._lock, self._links = threading.Lock(), {}
         return self._pins
 
     def warm(self, names: list[str]) -> None:
@@ -117,7 +118,10 @@ class RemoteFiles:
             with self._lock:
                 pin = self._warm.pop(name, None)
             pin = pins[name] = pin if pin is not None else self._fetch_now(name)
-        return _link(self.root / name, pin.path)
+        link = self._links.get(name)
+        if link is None:  # a name's copy is named by its sha256: its link never changes
+            link = self._links[name] = _link(self.root / name, pin.path)
+        return link
 
     def _fetch_now(self, name: str) -> Pin:
         try:
