@@ -232,3 +232,13 @@ def test_reads_ahead_start_fetches_only_for_files_missing_from_the_cache(s3, pac
     assert warm.reader.source.stats.misses == 0
     assert samples_of(warm) == samples_of(open_dataset(packs["tar"], map_style=True))
     assert warm.reader.source.stats.misses == 0
+
+
+def test_reads_ahead_ask_for_shards_in_the_order_they_will_be_read(s3, packs, tmp_path):
+    upload_pack(packs["tar"], f"{s3}/order")
+    ds = open_dataset(f"{s3}/order", cache_dir=tmp_path / "c", map_style=True)
+    reader, asked = ds.reader, []
+    reader.source.warm = asked.append
+    last, first = reader.shard_range(len(reader.shards) - 1), reader.shard_range(0)
+    reader.prefetch(np.array([last[0], first[0], last[0], first[0] + 1]))
+    assert asked == [[reader.shards[-1], reader.shards[0]]]  # first seen first, each once
