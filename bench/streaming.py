@@ -1,7 +1,8 @@
 """gpufeed streaming from object storage against LitData and MosaicML Streaming, in one run.
 
     python -m bench.streaming [--samples 4000] [--sample-kib 16] [--rounds 3] [--workers 0]
-                              [--warm-epochs 5] [--peers litdata,mds] [--tmp DIR]
+                              [--warm-epochs 5] [--peers litdata,mds] [--persistent]
+                              [--formats mmap,lmdb,hdf5] [--tmp DIR]
 
 Starts a real S3 server on 127.0.0.1 (bench/s3server.py: rclone), writes the same synthetic
 uint8 samples as a gpufeed tar pack, a LitData dataset (`litdata.optimize`) and a MosaicML
@@ -12,6 +13,8 @@ in interleaved rounds (the order rotates) reads each the way its docs show:
   gpufeed-stream  the same with the streamed TarShardDataset (map_style=False, shuffle_buffer=0)
   litdata   StreamingDataset("s3://bench/litdata", cache_dir=...) + StreamingDataLoader
   mds       StreamingDataset(remote="s3://bench/mds", local=...) + torch DataLoader
+  gpufeed-mmap (--formats mmap,lmdb,hdf5)  the same samples packed as that format and read
+            by URL (map-style): one file fetched whole at open, samples back to back
   local     gpufeed (map-style) over the same pack on local disk (in the page cache)
 
 each with batch_size 256, no shuffle, `--workers` workers: a cold first epoch into an empty
@@ -41,17 +44,19 @@ import numpy as np
 from bench.s3server import S3Server
 
 
-def make_pack(work: Path, samples: int, sample_kib: int) -> Path:
+def make_pack(work: Path, samples: int, sample_kib: int, fmt: str = "tar") -> Path:
+    """The samples (written once, under work/src) packed as `fmt` (tar: shards of ~4 MiB)."""
     from gpufeed.write.pack import pack
 
     src = work / "src"
     rng = np.random.default_rng(0)
-    for i in range(samples):
+    for i in range(samples if not src.exists() else 0):
         folder = src / f"c{i % 10}"
         folder.mkdir(parents=True, exist_ok=True)
         np.save(folder / f"{i:06d}.npy", rng.integers(0, 255, sample_kib << 10, dtype=np.uint8))
-    dest = work / "pack"
-    pack(src, dest, "tar", shard_bytes=SHARD_BYTES, quiet=True)
+    dest = work / ("pack" if fmt == "tar" else f"pack-{fmt}")
+    extra = {"shard_bytes": SHARD_BYTES} if fmt == "tar" else {}
+    pack(src, dest, fmt, quiet=True, **extra)
     return dest
 
 
@@ -108,9 +113,9 @@ class GpufeedReader:
 
     map_style = True
 
-    def __init__(self, where: str, endpoint: str, workers: int):
-        self.where, self.workers = where, workers
-        self.ds = None
+    def __init__(self, where: str, endpoint: str, workers: int, persistent: bool = False):
+        self.where, self.workers, self.persistent = where, workers, persistent
+        self.ds = self.loader = None
         self.epochs = 0
 
     def open(self, cache: Path) -> None:
@@ -122,10 +127,14 @@ class GpufeedReader:
     def batches(self):
         from gpufeed.loading.make import make_loader
 
-        if hasattr(self.ds, "set_epoch"):
+        if hasattr(self.ds, "set_epoch") and self.loader is None:
             self.ds.set_epoch(self.epochs)
         self.epochs += 1
-        loader = make_loader(self.ds, BATCH, num_workers=self.workers, check_shm=False)
+        loader = self.loader or make_loader(
+            self.ds, BATCH, num_workers=self.workers, check_shm=False,
+            persistent_workers=self.persistent and self.workers > 0,
+        )  # fmt: skip
+        self.loader = loader if self.persistent else None
         return ((len(b.labels), b) for b in loader)
 
 
@@ -134,9 +143,10 @@ class GpufeedStreamReader(GpufeedReader):
 
 
 class LitdataReader:
-    def __init__(self, where: str, endpoint: str, workers: int):
+    def __init__(self, where: str, endpoint: str, workers: int, persistent: bool = False):
         self.where, self.endpoint, self.workers = where, endpoint, workers
-        self.ds = None
+        self.persistent = persistent and workers > 0
+        self.ds = self.loader = None
 
     def open(self, cache: Path) -> None:
         import litdata
@@ -149,12 +159,14 @@ class LitdataReader:
     def batches(self):
         import litdata
 
-        loader = litdata.StreamingDataLoader(
+        loader = self.loader or litdata.StreamingDataLoader(
             self.ds,
             batch_size=BATCH,
             num_workers=self.workers,
             worker_init_fn=_litdata_allow_http if self.workers else None,
+            persistent_workers=self.persistent,
         )
+        self.loader = loader if self.persistent else None
         return ((len(b["y"]), b) for b in loader)
 
 
@@ -168,10 +180,11 @@ def _litdata_allow_http(_worker_id: int | None = None) -> None:
 
 
 class MdsReader:
-    def __init__(self, where: str, endpoint: str, workers: int):
+    def __init__(self, where: str, endpoint: str, workers: int, persistent: bool = False):
         self.where, self.workers = where, workers
+        self.persistent = persistent and workers > 0
         os.environ["S3_ENDPOINT_URL"] = endpoint  # how MosaicML Streaming takes an endpoint
-        self.ds = None
+        self.ds = self.loader = None
 
     def open(self, cache: Path) -> None:
         import streaming
@@ -185,7 +198,10 @@ class MdsReader:
     def batches(self):
         import torch
 
-        loader = torch.utils.data.DataLoader(self.ds, batch_size=BATCH, num_workers=self.workers)
+        loader = self.loader or torch.utils.data.DataLoader(
+            self.ds, batch_size=BATCH, num_workers=self.workers, persistent_workers=self.persistent
+        )
+        self.loader = loader if self.persistent else None
         return ((len(b["y"]), b) for b in loader)
 
 
@@ -264,7 +280,8 @@ def timed_epoch(reader, server: S3Server, cache: Path, open_first: bool) -> dict
 def run(args) -> dict[str, dict[str, list[dict]]]:
     from gpufeed.storage import upload_pack
 
-    names = ["gpufeed", "gpufeed-stream", *args.peers, "local"]
+    extra = [f"gpufeed-{fmt}" for fmt in args.formats]
+    names = ["gpufeed", "gpufeed-stream", *extra, *args.peers, "local"]
     results = {name: {"cold": [], "warm": []} for name in names}
     with tempfile.TemporaryDirectory(prefix="gpufeed-stream-", dir=args.tmp) as tmp:
         work = Path(tmp)
@@ -273,18 +290,22 @@ def run(args) -> dict[str, dict[str, list[dict]]]:
             os.environ.update(server.env())
             server.make_bucket(BUCKET)
             upload_pack(local, f"s3://{BUCKET}/gpufeed")
+            for fmt in args.formats:  # the same samples in a format fetched whole
+                packed = make_pack(work, args.samples, args.sample_kib, fmt)
+                upload_pack(packed, f"s3://{BUCKET}/gpufeed-{fmt}")
             writers = {"litdata": write_litdata, "mds": write_mds}
             for peer in args.peers:
                 upload_folder(server, writers[peer](work, work / peer), peer)
+            how = (args.workers, args.persistent)
             for r in range(args.rounds):
                 for name in names[r % len(names) :] + names[: r % len(names)]:
                     cache = work / f"cache-{name}-{r}"
                     cache.mkdir()
                     where = f"s3://{BUCKET}/{name.removesuffix('-stream')}"
                     if name == "local":
-                        reader = GpufeedReader(str(local), server.endpoint, args.workers)
+                        reader = GpufeedReader(str(local), server.endpoint, *how)
                     else:
-                        reader = READERS[name](where, server.endpoint, args.workers)
+                        reader = READERS.get(name, GpufeedReader)(where, server.endpoint, *how)
                     results[name]["cold"].append(timed_epoch(reader, server, cache, True))
                     for _ in range(args.warm_epochs):  # one warm epoch is ~0.1 s: too noisy
                         results[name]["warm"].append(timed_epoch(reader, server, cache, False))
@@ -301,7 +322,8 @@ def median(rows: list[dict], key: str) -> float:
 def report(results: dict, args) -> str:
     lines = [
         f"{args.samples} samples of {args.sample_kib} KiB, shards of ~4 MiB, batch {BATCH}, "
-        f"num_workers={args.workers}, no shuffle, medians of {args.rounds} interleaved rounds "
+        f"num_workers={args.workers}{' (persistent)' if args.persistent else ''}, no shuffle, "
+        f"medians of {args.rounds} interleaved rounds "
         f"({args.warm_epochs} warm epochs each)",
         f"{'reader':14s} {'epoch':5s} {'samples/s':>10s} {'vs gpufeed':>10s} {'first batch':>12s} "
         f"{'bytes fetched':>14s} {'peak cache':>12s}",
@@ -345,9 +367,25 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--warm-epochs", type=int, default=5, help="epochs from the cache per round")
     p.add_argument("--peers", default="litdata,mds", help="comma-separated; '' for none")
+    p.add_argument(
+        "--formats",
+        default="",
+        help="comma-separated gpufeed formats read from the server besides tar (mmap, lmdb, "
+        "hdf5: fetched whole at open, no per-sample header); each is a row gpufeed-FORMAT",
+    )
+    p.add_argument(
+        "--persistent",
+        action="store_true",
+        help="one loader (persistent_workers=True) for the cold epoch and every warm one, as "
+        "make_loader's default; without it, a new loader (new workers) every epoch",
+    )
     p.add_argument("--tmp", default=None, help="folder for the packs, caches and server data")
     args = p.parse_args(argv)
     args.peers = [x for x in args.peers.split(",") if x]
+    args.formats = [x for x in args.formats.split(",") if x]
+    for fmt in args.formats:
+        if fmt not in ("mmap", "lmdb", "hdf5"):
+            p.error(f"--formats: {fmt!r} is not one of mmap, lmdb, hdf5")
     for peer in args.peers:
         if peer not in ("litdata", "mds"):
             p.error(f"--peers: {peer!r} is not one of litdata, mds")

@@ -206,3 +206,39 @@ def test_the_cli_packs_into_a_url(s3, array_folder, tmp_path, python_env, rclone
     assert f"packed 17 samples into {s3}/cli" in out.stdout
     assert "manifest.json" in rclone_server.keys(f"{s3}/cli")
     assert not Path("s3:").exists()
+
+
+def _warm_threads() -> int:
+    import threading
+
+    return sum(t.name.startswith("gpufeed-warm") for t in threading.enumerate())
+
+
+def test_reads_ahead_start_fetches_only_for_files_missing_from_the_cache(s3, packs, tmp_path):
+    upload_pack(packs["tar"], f"{s3}/warm")
+    cold = open_dataset(f"{s3}/warm", cache_dir=tmp_path / "c", map_style=True)
+    files, names = cold.reader.source, list(cold.reader.shards)
+    files.warm(names[:1])  # a miss: a fetch ahead starts
+    assert _warm_threads() >= 1
+    files.close()
+    assert files.pack.cached(names[0]) and not files.pack.cached(names[1])
+    samples_of(cold)  # every shard lands in the cache
+    cold.reader.source.close()
+
+    before = _warm_threads()
+    warm = open_dataset(f"{s3}/warm", cache_dir=tmp_path / "c", map_style=True)
+    warm.reader.source.warm(names)  # all cached: no thread, no pin, no fetch
+    assert _warm_threads() == before
+    assert warm.reader.source.stats.misses == 0
+    assert samples_of(warm) == samples_of(open_dataset(packs["tar"], map_style=True))
+    assert warm.reader.source.stats.misses == 0
+
+
+def test_reads_ahead_ask_for_shards_in_the_order_they_will_be_read(s3, packs, tmp_path):
+    upload_pack(packs["tar"], f"{s3}/order")
+    ds = open_dataset(f"{s3}/order", cache_dir=tmp_path / "c", map_style=True)
+    reader, asked = ds.reader, []
+    reader.source.warm = asked.append
+    last, first = reader.shard_range(len(reader.shards) - 1), reader.shard_range(0)
+    reader.prefetch(np.array([last[0], first[0], last[0], first[0] + 1]))
+    assert asked == [[reader.shards[-1], reader.shards[0]]]  # first seen first, each once

@@ -342,7 +342,9 @@ class TarReader(Reader):
 
     def prefetch(self, indices: np.ndarray) -> None:
         if self.source is not None:  # a remote pack: fetch the shards to come into the cache
-            shards = np.unique(self.shard[indices]).tolist() if len(indices) else []
+            # in the order they will be read; not np.unique: its first call imports numpy.ma
+            # (20-50 ms), paid again by every worker a fresh DataLoader forks
+            shards = dict.fromkeys(self.shard[indices].tolist())
             self.source.warm([self.shards[s] for s in shards])
             return
         if not hasattr(os, "posix_fadvise"):  # macOS

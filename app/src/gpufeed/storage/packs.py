@@ -61,6 +61,7 @@ class RemoteFiles:
         self._warming: set[str] = set()
         self._warm: dict[str, Pin] = {}  # fetched ahead, not yet read: oldest first
         self._lock = threading.Lock()
+        self._links: dict[str, Path] = {}  # links this process made or checked: name -> link
 
     @property
     def url(self) -> RemoteURL:
@@ -74,19 +75,25 @@ class RemoteFiles:
         if self._pid != os.getpid():  # inherited through fork: the parent's pins stay its own
             self._pins, self._pid = {}, os.getpid()
             self._pool, self._warming, self._warm = None, set(), {}
-            self._lock = threading.Lock()
+            self._lock, self._links = threading.Lock(), {}
         return self._pins
 
     def warm(self, names: list[str]) -> None:
         """Start fetching `names` in the background (a hint for reads to come: a failure
-        surfaces when the file is read)."""
+        surfaces when the file is read). A file already whole in the cache (landed files are
+        verified) is left for its read to pin: no thread, no pin, no lock; the pool of
+        fetches ahead starts on the first miss, so a process reading a cached pack (a
+        DataLoader worker forked each epoch) never starts one."""
         self._mine()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(WARM_WORKERS, thread_name_prefix="gpufeed-warm")
         for name in names:
-            if name not in self._warming and name not in self._pins and name not in self._warm:
-                self._warming.add(name)
-                self._pool.submit(self._warm_one, name)
+            if name in self._warming or name in self._pins or name in self._warm:
+                continue
+            if self.pack.cached(name):
+                continue
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(WARM_WORKERS, thread_name_prefix="gpufeed-warm")
+            self._warming.add(name)
+            self._pool.submit(self._warm_one, name)
 
     def _warm_one(self, name: str) -> None:
         """Fetch `name` and keep it pinned until read (fetch adopts the pin), so eviction
@@ -111,7 +118,10 @@ class RemoteFiles:
             with self._lock:
                 pin = self._warm.pop(name, None)
             pin = pins[name] = pin if pin is not None else self._fetch_now(name)
-        return _link(self.root / name, pin.path)
+        link = self._links.get(name)
+        if link is None:  # a name's copy is named by its sha256: its link never changes
+            link = self._links[name] = _link(self.root / name, pin.path)
+        return link
 
     def _fetch_now(self, name: str) -> Pin:
         try:

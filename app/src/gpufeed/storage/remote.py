@@ -81,6 +81,10 @@ class RemotePack:
         except KeyError:
             raise UsageError(f"{self.url}: the manifest lists no file {name!r}") from None
 
+    def cached(self, name: str) -> bool:
+        """Whether `name` is in the cache now, whole and verified (it may be evicted after)."""
+        return self.cache.holds(self.entry(name))
+
     def fetch(self, name: str) -> Pin:
         """The pack's file `name` as a pinned local file (fetched on a miss)."""
         return self._get(self.entry(name))
