@@ -191,6 +191,12 @@ class Reader:
         """Start reading samples ``indices`` into the page cache without waiting (a hint:
         formats that cannot say where a sample lies do nothing)."""
 
+    def prefetch_ranges(self, ranges) -> None:
+        """Start reading the samples of index ranges ``[start, stop)`` (whole blocks of the
+        epoch's order, a few batches ahead) into the page cache without waiting: one hint a
+        range, for small samples (a hint: formats that cannot say where a range lies do
+        nothing)."""
+
     def mean_sample_bytes(self) -> float:
         """Stored bytes per sample: exact for fixed-shape arrays, from file sizes otherwise."""
         if self.spec.kind == "array":
