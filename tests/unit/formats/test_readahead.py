@@ -159,10 +159,12 @@ def test_loader_reads_the_next_batch_ahead_for_large_samples(
         assert asked == order[1:]
 
 
-def test_loader_does_not_read_ahead_small_samples(array_folder, tmp_path, monkeypatch):
-    monkeypatch.setattr("gpufeed.loading.make.READ_AHEAD_RANGES", False)
-    dest = tmp_path / "ds.mmap"
-    gpufeed.pack(array_folder, dest, format="mmap", workers=1, quiet=True)
+@pytest.mark.parametrize("fmt", ["mmap", "lmdb"])
+def test_loader_does_not_read_ahead_small_samples(array_folder, tmp_path, monkeypatch, fmt):
+    # lmdb: not by block either (measured no faster); mmap: not with the switch off
+    monkeypatch.setattr("gpufeed.loading.make.READ_AHEAD_RANGES", fmt == "lmdb")
+    dest = tmp_path / f"ds.{fmt}"
+    gpufeed.pack(array_folder, dest, format=fmt, workers=1, quiet=True)
     loader = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, num_workers=0)
     assert loader.plan.lookahead == 0
     assert not any(isinstance(b, LookaheadBatch) for b in loader.batch_sampler)
@@ -199,7 +201,7 @@ def test_range_batches_announce_each_block_once_a_window_early():
     assert list(back) == want[0] and back.ranges == got[0].ranges and back.ahead is None
 
 
-@pytest.mark.parametrize("fmt", ["mmap", "lmdb", "hdf5"])
+@pytest.mark.parametrize("fmt", ["mmap", "hdf5"])
 def test_reader_prefetch_ranges_advises_the_ranges_bytes(tmp_path, monkeypatch, fmt):
     src = tmp_path / "src"
     write_arrays(src, {"x": 6, "y": 6}, shape=(3, 64, 64), seed=4)  # 12 KiB, as the raw case
@@ -221,9 +223,6 @@ def test_reader_prefetch_ranges_advises_the_ranges_bytes(tmp_path, monkeypatch, 
     spans = [s for c in calls for s in c]
     if fmt == "hdf5" and not isinstance(reader.handle, np.ndarray):
         assert spans == []  # read through h5py: nothing to advise
-    elif fmt == "lmdb":  # from the first value's start to the last's end: pages between
-        assert len(spans) == 2 and spans[1][1] == row
-        assert 2 * row <= spans[0][1] <= 2 * (row + 2 * mmap.PAGESIZE)
     else:
         assert [length for _, length in spans] == [2 * row, row]
     np.testing.assert_array_equal(reader.read_batch(np.arange(n, dtype=np.int64)), before)

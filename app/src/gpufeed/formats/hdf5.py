@@ -181,6 +181,8 @@ class HDF5Reader(Reader):
         if isinstance(data, np.ndarray):  # chunked or compressed: h5py reads through its cache
             advise_samples(data, self.offsets, indices)
 
+    reads_ranges_ahead = True
+
     def prefetch_ranges(self, ranges) -> None:
         data = self.handle
         if isinstance(data, np.ndarray) and self.offsets is None:  # a mapped contiguous dataset

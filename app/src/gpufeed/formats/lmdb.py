@@ -25,7 +25,7 @@ from gpufeed.formats.files import is_disk_full
 from gpufeed.formats.maps import KEEP_MAPS, covers, on_forget
 from gpufeed.formats.npy import npy_bytes, npy_from_bytes
 from gpufeed.formats.parts import Part
-from gpufeed.formats.readahead import advise_buffers, advise_willneed
+from gpufeed.formats.readahead import advise_buffers
 from gpufeed.formats.spec import SampleSpec
 
 DATA_FILE = "data.mdb"
@@ -266,23 +266,6 @@ class LMDBReader(Reader):
         with self.handle.begin(buffers=True) as txn:
             get = txn.get
             advise_buffers([v for v in map(get, keys(indices)) if v is not None])
-
-    def prefetch_ranges(self, ranges) -> None:
-        # a pack's values are written in key order, so a range's values lie between its first
-        # and its last value's pages: advise that span (when it is no longer than the range's
-        # bytes and a page a value: otherwise the layout is not that, and nothing is advised)
-        spans = []
-        with self.handle.begin(buffers=True) as txn:
-            for a, b in ranges:
-                b = min(int(b), self.count) - 1
-                first, last = txn.get(key(int(a))), txn.get(key(b))
-                if first is None or last is None or b < a:
-                    continue
-                lo = np.frombuffer(first, dtype=np.uint8).ctypes.data
-                hi = np.frombuffer(last, dtype=np.uint8).ctypes.data + len(last)
-                if 0 < hi - lo <= (b - a + 1) * (len(first) + 4096):
-                    spans.append((lo, hi - lo))
-            advise_willneed(spans, True)
 
     def read_batch(self, indices: np.ndarray):
         with self.handle.begin(buffers=True) as txn:

@@ -160,6 +160,8 @@ class MmapReader(Reader):
     def prefetch(self, indices: np.ndarray) -> None:
         advise_samples(self.handle, self.offsets, indices)
 
+    reads_ranges_ahead = True
+
     def prefetch_ranges(self, ranges) -> None:
         data = self.handle
         if self.offsets is None:

@@ -304,7 +304,8 @@ def _set_decoder_threads(dataset, threads: int | str) -> None:
 def _lookahead(dataset, batch_sampler, workers: int) -> int:
     """Batches read ahead (madvise WILLNEED): large samples, each reader asks the kernel for
     its next batch while copying this one; small ones, the blocks of the order a window of
-    the block shuffle ahead, one request a block (READ_AHEAD_RANGES), so cold reads keep
+    the block shuffle ahead, one request a block, where the reader reads_ranges_ahead (mmap,
+    mapped HDF5; READ_AHEAD_RANGES switches it off), so cold reads keep
     many large requests in flight. 0: off."""
     reader = getattr(dataset, "reader", None)
     remote = getattr(reader, "source", None) is not None  # fetch the shards to come
@@ -316,7 +317,7 @@ def _lookahead(dataset, batch_sampler, workers: int) -> int:
         batch_sampler.lookahead = max(1, workers)
         return batch_sampler.lookahead
     block = getattr(batch_sampler.sampler, "block_size", 0)
-    if READ_AHEAD_RANGES and sized and block >= 1 and hasattr(reader, "prefetch_ranges"):
+    if READ_AHEAD_RANGES and block >= 1 and getattr(reader, "reads_ranges_ahead", False):
         window = block * getattr(batch_sampler.sampler, "buffer_blocks", 1)
         batch_sampler.range_block = block
         batch_sampler.lookahead = max(1, workers, -(-window // batch_sampler.batch_size))
