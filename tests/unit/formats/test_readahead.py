@@ -165,9 +165,18 @@ def test_loader_does_not_read_ahead_small_samples(array_folder, tmp_path, monkey
     monkeypatch.setattr("gpufeed.loading.make.READ_AHEAD_RANGES", fmt == "lmdb")
     dest = tmp_path / f"ds.{fmt}"
     gpufeed.pack(array_folder, dest, format=fmt, workers=1, quiet=True)
-    loader = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, num_workers=0)
+    loader = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, shuffle=True, num_workers=0)
     assert loader.plan.lookahead == 0
     assert not any(isinstance(b, LookaheadBatch) for b in loader.batch_sampler)
+
+
+def test_loader_does_not_read_blocks_ahead_in_storage_order(array_folder, tmp_path):
+    dest = tmp_path / "ds.mmap"
+    gpufeed.pack(array_folder, dest, format="mmap", workers=1, quiet=True)
+    loader = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, shuffle=False, num_workers=0)
+    assert loader.plan.lookahead == 0 and loader.batch_sampler.range_block == 0
+    shuffled = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, shuffle=True, num_workers=0)
+    assert shuffled.batch_sampler.range_block > 0
 
 
 def test_advise_row_ranges_asks_once_a_range_clipped_to_the_array(monkeypatch):
