@@ -191,6 +191,17 @@ class Reader:
         """Start reading samples ``indices`` into the page cache without waiting (a hint:
         formats that cannot say where a sample lies do nothing)."""
 
+    # whether prefetch_ranges is worth calling (make_loader reads small samples ahead by
+    # block only then): mmap and mapped HDF5 measured faster cold, as fast warm; LMDB not
+    # (docs/benchmarks.md, "Issue 16 phase 4")
+    reads_ranges_ahead = False
+
+    def prefetch_ranges(self, ranges) -> None:
+        """Start reading the samples of index ranges ``[start, stop)`` (whole blocks of the
+        epoch's order, a window ahead) into the page cache without waiting: one hint a
+        range, for small samples (a hint: formats that cannot say where a range lies do
+        nothing)."""
+
     def mean_sample_bytes(self) -> float:
         """Stored bytes per sample: exact for fixed-shape arrays, from file sizes otherwise."""
         if self.spec.kind == "array":

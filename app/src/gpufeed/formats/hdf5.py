@@ -24,7 +24,13 @@ import numpy as np
 from gpufeed.errors import DataError, UsageError
 from gpufeed.formats.base import ContiguousWriter, Reader
 from gpufeed.formats.maps import kept_map
-from gpufeed.formats.readahead import advise_buffers, advise_rows, advise_samples, take_rows
+from gpufeed.formats.readahead import (
+    advise_buffers,
+    advise_row_ranges,
+    advise_rows,
+    advise_samples,
+    take_rows,
+)
 from gpufeed.formats.spec import SampleSpec
 
 FILE_NAME = "data.h5"
@@ -174,6 +180,13 @@ class HDF5Reader(Reader):
         data = self.handle
         if isinstance(data, np.ndarray):  # chunked or compressed: h5py reads through its cache
             advise_samples(data, self.offsets, indices)
+
+    reads_ranges_ahead = True
+
+    def prefetch_ranges(self, ranges) -> None:
+        data = self.handle
+        if isinstance(data, np.ndarray) and self.offsets is None:  # a mapped contiguous dataset
+            advise_row_ranges(data, ranges)
 
     def read_batch(self, indices: np.ndarray):
         data = self.handle

@@ -22,7 +22,14 @@ from gpufeed.formats.base import ContiguousWriter, Reader
 from gpufeed.formats.files import preallocate
 from gpufeed.formats.maps import kept_map
 from gpufeed.formats.npy import npy_shape
-from gpufeed.formats.readahead import advise_buffers, advise_rows, advise_samples, take_rows
+from gpufeed.formats.readahead import (
+    advise_buffers,
+    advise_row_ranges,
+    advise_rows,
+    advise_samples,
+    advise_willneed,
+    take_rows,
+)
 from gpufeed.formats.spec import SampleSpec
 
 CONTAINERS = ("npy", "pt")
@@ -152,6 +159,17 @@ class MmapReader(Reader):
 
     def prefetch(self, indices: np.ndarray) -> None:
         advise_samples(self.handle, self.offsets, indices)
+
+    reads_ranges_ahead = True
+
+    def prefetch_ranges(self, ranges) -> None:
+        data = self.handle
+        if self.offsets is None:
+            advise_row_ranges(data, ranges)
+            return
+        n, off, base = self.count, self.offsets, data.ctypes.data
+        spans = ((int(off[a]), int(off[min(b, n)])) for a, b in ranges if min(b, n) > a)
+        advise_willneed(((base + lo, hi - lo) for lo, hi in spans if hi > lo), True)
 
     def read_batch(self, indices: np.ndarray):
         data = self.handle

@@ -56,6 +56,10 @@ from gpufeed.system.shm import shm_budget
 
 __all__ = ["make_loader"]
 
+# small samples: read the blocks of the order a window ahead (see _lookahead); a module
+# switch so that a benchmark can measure the loader with and without it
+READ_AHEAD_RANGES = True
+
 
 @with_given_arguments
 def make_loader(
@@ -298,15 +302,28 @@ def _set_decoder_threads(dataset, threads: int | str) -> None:
 
 
 def _lookahead(dataset, batch_sampler, workers: int) -> int:
-    """Batches read ahead (madvise WILLNEED) for large samples, 0 for small ones: each reader
-    asks the kernel for its next batch while copying this one, so cold reads keep many
-    requests in flight (small ones: the kernel's readahead does it already)."""
+    """Batches read ahead (madvise WILLNEED): large samples, each reader asks the kernel for
+    its next batch while copying this one; small ones, the blocks of the order a window of
+    the block shuffle ahead, one request a block, where the reader reads_ranges_ahead (mmap,
+    mapped HDF5; READ_AHEAD_RANGES switches it off), so cold reads keep
+    many large requests in flight. 0: off."""
     reader = getattr(dataset, "reader", None)
     remote = getattr(reader, "source", None) is not None  # fetch the shards to come
     sized = hasattr(reader, "mean_sample_bytes")
     large = sized and reader.mean_sample_bytes() >= PREFETCH_MIN_BYTES
-    if isinstance(batch_sampler, SortedBatchSampler) and (remote or large):
+    if not isinstance(batch_sampler, SortedBatchSampler):
+        return 0
+    if remote or large:
         batch_sampler.lookahead = max(1, workers)
+        return batch_sampler.lookahead
+    # shuffled epochs only: in storage order the kernel's own readahead streams the file, and
+    # blocks announced on top measured slower (docs/benchmarks.md, "Issue 16 phase 4")
+    shuffled = getattr(batch_sampler.sampler, "shuffle", False)
+    block = getattr(batch_sampler.sampler, "block_size", 0) if shuffled else 0
+    if READ_AHEAD_RANGES and block >= 1 and getattr(reader, "reads_ranges_ahead", False):
+        window = block * getattr(batch_sampler.sampler, "buffer_blocks", 1)
+        batch_sampler.range_block = block
+        batch_sampler.lookahead = max(1, workers, -(-window // batch_sampler.batch_size))
         return batch_sampler.lookahead
     return 0
 
