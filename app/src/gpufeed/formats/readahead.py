@@ -33,16 +33,20 @@ PREFETCH_MIN_BYTES = 64 << 10
 _MADV_WILLNEED = 3
 
 
-@functools.lru_cache(maxsize=1)
-def _mincore():
+def _libc_function(name: str, *argtypes):
+    """libc's `name` taking (address, length, argtypes...) and returning int; None where absent."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        fn = libc.mincore
+        fn = getattr(ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, *argtypes]
     fn.restype = ctypes.c_int
     return fn
+
+
+@functools.lru_cache(maxsize=1)
+def _mincore():
+    return _libc_function("mincore", ctypes.c_void_p)
 
 
 def looks_cached(addr: int, length: int) -> bool:
@@ -66,14 +70,7 @@ _VEC = (ctypes.c_ubyte * 1)()  # mincore's answer for one page
 def _madvise():
     if not hasattr(mmap, "MADV_WILLNEED"):  # not Linux/BSD: nothing to ask for
         return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        fn = libc.madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
+    return _libc_function("madvise", ctypes.c_int)
 
 
 def is_run(indices: np.ndarray) -> bool:
