@@ -342,8 +342,7 @@ class TarReader(Reader):
 
     def prefetch(self, indices: np.ndarray) -> None:
         if self.source is not None:  # a remote pack: fetch the shards to come into the cache
-            # in the order they will be read; not np.unique: its first call imports numpy.ma
-            # (20-50 ms), paid again by every worker a fresh DataLoader forks
+            # in the order they will be read (np.unique would sort them)
             shards = dict.fromkeys(self.shard[indices].tolist())
             self.source.warm([self.shards[s] for s in shards])
             return
