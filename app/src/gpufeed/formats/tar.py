@@ -32,14 +32,7 @@ from gpufeed.formats.parts import Part
 from gpufeed.formats.readahead import PREFETCH_MIN_BYTES, advise_willneed, is_run
 from gpufeed.formats.record import member_bytes, member_name, record_from_members, split_record
 from gpufeed.formats.spec import SampleSpec
-from gpufeed.formats.ustar import (
-    HEADER_END,
-    HEADER_MID,
-    KEY_DIGITS,
-    MAX_SIZE,
-    field_header,
-    member_header,
-)
+from gpufeed.formats.ustar import field_header, member_header, member_header_pieces
 
 INDEX_NAME = "index.npz"
 SHARD_FORMAT = "shard-{:06d}.tar"
@@ -209,12 +202,7 @@ class TarWriter(Writer):
         ):
             data = stored if as_stored else member_bytes(field, stored)
             size = len(data)
-            if head is None or len(raw) != KEY_DIGITS or size >= MAX_SIZE:
-                chunks.append(member_header(key + suffix, size))
-            else:  # member_header's bytes, in pieces: the name's and the sum's fixed parts
-                size_field = b"%011o" % size
-                checksum = b"%06o\0 " % (head[1] + key_sum + sum(size_field))
-                chunks += [raw, head[0], size_field, HEADER_MID, checksum, HEADER_END]
+            chunks += member_header_pieces(raw, key_sum, suffix, head, size)
             pad = (-size) % BLOCK
             chunks += [data, _ZEROS[:pad]]
             end = pos + BLOCK + size
