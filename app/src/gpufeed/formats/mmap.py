@@ -24,10 +24,9 @@ from gpufeed.formats.maps import kept_map
 from gpufeed.formats.npy import npy_shape
 from gpufeed.formats.readahead import (
     advise_buffers,
-    advise_row_ranges,
     advise_rows,
+    advise_sample_ranges,
     advise_samples,
-    advise_willneed,
     take_rows,
 )
 from gpufeed.formats.spec import SampleSpec
@@ -163,13 +162,7 @@ class MmapReader(Reader):
     reads_ranges_ahead = True
 
     def prefetch_ranges(self, ranges) -> None:
-        data = self.handle
-        if self.offsets is None:
-            advise_row_ranges(data, ranges)
-            return
-        n, off, base = self.count, self.offsets, data.ctypes.data
-        spans = ((int(off[a]), int(off[min(b, n)])) for a, b in ranges if min(b, n) > a)
-        advise_willneed(((base + lo, hi - lo) for lo, hi in spans if hi > lo), True)
+        advise_sample_ranges(self.handle, self.offsets, ranges)
 
     def read_batch(self, indices: np.ndarray):
         data = self.handle

@@ -21,6 +21,7 @@ __all__ = [
     "PREFETCH_MIN_BYTES",
     "advise_buffers",
     "advise_row_ranges",
+    "advise_sample_ranges",
     "advise_rows",
     "advise_samples",
     "advise_willneed",
@@ -127,6 +128,18 @@ def advise_row_ranges(data: np.ndarray, ranges: Iterable[tuple[int, int]]) -> No
     n, row, base = len(data), data.strides[0], data.ctypes.data
     spans = ((int(a), min(int(b), n)) for a, b in ranges)
     advise_willneed(((base + a * row, (b - a) * row) for a, b in spans if b > a), True)
+
+
+def advise_sample_ranges(data: np.ndarray, offsets: np.ndarray | None, ranges) -> None:
+    """WILLNEED for the samples of index ranges ``[start, stop)`` of a mapped array, one call
+    a range: rows of fixed-shape samples (``offsets`` None), else the encoded bytes from
+    ``offsets[start]`` to ``offsets[stop]`` (stops past the end are clipped)."""
+    if offsets is None:
+        advise_row_ranges(data, ranges)
+        return
+    n, base = len(offsets) - 1, data.ctypes.data
+    spans = ((int(offsets[a]), int(offsets[min(b, n)])) for a, b in ranges if min(b, n) > a)
+    advise_willneed(((base + lo, hi - lo) for lo, hi in spans if hi > lo), True)
 
 
 def advise_samples(data: np.ndarray, offsets: np.ndarray | None, indices: np.ndarray) -> None:
