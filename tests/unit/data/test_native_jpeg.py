@@ -389,7 +389,7 @@ def test_wrapper_resizes_a_png_to_1x1():
 
 def test_status_names_the_backend_or_why_not(monkeypatch):
     assert native_jpeg.available() and "libjpeg-turbo" in native_jpeg.status()
-    monkeypatch.setattr(native_jpeg, "_load", lambda: (None, "gpufeed-jpeg is not installed"))
+    monkeypatch.setattr(native_jpeg, "jpeg_module", lambda: (None, "gpufeed-jpeg is not installed"))
     assert not native_jpeg.available()
     with pytest.raises(RuntimeError, match="not installed"):
         native_jpeg.decode_resized_crops([b""], RandomResizedCrop(4))

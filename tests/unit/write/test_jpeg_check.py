@@ -36,7 +36,7 @@ def _broken(data: bytes) -> dict[str, bytes]:
 
 
 needs_native = pytest.mark.skipif(
-    items._native_jpeg() is None, reason="gpufeed-jpeg (app/native) is not installed"
+    items.jpeg_module()[0] is None, reason="gpufeed-jpeg (app/native) is not installed"
 )
 
 
@@ -68,7 +68,7 @@ def test_a_jpeg_the_native_check_passes_is_not_decoded_by_pil(tmp_path, monkeypa
 @pytest.mark.parametrize("native", [True, False])
 def test_a_broken_jpeg_fails_the_pack_naming_it_or_is_skipped(tmp_path, monkeypatch, native):
     if not native:
-        monkeypatch.setattr(items, "_NATIVE", False)  # as where gpufeed-jpeg is not installed
+        monkeypatch.setattr(items, "jpeg_module", lambda: (None, "not installed"))  # as without it
     good = _jpeg(64, 64)
     for what, data in _broken(good).items():
         root = tmp_path / what.replace(" ", "_") / "src"

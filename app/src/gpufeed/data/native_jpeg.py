@@ -13,7 +13,6 @@ crop boxes and flips from the same torch generator draws, ``(batch, kept, failed
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,27 +20,18 @@ import torch
 
 from gpufeed.batch import new_batch_tensor
 from gpufeed.data.decoders import RandomResizedCrop, decode_rgb, resize_antialiased
+from gpufeed.system.native import jpeg_module
 
 NOT_A_JPEG = "not a JPEG"
 
 
-@functools.lru_cache(maxsize=1)
-def _load():
-    """(module, None) or (None, why it is not there)."""
-    try:
-        import gpufeed_jpeg
-    except ImportError as exc:
-        return None, f"gpufeed-jpeg is not installed ({exc}): pip install ./app/native"
-    return gpufeed_jpeg, None
-
-
 def available() -> bool:
-    return _load()[0] is not None
+    return jpeg_module()[0] is not None
 
 
 def status() -> str:
     """One line: which native decoder is active, or why none is."""
-    mod, why = _load()
+    mod, why = jpeg_module()
     if mod is None:
         return why
     return (
@@ -51,7 +41,7 @@ def status() -> str:
 
 
 def _module():
-    mod, why = _load()
+    mod, why = jpeg_module()
     if mod is None:
         raise RuntimeError(why)
     return mod

@@ -15,6 +15,7 @@ import numpy as np
 
 from gpufeed.formats.checksums import crc32
 from gpufeed.pixels import to_8bit
+from gpufeed.system.native import jpeg_module
 from gpufeed.write.scan import IMAGE_EXTS
 
 __all__ = ["LoadOptions", "jpeg_decodes", "load_item", "stamp"]
@@ -63,28 +64,13 @@ def load_item(path: str, opts: LoadOptions) -> tuple:
         return ("error", before, f"{type(e).__name__}: {msg}" if msg else type(e).__name__)
 
 
-def _native_jpeg():
-    """gpufeed_jpeg (the native decoder, app/native), or None where it is not installed."""
-    global _NATIVE
-    if _NATIVE is None:
-        try:
-            import gpufeed_jpeg
-        except ImportError:
-            gpufeed_jpeg = False
-        _NATIVE = gpufeed_jpeg
-    return _NATIVE or None
-
-
-_NATIVE = None
-
-
 def jpeg_decodes(data: bytes) -> bool:
     """Whether libjpeg-turbo decodes the JPEG without a complaint, at 1/8 scale (the IDCT's
     DCT scaling: every coefficient is still read, so a truncated or corrupt stream fails as
     in a full decode, at 0.2-0.3x its cost for a 64x64 JPEG (18 us against PIL's 58-90) and
     0.6x for 640x480 (1.25 against 2.0 ms)). False too where the native decoder is not
     installed."""
-    native = _native_jpeg()
+    native = jpeg_module()[0]
     if native is None:
         return False
     sizes, bad = native.image_sizes([data])
