@@ -128,15 +128,19 @@ def test_bad_normalize_is_a_clear_error():
         list(p)
 
 
+class Filled(torch.utils.data.Dataset):
+    """40 samples, each filled with its index; at module level so that spawned workers can
+    unpickle it (make_loader spawns once CUDA is initialised)."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.full((3, 2, 2), i, dtype=torch.uint8), i
+
+
 def _loader_batches():
-    class DS(torch.utils.data.Dataset):
-        def __len__(self):
-            return 40
-
-        def __getitem__(self, i):
-            return torch.full((3, 2, 2), i, dtype=torch.uint8), i
-
-    return make_loader(DS(), 8, num_workers=0, seed=3)
+    return make_loader(Filled(), 8, num_workers=0, seed=3)
 
 
 def test_wraps_a_loader_len_epoch_and_state():
