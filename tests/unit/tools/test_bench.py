@@ -106,6 +106,38 @@ def test_bench_command_crop_decodes_with_the_fused_crop(tmp_path, jpeg_folder, c
     assert per_plain / per_crop == pytest.approx((3 * 20 * 24 + 8) / (3 * 8 * 8 + 8))
 
 
+def test_bench_crop_decode_on_says_where_images_are_decoded(tmp_path, jpeg_folder, capsys):
+    pack = tmp_path / "jpegs"
+    gpufeed.pack(jpeg_folder, pack, format="mmap", workers=1, quiet=True)
+    argv = ["bench", str(pack), "-b", "4", "-j", "0", "--crop", "8", "--epochs", "1"]
+    assert cli.main([*argv, "--json", "--decode-on", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["decode_on"] == "cpu (the loader's workers)"
+    assert cli.main([*argv, "--decode-on", "cpu"]) == 0
+    assert "cpu (the loader's workers)" in capsys.readouterr().out
+    if not torch.cuda.is_available():  # insisting on the GPU without one: exit 2, saying why
+        assert cli.main([*argv, "--device", "cuda", "--decode-on", "cuda"]) == 2
+        assert "decode_on='cuda' needs the GPU JPEG decoder" in capsys.readouterr().err
+        return
+    assert cli.main([*argv, "--json", "--device", "cuda", "--decode-on", "cuda"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["decode_on"].startswith("cuda") and report["passes"][0]["samples"] == 13
+
+
+def test_split_decode_ships_encoded_bytes_only_for_the_gpu():
+    from gpufeed.tools.decode_options import split_decode
+
+    crop = gpufeed.RandomResizedCrop(8)
+    assert split_decode({}, "cpu", "auto") == ({}, None, None)
+    opts, device_crop, where = split_decode({"decode": crop, "x": 1}, "cpu", "auto")
+    assert (opts, device_crop) == ({"decode": crop, "x": 1}, None) and where.startswith("cpu")
+    if torch.cuda.is_available():
+        opts, device_crop, where = split_decode({"decode": crop}, "cuda", "auto")
+        assert (opts, device_crop) == ({"decode": False}, crop) and where.startswith("cuda")
+    else:
+        with pytest.raises(gpufeed.UsageError, match="no CUDA device"):
+            split_decode({"decode": crop}, "cuda", "cuda")
+
+
 def test_bench_command_table_reads_settings(mmap_pack, tmp_path, capsys):
     settings = tmp_path / "loader.json"
     settings.write_text(json.dumps({"num_workers": 0, "block_size": 8, "_batch_size": 4}))

@@ -26,14 +26,18 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpufeed import cliargs
+from gpufeed.tools.decode_options import (
+    add_crop_argument,
+    add_decode_on_argument,
+    crop_options,
+    split_decode,
+)
 from gpufeed.tools.gpu_report import NO_CUDA, calibrated_step, gpu_report
 from gpufeed.tools.timing import epoch_after_epoch, sleep_step, stop_workers, time_batches
 
 __all__ = [
     "add_arguments",
-    "add_crop_argument",
     "compare_plain",
-    "crop_options",
     "format_compare",
     "main",
     "run_bench",
@@ -57,21 +61,25 @@ def run_bench(
     progress: bool = False,
     log: Callable[[str], None] = lambda s: None,
     dataset_options: Mapping[str, Any] | None = None,
+    decode_on: str = "auto",
 ) -> dict[str, Any]:
     """Bench the dataset at ``path`` through ``make_loader`` (the same call users make):
-    ``epochs`` passes (each capped by ``seconds`` and ``max_samples``), the report as a dict."""
+    ``epochs`` passes (each capped by ``seconds`` and ``max_samples``), the report as a dict.
+    A RandomResizedCrop in ``dataset_options`` runs where ``decode_on`` says (see
+    :func:`split_decode`)."""
 
     from gpufeed.data.open import open_dataset
     from gpufeed.loading.make import make_loader
 
-    dataset = open_dataset(path, **dict(dataset_options or {}))
+    options, device_crop, decoded_on = split_decode(dataset_options, device, decode_on)
+    dataset = open_dataset(path, **options)
     kwargs = dict(loader_kwargs or {})
     t = time.perf_counter()
     loader = make_loader(dataset, batch_size, shuffle=shuffle, settings=settings, **kwargs)
     make_s = time.perf_counter() - t
     plan = loader.plan
     log(f"loader: {str(plan).splitlines()[0]}")
-    source, step, cuda = _feed(loader, device, step_ms)
+    source, step, cuda = _feed(loader, device, step_ms, device_crop)
     try:
         total = len(loader) * batch_size
     except TypeError:
@@ -105,6 +113,7 @@ def run_bench(
         "dataset": repr(dataset),
         "batch_size": batch_size,
         "device": device if cuda or not str(device).startswith("cuda") else "cpu",
+        "decode_on": decoded_on,
         "plan": {**plan.settings(), "reason": plan.reason, "cpus": plan.cpus},
         "make_loader_s": make_s,
         "passes": [p.to_json() for p in passes],
@@ -119,9 +128,10 @@ def run_bench(
     return report
 
 
-def _feed(loader, device: str, step_ms: float):
-    """(what the timing reads: the loader, or a DevicePrefetcher over it on CUDA; the model
-    step: a sleep, a calibrated GPU step, or None; whether CUDA is used)."""
+def _feed(loader, device: str, step_ms: float, crop=None):
+    """(what the timing reads: the loader, or a DevicePrefetcher over it on CUDA (decoding
+    with ``crop`` there when given); the model step: a sleep, a calibrated GPU step, or None;
+    whether CUDA is used)."""
     import torch
 
     cuda = str(device).startswith("cuda") and torch.cuda.is_available()
@@ -137,7 +147,8 @@ def _feed(loader, device: str, step_ms: float):
             gstep(batch[0] if isinstance(batch, (tuple, list)) else batch)
             torch.cuda.current_stream().synchronize()
 
-    return DevicePrefetcher(loader, device), step, cuda
+    prefetcher = DevicePrefetcher(loader, device, decode=crop, decode_on="cuda" if crop else "auto")
+    return prefetcher, step, cuda
 
 
 def _epoch_bar(epoch: int, total: int | None, max_samples: int | None):
@@ -243,25 +254,6 @@ def format_compare(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def add_crop_argument(p) -> None:
-    p.add_argument(
-        "--crop",
-        type=cliargs.integer(1, 4096, "--crop"),
-        metavar="N",
-        help="encoded images: decode with gpufeed.RandomResizedCrop(N) (decode, crop, resize, "
-        "flip: ImageNet's training augmentation) instead of the plain decode",
-    )
-
-
-def crop_options(crop: int | None) -> dict[str, Any]:
-    """open_dataset options for ``--crop``."""
-    if not crop:
-        return {}
-    from gpufeed.data.decoders import RandomResizedCrop
-
-    return {"decode": RandomResizedCrop(crop)}
-
-
 def add_arguments(p) -> None:
     """The ``gpufeed bench`` options (cli.py registers the subcommand; -q/-v/--json are
     common to every subcommand)."""
@@ -334,6 +326,7 @@ def add_arguments(p) -> None:
         "ratios",
     )
     add_crop_argument(p)
+    add_decode_on_argument(p)
 
 
 def _loader_kwargs(args) -> dict[str, Any]:
@@ -357,6 +350,7 @@ def format_table(report: Mapping[str, Any]) -> str:
         ("settings", ", ".join(f"{k}={v}" for k, v in report["plan"].items() if k != "reason")),
         ("why", report["plan"]["reason"]),
         ("batch size", report["batch_size"]),
+        *([("decode", report["decode_on"])] if report.get("decode_on") else []),
         (
             "samples/s",
             f"{report['samples_per_s']:,.0f} (median of passes "
@@ -458,6 +452,7 @@ def main(args) -> int:
         progress=not quiet and sys.stderr.isatty(),
         log=log,
         dataset_options=crop_options(args.crop) | cliargs.cache_options(args),
+        decode_on=args.decode_on,
     )
     if args.json:
         print(json.dumps(report, indent=2, default=str))

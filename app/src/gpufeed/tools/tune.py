@@ -309,14 +309,14 @@ def add_arguments(p) -> None:
         help="skip the side-by-side check against the defaults and 1-2x cores",
     )
     p.add_argument("--write", metavar="FILE", help="write the settings file make_loader reads")
-    from gpufeed.tools.bench import add_crop_argument
+    from gpufeed.tools.decode_options import add_crop_argument
 
     add_crop_argument(p)
 
 
 def main(args) -> int:
     from gpufeed.data.open import open_dataset
-    from gpufeed.tools.bench import crop_options
+    from gpufeed.tools.decode_options import crop_options
 
     quiet = args.json or args.quiet
     log = (lambda s: None) if quiet else (lambda s: print(s, file=sys.stderr))
