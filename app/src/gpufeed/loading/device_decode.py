@@ -3,10 +3,11 @@
 The loader ships encoded bytes (``open_dataset(path, decode=False)``: one 1-D uint8 tensor
 per sample, pinned by the loader), and the prefetcher decodes a whole batch on the device on
 its side stream: ``torchvision.io.decode_jpeg(list, device="cuda")`` (nvJPEG, batched), then
-each image's box cropped, resized (torchvision's antialiased bilinear) and flipped on the GPU
-and stacked into one uint8 batch, which the prefetcher's usual conversions then turn into
-float, normalised, channels_last. The boxes and flips are drawn on the CPU from torch's
-generator exactly as the CPU decoder draws them (``RandomResizedCrop.crop_boxes``).
+every image's box cropped, resized (torch's antialiased bilinear weights) and flipped on the
+GPU by two batched matrix products into one uint8 batch (loading/batch_resize.py), which
+the prefetcher's usual conversions then turn into float, normalised, channels_last. The
+boxes and flips are drawn on the CPU from torch's generator exactly as the CPU decoder draws
+them (``RandomResizedCrop.crop_boxes``).
 
 Where it runs (:func:`decode_device`): ``"auto"`` on the prefetcher's device when that is a
 CUDA device and torchvision's GPU decoder imports, else on the CPU with the crop's own CPU
@@ -20,11 +21,13 @@ from __future__ import annotations
 import functools
 import warnings
 
+import numpy as np
 import torch
 
 from gpufeed.batch import Batch, is_batch
 from gpufeed.data.decoders import RandomResizedCrop
 from gpufeed.errors import UsageError
+from gpufeed.loading.batch_resize import resized_crops
 
 __all__ = ["DECODE_ON", "DeviceDecode", "decode_device", "gpu_jpeg_decoder"]
 
@@ -107,18 +110,15 @@ class DeviceDecode:
         if decode is None:
             raise RuntimeError(why)
         from torchvision.io import ImageReadMode
-        from torchvision.transforms.v2 import functional as F
 
         images = decode(payloads, mode=ImageReadMode.RGB, device=self.device)
-        sizes = torch.tensor([img.shape[1:] for img in images]).numpy()
-        boxes = self.crop.crop_boxes(sizes[:, 0], sizes[:, 1]).tolist()
-        flips = torch.zeros(len(images), dtype=torch.bool)
+        sizes = np.array([img.shape[1:] for img in images], dtype=np.int64).reshape(-1, 2)
+        boxes = self.crop.crop_boxes(sizes[:, 0], sizes[:, 1])
+        flips = np.zeros(len(images), dtype=bool)
         if self.crop.flip and images:
-            flips = torch.rand(len(images)) < self.crop.flip
+            flips = (torch.rand(len(images)) < self.crop.flip).numpy()
         out = torch.empty((len(images), 3, *self.crop.size), dtype=torch.uint8, device=self.device)
-        for n, (img, (top, left, h, w)) in enumerate(zip(images, boxes, strict=True)):
-            x = F.resized_crop(img, top, left, h, w, list(self.crop.size), antialias=True)
-            out[n] = x.flip(-1) if flips[n] else x
+        resized_crops(images, boxes, flips, out)
         return out.contiguous(memory_format=self.crop.memory_format)
 
 
