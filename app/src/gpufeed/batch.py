@@ -197,7 +197,8 @@ def collate_ragged(batch: Sequence[torch.Tensor], *, collate_fn_map=None):
     """torch's default_collate for RaggedTensors (``default_collate_fn_map``): what
     collate_fields gives for a ragged field without ``pad=``: one stacked tensor when every
     shape agrees, else the list of B tensors, plain torch.Tensors either way."""
-    return stack([plain(v) for v in batch])
+    out = stack(batch)  # ops on RaggedTensors give plain tensors: only a list needs unwrapping
+    return [plain(v) for v in out] if isinstance(out, list) else out
 
 
 default_collate_fn_map[RaggedTensor] = collate_ragged
@@ -246,10 +247,12 @@ def collate_fields(samples: Sequence[Mapping], pad: Mapping[str, Any] | None = N
     out = FieldBatch()
     pad = pad or {}
     for name in samples[0] if samples else ():
-        values = [plain(s[name]) for s in samples]
+        values = [s[name] for s in samples]
         first = values[0]
         if isinstance(first, torch.Tensor) and name in pad:
             out[name], out[f"{name}_mask"] = _pad(values, pad[name])
+        elif type(first) is RaggedTensor:
+            out[name] = collate_ragged(values)
         elif isinstance(first, torch.Tensor):
             out[name] = stack(values)
         elif isinstance(first, (int, np.integer)) and not isinstance(first, bool):
