@@ -28,6 +28,14 @@ is a :class:`FieldBatch`, a dict of the fields collated (:func:`collate_fields`)
   int, float                                       int64, float64 tensors [B] (as default_collate)
   str, bytes, JSON values                          lists of B
 
+A ragged value in a sample (``dataset[i]["tokens"]``) is a :class:`RaggedTensor`: a
+torch.Tensor in every way a user sees (ops on it give plain tensors, pickling and torch.save
+store a plain tensor), whose type tells torch's ``default_collate`` to make the batch of them
+as collate_fields does without ``pad=`` (:func:`collate_ragged`). Importing this module
+registers it in torch's ``default_collate_fn_map``; every process that holds a RaggedTensor
+has imported it, so a plain ``DataLoader`` collates ragged fields in the main process and in
+its workers, fork or spawn.
+
 The rules every stage uses to look inside a batch live here too: how many samples it holds
 (:func:`batch_len`: the loader counts them for resumption, bench and watch for rates), its
 tensors (:func:`iter_tensors`) and their bytes (:func:`batch_nbytes`).
@@ -35,24 +43,30 @@ tensors (:func:`iter_tensors`) and their bytes (:func:`batch_nbytes`).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data._utils.collate import default_collate_fn_map
 
 __all__ = [
     "Batch",
     "FieldBatch",
+    "RaggedTensor",
     "batch_len",
     "batch_nbytes",
     "collate",
     "collate_fields",
+    "collate_ragged",
     "is_batch",
     "iter_tensors",
     "new_batch_tensor",
     "pad_fields",
+    "plain",
+    "ragged",
     "stack",
     "to_batch",
     "to_samples",
@@ -144,6 +158,52 @@ def new_batch_tensor(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -
     return out
 
 
+class RaggedTensor(torch.Tensor):
+    """A value of a ragged field in a sample (``dataset[i]["tokens"]``): a torch.Tensor (its
+    dtype, shape, indexing, arithmetic) whose type tells torch's default_collate to collate
+    the field as :func:`collate_ragged` does. Ops on it give plain tensors, as ops on
+    ``nn.Parameter`` do (no ``__torch_function__`` overhead, nothing of it leaks into a
+    model's outputs); pickling (torch.save, worker queues) stores a plain tensor, so
+    ``torch.load(weights_only=True)`` reads it without gpufeed; ``deepcopy`` keeps the type.
+    A transform that makes a new tensor from one gets a plain tensor: :func:`ragged` marks
+    it again."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __reduce_ex__(self, protocol):
+        return plain(self).__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo):
+        if id(self) not in memo:
+            memo[id(self)] = copy.deepcopy(plain(self), memo).as_subclass(RaggedTensor)
+        return memo[id(self)]
+
+    def __repr__(self, **kwargs) -> str:
+        return repr(plain(self))
+
+
+def ragged(value: torch.Tensor) -> RaggedTensor:
+    """``value`` (no copy) as a RaggedTensor: collated by torch's default_collate as a ragged
+    field is."""
+    return value if type(value) is RaggedTensor else value.as_subclass(RaggedTensor)
+
+
+def plain(value):
+    """A RaggedTensor as the plain torch.Tensor over the same memory; anything else as it is."""
+    return value.as_subclass(torch.Tensor) if type(value) is RaggedTensor else value
+
+
+def collate_ragged(batch: Sequence[torch.Tensor], *, collate_fn_map=None):
+    """torch's default_collate for RaggedTensors (``default_collate_fn_map``): what
+    collate_fields gives for a ragged field without ``pad=``: one stacked tensor when every
+    shape agrees, else the list of B tensors, plain torch.Tensors either way."""
+    out = stack(batch)  # ops on RaggedTensors give plain tensors: only a list needs unwrapping
+    return [plain(v) for v in out] if isinstance(out, list) else out
+
+
+default_collate_fn_map[RaggedTensor] = collate_ragged
+
+
 def _rows(samples) -> Sequence[torch.Tensor]:
     # views into a stacked batch: splitting costs no copy
     return samples.unbind(0) if isinstance(samples, torch.Tensor) else samples
@@ -191,6 +251,8 @@ def collate_fields(samples: Sequence[Mapping], pad: Mapping[str, Any] | None = N
         first = values[0]
         if isinstance(first, torch.Tensor) and name in pad:
             out[name], out[f"{name}_mask"] = _pad(values, pad[name])
+        elif type(first) is RaggedTensor:
+            out[name] = collate_ragged(values)
         elif isinstance(first, torch.Tensor):
             out[name] = stack(values)
         elif isinstance(first, (int, np.integer)) and not isinstance(first, bool):
@@ -244,8 +306,9 @@ def collate(data, pad: Mapping[str, Any] | None = None):
     dropped) becomes a Batch, a list of field dicts a FieldBatch (``pad``: ragged field ->
     fill value, see collate_fields; pass it with functools.partial); anything else goes to
     torch's ``default_collate``. Use it with a plain DataLoader over a dataset opened with
-    ``on_error="skip"`` (torch's default_collate cannot collate None), and over multi-field
-    packs with ragged fields (default_collate cannot stack them)."""
+    ``on_error="skip"`` (torch's default_collate cannot collate None), and to pad the ragged
+    fields of multi-field packs (without ``pad=``, default_collate gives them as this does:
+    see RaggedTensor)."""
     if is_batch(data) or isinstance(data, FieldBatch):
         return data
     if isinstance(data, list):

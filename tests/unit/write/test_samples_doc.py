@@ -11,11 +11,11 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "samples.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
 
 
-def test_the_doc_has_its_four_use_cases():
-    assert len(BLOCKS) == 4
+def test_the_doc_has_its_five_use_cases():
+    assert len(BLOCKS) == 5
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=["caption", "boxes", "tokens", "audio"])
+@pytest.mark.parametrize("block", BLOCKS, ids=["plain", "caption", "boxes", "tokens", "audio"])
 def test_a_use_case_block_runs(block, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(block, str(DOC), "exec"), {"__name__": "samples_doc"})

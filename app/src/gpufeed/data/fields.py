@@ -1,7 +1,8 @@
 """Records of a multi-field pack -> sample dicts, or a whole batch of them at once.
 
-Arrays become tensors (their dtype and shape, ragged ones their own shape; a big-endian
-dtype becomes the native one, same values), images are
+Arrays become tensors (their dtype and shape, ragged ones their own shape, as
+gpufeed.batch.RaggedTensor so that torch's default_collate lists them; a big-endian dtype
+becomes the native one, same values), images are
 decoded like the (image, label) packs' (uint8 CHW; ``decode=False``: the encoded bytes as a
 1-D uint8 tensor), int, float, str, bytes and JSON values stay Python values.
 
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpufeed.batch import FieldBatch, new_batch_tensor, stack
+from gpufeed.batch import FieldBatch, new_batch_tensor, ragged, stack
 from gpufeed.data.decoders import decode_image, raw_bytes_tensor
 from gpufeed.formats.record import (
     Column,
@@ -50,6 +51,8 @@ def decode_fields(schema: Schema, record, decode: bool = True) -> dict[str, Any]
         value = decode_value(field, stored)
         if field.type in ("array", "ragged"):
             value = torch.from_numpy(_native(value))
+            if field.type == "ragged":
+                value = ragged(value)
         elif field.type == "image":
             value = decode_image(value) if decode else raw_bytes_tensor(value)
         sample[field.name] = value
@@ -261,7 +264,8 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
 
 def field_rows(schema: Schema, batch: FieldBatch) -> list[dict[str, Any]]:
     """A batch from decode_batch -> its sample dicts, as decode_fields gives them: tensors
-    as views of the batch (no copy), int and float fields as Python numbers."""
+    as views of the batch (no copy; ragged fields' as RaggedTensors), int and float fields as
+    Python numbers."""
     columns = []
     for field in schema.fields:
         values = batch[field.name]
@@ -269,6 +273,8 @@ def field_rows(schema: Schema, batch: FieldBatch) -> list[dict[str, Any]]:
             values = values.tolist()
         elif isinstance(values, torch.Tensor):
             values = values.unbind(0)
+        if field.type == "ragged":
+            values = [ragged(v) for v in values]
         columns.append(values)
     names = schema.names
     return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
