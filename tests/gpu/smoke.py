@@ -12,7 +12,8 @@ Checks, in order; the first failure ends the run with a non-zero exit and a FAIL
    training step compiled with ``mode="default"``, its gradients against eager ones, eager and
    compiled step times (tests/gpu/compile_check.py, which the image tests run on the CPU);
 5. gpufeed's loader -> ``DevicePrefetcher`` path on the GPU (batches/s against a plain
-   ``.to()``), then the benchmarks' GPU script, bench/smoke_gpu.py (``gpufeed bench --device
+   ``.to()``), the GPU JPEG path's pixels against torchvision's (tests/gpu/decode_check.py),
+   then the benchmarks' GPU script, bench/smoke_gpu.py (``gpufeed bench --device
    cuda`` on a synthetic pack where the repository is not there; ``GPUFEED_SMOKE_BENCH``
    names another command).
 
@@ -125,6 +126,18 @@ def check_compile() -> dict:
     return {"status": "passed", **result}
 
 
+def check_decode() -> dict:
+    """DevicePrefetcher's GPU JPEG path (nvJPEG + the batched crop products) against
+    torchvision's own GPU pipeline for the same boxes (tests/gpu/decode_check.py)."""
+    import decode_check  # beside this script, as compile_check
+
+    result = decode_check.run("cuda")
+    problems = decode_check.problems(result)
+    if problems:
+        raise Failed("; ".join(problems))
+    return {"status": "passed", **result}
+
+
 def check_prefetch(batches: int = 64) -> dict:
     """gpufeed's loader and DevicePrefetcher on the GPU: synthetic uint8 image batches
     copied and converted on a side stream, against a plain .to() in the loop."""
@@ -210,6 +223,11 @@ def table(results: dict) -> str:
                 f"step ({r['speedup']:.2f}x), "
                 f"first compiled step {r['first_compiled_step_s']:.0f} s"
             )
+        elif name == "gpu_decode" and r.get("status") == "passed":
+            text = (
+                f"{r['images']} JPEGs on {r['device']}: within {r['max_difference']} of "
+                f"torchvision's pixels ({r['differ_pct']:.3f}% differ)"
+            )
         elif name == "prefetch" and r.get("status") == "passed":
             text = ", ".join(f"{k} {v:.0f} batches/s" for k, v in r["batches_per_s"].items())
         else:
@@ -233,6 +251,7 @@ def main(argv=None) -> int:
         ("bf16_matmul", lambda: check_bf16_matmul(args.size)),
         ("compile", check_compile),
         ("prefetch", check_prefetch),
+        ("gpu_decode", check_decode),
         ("bench", lambda: run_bench(out)),
     ]
     results: dict[str, dict] = {}

@@ -81,7 +81,13 @@ def test_smoke_runs_the_compile_check_and_tables_it(smoke, compile_check, monkey
         return {**measured, "device": device}
 
     monkeypatch.setattr(compile_check, "run", on_gpu)
-    for name in ("check_preflight", "check_cuda", "check_bf16_matmul", "check_prefetch"):
+    for name in (
+        "check_preflight",
+        "check_cuda",
+        "check_bf16_matmul",
+        "check_prefetch",
+        "check_decode",
+    ):
         monkeypatch.setattr(smoke, name, lambda *a, **k: {"status": "skipped"})
     monkeypatch.setattr(smoke, "run_bench", lambda out: {"status": "skipped"})
     assert smoke.main(["--out", str(tmp_path)]) == 0
@@ -95,3 +101,26 @@ def test_smoke_runs_the_compile_check_and_tables_it(smoke, compile_check, monkey
     eager, compiled = measured["eager_step_ms"], measured["compiled_step_ms"]
     assert f"eager {eager:.2f} ms, compiled {compiled:.2f} ms" in row, row
     assert f"({measured['speedup']:.2f}x)" in row, row
+
+
+def test_the_gpu_decode_check_fails_the_run_on_pixels_and_tables_them(smoke, monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(GPU_DIR))
+    import decode_check
+
+    good = {
+        "device": "cuda:0",
+        "images": 24,
+        "flipped": 11,
+        "max_difference": 1,
+        "differ_pct": 0.01,
+        "fallbacks": 0,
+    }
+    assert decode_check.problems(good) == []
+    bad = {**good, "max_difference": 7, "differ_pct": 3.0, "fallbacks": 1}
+    assert len(decode_check.problems(bad)) == 3
+    monkeypatch.setattr(decode_check, "run", lambda device: {**bad, "device": device})
+    with pytest.raises(smoke.Failed, match="7 away from torchvision"):
+        smoke.check_decode()
+    monkeypatch.setattr(decode_check, "run", lambda device: {**good, "device": device})
+    row = smoke.table({"gpu_decode": smoke.check_decode()}).splitlines()[2]
+    assert "24 JPEGs on cuda" in row and "within 1 of torchvision" in row, row
