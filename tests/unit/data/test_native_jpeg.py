@@ -286,7 +286,9 @@ def test_the_gil_is_released_while_it_decodes():
     gj.decode_crops([data] * n, boxes, flips, out)  # warm
     idle = counted(lambda: time.sleep(0.3))
     busy = counted(lambda: gj.decode_crops([data] * n, boxes, flips, out, threads=1))
-    assert busy > 0.2 * idle, (busy, idle)
+    # held, the counter would not move at all during the call; released, it counts at a rate
+    # that a loaded 2-core machine may cut several-fold: so a low bar, far above zero
+    assert busy > 0.02 * idle, (busy, idle)
 
 
 def test_repeated_calls_do_not_grow_memory():
