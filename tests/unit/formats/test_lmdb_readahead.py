@@ -62,15 +62,20 @@ def test_spans_are_the_announced_blocks_records(raw_pack, monkeypatch):
         assert not any(lo < addr + n and addr < lo + length for lo, length in spans)
 
 
-def test_records_off_the_line_are_not_read_ahead(tmp_path, monkeypatch):
-    # small records, then large ones: the anchors in between are far off the line
+def test_records_off_the_line_give_no_line_and_varying_records_no_read_ahead(tmp_path, monkeypatch):
+    # small records, then large ones: the anchor in between is far off the line
     dest = tmp_path / "mixed.lmdb"
     with gpufeed.Writer(dest, format="lmdb", schema={"blob": "bytes"}) as w:
         for i in range(40):
             w.write({"blob": bytes(100 if i < 20 else 256 << 10)})
     reader = open_reader(dest)
+    with reader.handle.begin(buffers=True) as txn:
+        assert lmdb_format.value_line(txn, np.array([0, 20, 36])) is None
+        assert lmdb_format.value_line(txn, np.array([20, 28, 36])) is not None  # all large
+    assert not reader.reads_ranges_ahead  # records of varying sizes: never read ahead
     assert asked_spans(reader, monkeypatch, [(0, 4), (20, 24), (36, 40)]) == []
-    assert reader._line[1] is None
+    loader = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, shuffle=True, num_workers=0)
+    assert loader.batch_sampler.range_block == 0
 
 
 def test_nothing_is_read_ahead_for_a_cached_pack(raw_pack, monkeypatch):

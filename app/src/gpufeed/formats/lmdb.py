@@ -227,7 +227,8 @@ on_forget(_close_idle_envs)
 # are found by arithmetic, not by a B-tree lookup a block (each lookup faults its pages in:
 # a read of its own, waited for). The line is fitted once a map to the first values of the
 # lowest and highest blocks first announced (read next anyway) and checked against one
-# between them; a pack whose values stray from it (variable sizes) is not read ahead. The
+# between them; a pack whose values stray from it is not read ahead, nor one whose records
+# vary in size (encoded images, fields: reads_ranges_ahead). The
 # blocks are then read in and mapped by READ_AHEAD_THREADS threads (MADV_POPULATE_READ):
 # two requests in flight, and no page fault left for the copy (docs/benchmarks.md).
 LINE_SLACK = 4  # values' bytes a value may stray from the line, either way
@@ -331,9 +332,15 @@ class LMDBReader(Reader):
             get = txn.get
             advise_buffers([v for v in map(get, keys(indices)) if v is not None])
 
-    reads_ranges_ahead = True
+    @property
+    def reads_ranges_ahead(self) -> bool:
+        # fixed-size records only: records of varying sizes (encoded images, fields) stray
+        # from any line (a JPEG pack: up to 39 records' bytes), so blocks would be missed
+        return self.spec.kind == "array"
 
     def prefetch_ranges(self, ranges) -> None:
+        if not self.reads_ranges_ahead:
+            return
         env = self.handle  # this process's (a new one after a fork: the line is fitted anew)
         if self._line is None or self._line[0] is not env:
             with env.begin(buffers=True) as txn:
