@@ -192,8 +192,8 @@ class Reader:
         formats that cannot say where a sample lies do nothing)."""
 
     # whether prefetch_ranges is worth calling (make_loader reads small samples ahead by
-    # block only then): mmap and mapped HDF5 measured faster cold, as fast warm; LMDB not
-    # (docs/benchmarks.md, "Issue 16 phase 4")
+    # block only then): mmap, mapped HDF5 and LMDB measured faster cold, as fast warm
+    # (docs/benchmarks.md, "Issue 16 phase 4" and "phase 5")
     reads_ranges_ahead = False
 
     def prefetch_ranges(self, ranges) -> None:

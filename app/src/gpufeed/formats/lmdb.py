@@ -25,7 +25,12 @@ from gpufeed.formats.files import is_disk_full
 from gpufeed.formats.maps import KEEP_MAPS, covers, on_forget
 from gpufeed.formats.npy import npy_bytes, npy_from_bytes
 from gpufeed.formats.parts import Part
-from gpufeed.formats.readahead import advise_buffers
+from gpufeed.formats.readahead import (
+    Background,
+    address,
+    advise_buffers,
+    populate_ahead,
+)
 from gpufeed.formats.spec import SampleSpec
 
 DATA_FILE = "data.mdb"
@@ -217,6 +222,58 @@ def _close_idle_envs(path: str | None) -> None:
 on_forget(_close_idle_envs)
 
 
+# Blocks read ahead (Reader.prefetch_ranges). gpufeed appends the records in key order, so
+# value i lies about i x stride bytes after value 0 (leaf pages between them): a block's bytes
+# are found by arithmetic, not by a B-tree lookup a block (each lookup faults its pages in:
+# a read of its own, waited for). The line is fitted once a map to the first values of the
+# lowest and highest blocks first announced (read next anyway) and checked against one
+# between them; a pack whose values stray from it is not read ahead, nor one whose records
+# vary in size (encoded images, fields: reads_ranges_ahead). The
+# blocks are then read in and mapped by READ_AHEAD_THREADS threads (MADV_POPULATE_READ):
+# two requests in flight, and no page fault left for the copy (docs/benchmarks.md).
+LINE_SLACK = 4  # values' bytes a value may stray from the line, either way
+READ_AHEAD_THREADS = 2
+
+
+def value_line(txn, at: np.ndarray) -> tuple[int, float] | None:
+    """(address of value 0, bytes per value) when the values of indices ``at`` (3 or more,
+    ascending) lie on that line within LINE_SLACK values' bytes; None otherwise."""
+    if len(at) < 3 or at[-1] <= at[0]:
+        return None
+    values = [txn.get(k) for k in keys(at)]
+    if any(v is None for v in values):
+        return None
+    addr = np.array([address(v) for v in values], dtype=np.float64)
+    stride = (addr[-1] - addr[0]) / float(at[-1] - at[0])
+    line = addr[0] - at[0] * stride
+    if stride <= 0 or np.abs(addr - line - at * stride).max() > LINE_SLACK * stride:
+        return None
+    return int(line), stride
+
+
+def line_anchors(ranges, count: int) -> np.ndarray:
+    """The first index of the lowest, middle and highest of ``ranges`` (in range)."""
+    starts = np.unique([int(a) for a, _ in ranges if 0 <= int(a) < count])
+    if len(starts) < 3:
+        return np.array([0, count // 2, count - 1], dtype=np.int64)
+    return starts[[0, len(starts) // 2, -1]].astype(np.int64)
+
+
+def line_spans(line, ranges, count: int) -> list[tuple[int, int]]:
+    """(address, length) of the records of index ranges [start, stop), with LINE_SLACK
+    values' bytes either side, none before the first record or after the last (stops
+    past count are clipped)."""
+    base, stride = line
+    slack = LINE_SLACK * stride
+    spans = []
+    for a, b in ranges:
+        a, b = int(a), min(int(b), count)
+        if b > a:
+            lo = int(base + max(0.0, a * stride - slack))
+            spans.append((lo, int(base + min(b * stride + slack, count * stride)) - lo))
+    return spans
+
+
 def _check_env(env, path: Path) -> None:
     """Every page LMDB's own meta page says it may read lies within data.mdb: a read past the
     end of the file is a SIGBUS, not an error."""
@@ -237,6 +294,8 @@ class LMDBReader(Reader):
         data = self.file(DATA_FILE, whole=True)
         self.env_key = (str(Path(self.root).absolute()), *self._pinned[DATA_FILE][:2])
         self.readahead = bool(readahead)
+        self.ahead = Background(READ_AHEAD_THREADS)
+        self._line: tuple | None = None  # (env, value_line) of the map last read ahead
         env = _acquire_env(self.env_key, self.readahead)
         try:
             _check_env(env, data)
@@ -256,7 +315,13 @@ class LMDBReader(Reader):
         return _acquire_env(self.env_key, self.readahead)
 
     def _close(self, handle) -> None:
+        self.ahead.drain()  # no thread may read the map once it can be closed
         _release_env(self.env_key, handle)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_line"] = None  # holds this process's env
+        return state
 
     def location(self, index: int) -> str:
         return str(Path(self.root) / DATA_FILE)
@@ -266,6 +331,24 @@ class LMDBReader(Reader):
         with self.handle.begin(buffers=True) as txn:
             get = txn.get
             advise_buffers([v for v in map(get, keys(indices)) if v is not None])
+
+    @property
+    def reads_ranges_ahead(self) -> bool:
+        # fixed-size records only: records of varying sizes (encoded images, fields) stray
+        # from any line (a JPEG pack: up to 39 records' bytes), so blocks would be missed
+        return self.spec.kind == "array"
+
+    def prefetch_ranges(self, ranges) -> None:
+        if not self.reads_ranges_ahead:
+            return
+        env = self.handle  # this process's (a new one after a fork: the line is fitted anew)
+        if self._line is None or self._line[0] is not env:
+            with env.begin(buffers=True) as txn:
+                self._line = (env, value_line(txn, line_anchors(ranges, self.count)))
+        line = self._line[1]
+        if line is None:
+            return
+        populate_ahead(self.ahead, line_spans(line, ranges, self.count))
 
     def read_batch(self, indices: np.ndarray):
         with self.handle.begin(buffers=True) as txn:

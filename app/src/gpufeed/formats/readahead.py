@@ -5,6 +5,10 @@ batch is copied out of a mapped file: cold, the kernel then reads the whole batc
 requests in flight instead of one page fault (and its read-around) at a time. Smaller samples
 are left to the kernel's readahead: for them the call costs more than it saves. A hint only:
 failures are ignored, since the copy that follows faults the pages in anyway.
+
+Whole blocks of small samples a window ahead (``Reader.prefetch_ranges``) are advised from
+the reading thread (mmap, HDF5: ``advise_sample_ranges``) or read in and mapped on
+``Background`` threads (LMDB: ``populate_ahead``).
 """
 
 from __future__ import annotations
@@ -13,12 +17,17 @@ import ctypes
 import ctypes.util
 import functools
 import mmap
-from collections.abc import Iterable, Sequence
+import os
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 __all__ = [
     "PREFETCH_MIN_BYTES",
+    "Background",
+    "address",
     "advise_buffers",
     "advise_row_ranges",
     "advise_sample_ranges",
@@ -27,6 +36,8 @@ __all__ = [
     "advise_willneed",
     "is_run",
     "looks_cached",
+    "populate",
+    "populate_ahead",
     "take_rows",
 ]
 
@@ -110,6 +121,30 @@ def advise_willneed(regions: Iterable[tuple[int, int]], skip_cached: bool = Fals
         fn(start, length + (addr - start), _MADV_WILLNEED)
 
 
+_MADV_POPULATE_READ = 22  # Linux 5.14+
+
+
+def populate(addr: int, length: int) -> None:
+    """Read an (address, length) range of a mapped file into the page cache *and* map it
+    into this process (MADV_POPULATE_READ, Linux 5.14+): what the page faults of a later
+    copy would do, done now in the calling thread (the GIL released) and waited for.
+    Where the kernel refuses it, WILLNEED (the copy faults the pages in anyway)."""
+    fn = _madvise()
+    if fn is not None:
+        start = addr - addr % mmap.PAGESIZE
+        length += addr - start
+        if fn(start, length, _MADV_POPULATE_READ) != 0:  # an older kernel, or past the end
+            fn(start, length, _MADV_WILLNEED)
+
+
+def populate_ahead(background: Background, regions: Iterable[tuple[int, int]]) -> None:
+    """Populate (address, length) ranges on ``background``'s threads, one job a range,
+    leaving out those that :func:`looks_cached` (so a warm pass wakes no thread)."""
+    for addr, length in regions:
+        if length > 0 and not looks_cached(addr, length):
+            background.submit(populate, addr, length)
+
+
 def advise_rows(data: np.ndarray, indices: np.ndarray) -> None:
     """WILLNEED for rows ``indices`` of a C-contiguous mapped array, when rows are large."""
     row = data.strides[0] if data.ndim else 0
@@ -164,3 +199,55 @@ def advise_buffers(buffers: Sequence, sizes: Sequence[int] | None = None) -> Non
         for b, n in zip(buffers, sizes, strict=True)
         if n
     )
+
+
+def address(buffer) -> int:
+    """Where a buffer's bytes lie in memory (an LMDB value's place in its map)."""
+    return np.frombuffer(buffer, dtype=np.uint8).ctypes.data
+
+
+class Background:
+    """Page-cache work (:func:`populate`) run on a few threads of this process, so that
+    its reads and page mappings wait there, not in the thread that copies batches, and
+    several reads are in flight at once.
+
+    The pool is made on first use in the process that submits (threads do not survive a
+    fork: a child makes its own), drained before every fork (no thread holds a lock the
+    child inherits) and by ``drain``, which a reader calls before it closes what the jobs
+    read. Pickled without its pool. Job errors are dropped: a hint that fails leaves the
+    read that follows to fault its pages itself.
+    """
+
+    def __init__(self, threads: int = 1):
+        self.threads = int(threads)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid: int | None = None
+
+    def submit(self, fn: Callable, *args) -> None:
+        pid = os.getpid()
+        if self._pool is None or self._pid != pid:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpufeed-ahead")
+            self._pid = pid
+            _LIVE.add(self)
+        self._pool.submit(fn, *args)
+
+    def drain(self) -> None:
+        """Cancel the jobs not started, wait for the running ones, end the threads."""
+        pool, self._pool = self._pool, None
+        if pool is not None and self._pid == os.getpid():
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __getstate__(self):
+        return {"threads": self.threads, "_pool": None, "_pid": None}
+
+
+_LIVE: weakref.WeakSet[Background] = weakref.WeakSet()
+
+
+def _drain_all() -> None:
+    for background in list(_LIVE):
+        background.drain()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_drain_all)
