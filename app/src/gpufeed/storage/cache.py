@@ -15,7 +15,9 @@ drops a dead process's locks):
   - A miss takes the file's download lock; whoever waited on it finds the file landed.
   - A download goes to a .part file, preallocated to its full size (a full disk fails at once,
     and the reservation counts against cache_limit), is checked against the caller's size and
-    sha256, fsynced, and renamed into place. A reader never sees a half-written file.
+    sha256, fsynced, and renamed into place. A reader never sees a half-written file, with
+    one exception that checks what it reads: the downloading process may hand its download
+    in progress to a reader that checks each sample's crc32 (on_landing, storage/landing.py).
   - Recently used = most recent mtime: every pin touches the file.
   - A forked child closes its copies of this process's lock descriptors at once (a flock
     belongs to the open file, so a copy would hold it until the child exits: a forked worker
@@ -151,6 +153,12 @@ class Cache:
         with contextlib.suppress(PermissionError):  # another user's file: LRU order only
             os.utime(fd)  # most recently used
         return Pin(path, fd)
+
+    def pin_after_download(self, entry: FileEntry) -> Pin | None:
+        """pin(entry) once a download of it in progress (any process's) has ended: its
+        download lock, taken and let go at once; None when it did not land."""
+        with _Flock(self._lock_path(entry)):
+            return self.pin(entry)
 
     def holds(self, entry: FileEntry) -> bool:
         """Whether the verified file is in the cache now (one stat: no pin, no lock; only a

@@ -95,14 +95,14 @@ class RemoteFiles:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(WARM_WORKERS, thread_name_prefix="gpufeed-warm")
             self._warming.add(name)
-            self._landings[name] = (threading.Event(), [])
-            self._pool.submit(self._warm_one, name)
+            self._landings[name] = slot = (threading.Event(), [])
+            self._pool.submit(self._warm_one, name, slot)
 
-    def _warm_one(self, name: str) -> None:
+    def _warm_one(self, name: str, slot: tuple[threading.Event, list[Landing]]) -> None:
         """Fetch `name` and keep it pinned until read (fetch adopts the pin), so eviction
         cannot take a file fetched ahead before it is read; past WARM_PINS, the oldest is
-        let go."""
-        started, landings = self._landings[name]
+        let go. `slot`: where landing() finds this download (see there)."""
+        started, landings = slot
 
         def on_landing(landing: Landing) -> None:
             landings.append(landing)
@@ -115,6 +115,8 @@ class RemoteFiles:
         finally:
             self._warming.discard(name)
             started.set()
+            if self._landings.get(name) is slot:  # nobody asked while it ran: it is whole now
+                self._landings.pop(name, None)
         with self._lock:
             self._warm[name] = pin
             while len(self._warm) > WARM_PINS:
