@@ -136,6 +136,30 @@ def test_an_object_changed_in_the_store_is_refused_and_leaves_nothing(
     assert not cached_sample_file(cache, big_mmap).exists()
 
 
+def test_a_forked_worker_waits_for_the_parents_download_without_a_helper(
+    s3, big_mmap, tmp_path, monkeypatch, small_steps
+):
+    """A DataLoader worker forked while the parent downloads the sample file (the parent reads
+    it early) waits for it to land and maps it: no helper process (its imports cost ~1 s)."""
+    upload_pack(big_mmap, f"{s3}/m")
+    gate = Gate(after=3 << 20).install(monkeypatch)
+    ds = open_dataset(f"{s3}/m", cache_dir=tmp_path / "c")
+    want = local_samples(big_mmap)
+    assert np.array_equal(ds.get_batch(list(range(4))).samples.numpy(), want[:4])
+    assert gate.held.wait(30)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child: waits on the download lock, then reads
+        try:
+            got = ds.get_batch(list(range(100, 120))).samples.numpy()
+            ok = np.array_equal(got, want[100:120]) and ds.reader.source.pack._helper is None
+        except BaseException:  # noqa: BLE001
+            ok = False
+        os._exit(0 if ok else 1)
+    gate.go.set()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 @pytest.fixture()
 def rclone_faults(s3, rclone_server, monkeypatch):
     """(s3://BUCKET, FaultProxy): the rclone server (whose ranged GETs obstore refuses, so a

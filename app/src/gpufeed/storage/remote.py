@@ -94,7 +94,9 @@ class RemotePack:
         if not forked_from_a_client():
             return self.cache.get(entry, self._download, on_landing)
         for _ in range(HELPER_TRIES):
-            pin = self.cache.pin(entry)
+            # a download in progress (the parent's, say: an mmap pack's sample file, read
+            # early there) is waited for: starting a helper costs its imports (~1 s)
+            pin = self.cache.pin(entry) or self.cache.pin_after_download(entry)
             if pin is not None:
                 self.stats.add(hits=1)
                 return pin
