@@ -3,6 +3,7 @@
     proxy = FaultProxy(upstream_port).start()
     proxy.fail_next(2, status=503)     # the next two requests get "503 Slow Down"
     proxy.cut_after(1 << 20)           # the next response is cut (reset) after 1 MiB
+    proxy.cut_first_past(1 << 20)      # the first response to pass 1 MiB is cut there
 
 Everything else is passed through byte for byte, both ways.
 """
@@ -29,6 +30,7 @@ class FaultProxy:
         self._fail = 0
         self._status = 503
         self._cut: int | None = None
+        self._cut_past: int | None = None
         self.injected = 0
 
     @property
@@ -49,6 +51,20 @@ class FaultProxy:
     def cut_after(self, nbytes: int) -> None:
         with self._lock:
             self._cut = nbytes
+
+    def cut_first_past(self, nbytes: int) -> None:
+        """Reset the first response (on any connection, new or kept alive) that passes
+        `nbytes`, there: a fault in the one large download among small ones."""
+        with self._lock:
+            self._cut_past = nbytes
+
+    def _claim_cut(self, sent: int) -> int | None:
+        with self._lock:
+            if self._cut_past is None or sent < self._cut_past:
+                return None
+            cut, self._cut_past = self._cut_past, None
+            self.injected += 1
+            return cut
 
     def _take_fault(self):
         with self._lock:
@@ -79,14 +95,18 @@ class FaultProxy:
             return
         upstream = socket.create_connection(self.upstream)
         threading.Thread(target=_pump, args=(client, upstream, None), daemon=True).start()
-        _pump(upstream, client, arg if kind == "cut" else None)
+        _pump(upstream, client, arg if kind == "cut" else None, self._claim_cut)
 
 
-def _pump(src: socket.socket, dst: socket.socket, cut: int | None) -> None:
-    """Copy src to dst; after `cut` bytes, reset both connections (RST, not FIN)."""
+def _pump(src: socket.socket, dst: socket.socket, cut: int | None, claim=None) -> None:
+    """Copy src to dst; after `cut` bytes (or where claim(bytes so far) says), reset both
+    connections (RST, not FIN)."""
     sent = 0
     try:
         while data := src.recv(65536):
+            if cut is None and claim is not None:
+                past = claim(sent + len(data))
+                cut = None if past is None else max(past, sent)
             if cut is not None and sent + len(data) >= cut:
                 dst.sendall(data[: cut - sent])
                 for s in (dst, src):  # closed with linger 0: a reset, not a clean end

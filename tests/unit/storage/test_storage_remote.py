@@ -299,3 +299,14 @@ def test_a_cut_connection_resumes_at_the_byte_reached(s3_faults, tmp_path):
         assert pin.path.read_bytes() == (pack_dir / "data.bin").read_bytes()
     assert pack.stats.retries == 1
     assert size <= pack.stats.bytes_fetched < size + (3 << 20)
+
+
+def test_stores_of_one_url_share_a_client_until_its_settings_change(s3, monkeypatch):
+    from gpufeed.storage.store import ObjectStore
+    from gpufeed.storage.urls import parse_location
+
+    first = ObjectStore(parse_location(f"{s3}/p")).store
+    assert ObjectStore(parse_location(f"{s3}/p")).store is first  # one client, made once
+    assert ObjectStore(parse_location(f"{s3}/q")).store is not first
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # another endpoint
+    assert ObjectStore(parse_location(f"{s3}/p")).store is not first

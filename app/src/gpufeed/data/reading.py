@@ -21,7 +21,7 @@ import torch
 from gpufeed.batch import FieldBatch
 from gpufeed.data.decoders import array_to_tensor, decode_bytes, raw_bytes_tensor
 from gpufeed.data.fields import decode_batch, field_rows
-from gpufeed.errors import CorruptSampleError, StorageError, UsageError
+from gpufeed.errors import ChecksumError, CorruptSampleError, StorageError, UsageError
 from gpufeed.formats.base import Reader
 from gpufeed.formats.checksums import crc32, row_crcs
 
@@ -160,6 +160,8 @@ class SampleReading:
         try:
             payloads = self.reader.read_batch(idx)
             keep = np.arange(len(idx))
+        except (StorageError, ChecksumError):  # the store or a fetched file, not a sample
+            raise
         except Exception:  # noqa: BLE001 - narrowed below to the sample(s) at fault
             keep_list, payloads_list = [], []
             for j, i in enumerate(idx.tolist()):

@@ -19,9 +19,10 @@ import numpy as np
 from gpufeed.errors import DataError, UsageError
 from gpufeed.formats import pt
 from gpufeed.formats.base import ContiguousWriter, Reader
+from gpufeed.formats.checksums import crc32, row_crcs
 from gpufeed.formats.files import preallocate
 from gpufeed.formats.maps import kept_map
-from gpufeed.formats.npy import npy_shape
+from gpufeed.formats.npy import NPY_HEADER_MAX, npy_header, npy_shape
 from gpufeed.formats.readahead import (
     advise_buffers,
     advise_rows,
@@ -105,17 +106,75 @@ class MmapReader(Reader):
         self.container = manifest.get("layout", {}).get("container", "npy")
         if self.container not in CONTAINERS:
             raise DataError(f"{self.root}: unknown mmap container {self.container!r}")
+        index = ["labels.npy", "crc32.npy"] + (["offsets.npy"] if self.spec.kind != "array" else [])
+        # a remote pack's samples are read while they download (until they land), see _early
+        self._landing = self._header = None
+        if self.source is not None:  # a remote pack's files, fetched side by side, largest first
+            self.source.warm([self.data_name, *index])
+            if self.container == "npy":
+                self._landing = self.source.landing(self.data_name)
         self.labels = self._load("labels.npy")
         self.crc32 = self._load("crc32.npy")
         self.offsets = self._load("offsets.npy") if self.spec.kind != "array" else None
         self.check_count("labels.npy", len(self.labels))
         self.check_count("crc32.npy", len(self.crc32))
-        data = self.file(self.data_name, whole=True)
         if self.offsets is not None:
             self.check_count("offsets.npy", len(self.offsets), self.count + 1)
-            self.check_count("encoded.npy bytes", npy_shape(data)[0], int(self.offsets[-1]))
-        elif self.container == "npy":
-            self.check_count("samples.npy", npy_shape(data)[0])
+        self._landed = self._landing is None or not self._read_header()
+        if self._landed:
+            self._land()
+
+    def _land(self) -> None:
+        """The data file whole (fetched and pinned, for a remote pack), its header checked."""
+        data = self.file(self.data_name, whole=True)
+        if self.container == "npy":
+            self._check_shape(npy_shape(data), data)
+        self._landing, self._landed = None, True
+
+    def _check_shape(self, shape: tuple[int, ...], where) -> None:
+        if self.offsets is not None:
+            self.check_count("encoded.npy bytes", shape[0], int(self.offsets[-1]))
+        else:
+            self.check_count("samples.npy", shape[0])
+
+    def _read_header(self) -> bool:
+        """The data file's .npy header from its download in progress (False: it ended first).
+        The samples then lie at _header + their offset."""
+        head = bytearray(min(self._landing.size, NPY_HEADER_MAX))
+        if not self._landing.read_into([(0, memoryview(head))]):
+            return False
+        shape, offset = npy_header(bytes(head), self.root / self.data_name)
+        self._check_shape(shape, self.root / self.data_name)
+        self._header = offset
+        return True
+
+    def _early(self, indices: np.ndarray):
+        """The samples at `indices` from the data file's download in progress, each checked
+        against its crc32 (the whole file's sha256 is checked when it lands); None once the
+        download has ended, or when a sample fails its crc32: the landed file is read then
+        (its fetch reports an object changed since the pack was made)."""
+        want = self.crc32[indices]
+        if self.spec.kind == "array":
+            out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
+            rows = map(memoryview, out.reshape(len(indices), -1).view(np.uint8))
+            starts = (self._header + indices * self.spec.nbytes).tolist()
+            if not self._landing.read_into(list(zip(starts, rows, strict=True))):
+                return None
+            return out if np.array_equal(row_crcs(out), want) else None
+        a, b = self.offsets[indices], self.offsets[indices + 1]
+        buf = np.empty(int((b - a).sum()), np.uint8)
+        ends = np.cumsum(b - a).tolist()
+        views = [buf[e - n : e] for e, n in zip(ends, (b - a).tolist(), strict=True)]
+        reads = [(self._header + o, memoryview(v)) for o, v in zip(a.tolist(), views, strict=True)]
+        if not self._landing.read_into(reads):
+            return None
+        got = np.fromiter((crc32(v) for v in views), np.uint32, len(views))
+        return views if np.array_equal(got, want) else None
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_landing"] = None  # this process's download; another one reads the landed file
+        return state
 
     def _load(self, name: str) -> np.ndarray:
         path = self.file(name, whole=True)
@@ -135,6 +194,8 @@ class MmapReader(Reader):
         return self.root / self.data_name
 
     def _open(self):
+        if not self._landed:
+            self._land()
         self.check_pinned(self.data_name)
         identity = self.pinned_identity(self.data_name)
         if self.container == "pt":
@@ -157,14 +218,21 @@ class MmapReader(Reader):
         return str(self.data_path)
 
     def prefetch(self, indices: np.ndarray) -> None:
-        advise_samples(self.handle, self.offsets, indices)
+        if self._landed:  # while it downloads, the reads ahead are the download itself
+            advise_samples(self.handle, self.offsets, indices)
 
     reads_ranges_ahead = True
 
     def prefetch_ranges(self, ranges) -> None:
-        advise_sample_ranges(self.handle, self.offsets, ranges)
+        if self._landed:
+            advise_sample_ranges(self.handle, self.offsets, ranges)
 
     def read_batch(self, indices: np.ndarray):
+        if not self._landed:
+            early = self._early(indices) if self._landing is not None else None
+            if early is not None:
+                return early
+            self._land()
         data = self.handle
         if self.spec.kind == "array":
             advise_rows(data, indices)

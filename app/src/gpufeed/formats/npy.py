@@ -9,7 +9,7 @@ import numpy as np
 
 from gpufeed.errors import DataError
 
-__all__ = ["npy_bytes", "npy_from_bytes", "npy_shape"]
+__all__ = ["NPY_HEADER_MAX", "npy_bytes", "npy_from_bytes", "npy_header", "npy_shape"]
 
 
 def npy_bytes(arr: np.ndarray) -> bytes:
@@ -21,6 +21,22 @@ def npy_bytes(arr: np.ndarray) -> bytes:
 
 def npy_from_bytes(data) -> np.ndarray:
     return np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+
+
+NPY_HEADER_MAX = 4096  # np.save's headers are 64-byte aligned, a few hundred bytes
+
+
+def npy_header(head: bytes, where) -> tuple[tuple[int, ...], int]:
+    """(shape, offset of the data) from the first bytes of a .npy file (`where` names it)."""
+    fmt = np.lib.format
+    f = io.BytesIO(head)
+    try:
+        version = fmt.read_magic(f)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, _, _ = read(f)
+    except ValueError as e:
+        raise DataError(f"{where}: not a readable .npy file: {e}") from None
+    return shape, f.tell()
 
 
 def npy_shape(path: Path) -> tuple[int, ...]:

@@ -15,7 +15,9 @@ drops a dead process's locks):
   - A miss takes the file's download lock; whoever waited on it finds the file landed.
   - A download goes to a .part file, preallocated to its full size (a full disk fails at once,
     and the reservation counts against cache_limit), is checked against the caller's size and
-    sha256, fsynced, and renamed into place. A reader never sees a half-written file.
+    sha256, fsynced, and renamed into place. A reader never sees a half-written file, with
+    one exception that checks what it reads: the downloading process may hand its download
+    in progress to a reader that checks each sample's crc32 (on_landing, storage/landing.py).
   - Recently used = most recent mtime: every pin touches the file.
   - A forked child closes its copies of this process's lock descriptors at once (a flock
     belongs to the open file, so a copy would hold it until the child exits: a forked worker
@@ -38,6 +40,7 @@ from typing import BinaryIO
 
 from gpufeed.errors import CacheFullError, ChecksumError, UsageError
 from gpufeed.formats.files import fsync_dir
+from gpufeed.storage.landing import Landing
 from gpufeed.storage.stats import StorageStats
 from gpufeed.system.sizes import format_size, parse_size
 
@@ -45,6 +48,7 @@ OBJECTS = "objects"
 LOCKS = "locks"
 CACHE_LOCK = "cache.lock"
 PART = ".part"
+LANDING_STEP = 1 << 20  # a download in progress is readable (storage/landing.py) in these steps
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class Pin:
 
 
 Fetch = Callable[[FileEntry, BinaryIO], None]
+OnLanding = Callable[[Landing], None]
 
 
 class Cache:
@@ -149,14 +154,22 @@ class Cache:
             os.utime(fd)  # most recently used
         return Pin(path, fd)
 
+    def pin_after_download(self, entry: FileEntry) -> Pin | None:
+        """pin(entry) once a download of it in progress (any process's) has ended: its
+        download lock, taken and let go at once; None when it did not land."""
+        with _Flock(self._lock_path(entry)):
+            return self.pin(entry)
+
     def holds(self, entry: FileEntry) -> bool:
         """Whether the verified file is in the cache now (one stat: no pin, no lock; only a
         pin keeps it from being evicted after)."""
         return os.path.exists(self.path(entry))
 
-    def get(self, entry: FileEntry, fetch: Fetch) -> Pin:
+    def get(self, entry: FileEntry, fetch: Fetch, on_landing: OnLanding | None = None) -> Pin:
         """The file pinned, from the cache or, on a miss, fetched by `fetch(entry, out)` (which
-        writes its bytes to `out`; a ChecksumError or any other error leaves nothing behind)."""
+        writes its bytes to `out`; a ChecksumError or any other error leaves nothing behind).
+        on_landing(landing), on a miss this call downloads: the download in progress, for a
+        reader that checks what it reads to read it before it lands (storage/landing.py)."""
         pin = self.pin(entry)
         if pin is not None:
             self.stats.add(hits=1)
@@ -167,14 +180,17 @@ class Cache:
                 self.stats.add(hits=1)
                 return pin
             self.stats.add(misses=1)
-            return self._fetch_locked(entry, fetch)
+            return self._fetch_locked(entry, fetch, on_landing)
 
-    def _fetch_locked(self, entry: FileEntry, fetch: Fetch) -> Pin:
+    def _fetch_locked(self, entry: FileEntry, fetch: Fetch, on_landing: OnLanding | None) -> Pin:
         final = self.path(entry)
         part_fd, part = self._reserve(entry)
+        landing = Landing(part_fd, entry.size) if on_landing is not None else None
         try:
             with os.fdopen(part_fd, "r+b", buffering=1 << 20, closefd=False) as f:
-                out = _HashingWriter(f)
+                out = _HashingWriter(f, landing)
+                if landing is not None:
+                    on_landing(landing)
                 fetch(entry, out)
                 f.flush()
                 _verify(entry, out)
@@ -191,6 +207,8 @@ class Cache:
             _unlink(part)
             raise
         finally:
+            if landing is not None:
+                landing.finish()  # before the descriptor its reads use is closed
             _close(part_fd)
         pin = self.pin(entry)
         if pin is None:  # only the download lock (held) lets a fresh file be evicted
@@ -279,24 +297,36 @@ class Cache:
 
 
 class _HashingWriter:
-    """The file a fetch writes to, hashing what it writes; seek(0) starts over."""
+    """The file a fetch writes to, hashing what it writes; seek(0) starts over. With a
+    `landing`, each write reaches the file at once and advances it (readers wait on it)."""
 
-    def __init__(self, f: BinaryIO):
+    def __init__(self, f: BinaryIO, landing: Landing | None = None):
         self._f = f
+        self._landing = landing
         self.digest = hashlib.sha256()
         self.written = 0
+        self._advanced = 0
 
     def write(self, data) -> int:
         self.digest.update(data)
         self.written += len(data)
-        return self._f.write(data)
+        n = self._f.write(data)
+        if self._landing is not None and self.written - self._advanced >= LANDING_STEP:
+            self._f.flush()
+            self._landing.advance(self.written)
+            self._advanced = self.written
+        return n
 
     def seek(self, offset: int, whence: int = 0) -> int:
         if (offset, whence) != (0, 0):
             raise ValueError("a fetch may only start over (seek(0))")
         self.digest = hashlib.sha256()
         self.written = 0
-        return self._f.seek(0)
+        pos = self._f.seek(0)
+        self._advanced = 0
+        if self._landing is not None:
+            self._landing.advance(0)
+        return pos
 
     def tell(self) -> int:
         return self.written

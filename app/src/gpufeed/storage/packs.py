@@ -24,6 +24,7 @@ from gpufeed.formats.base import Reader
 from gpufeed.formats.files import atomic_write_bytes
 from gpufeed.formats.manifest import MANIFEST_NAME, read_manifest
 from gpufeed.storage.cache import Pin
+from gpufeed.storage.landing import Landing
 from gpufeed.storage.remote import RemotePack, open_pack
 from gpufeed.storage.urls import RemoteURL, parse_location
 
@@ -60,6 +61,7 @@ class RemoteFiles:
         self._pool: ThreadPoolExecutor | None = None
         self._warming: set[str] = set()
         self._warm: dict[str, Pin] = {}  # fetched ahead, not yet read: oldest first
+        self._landings: dict[str, tuple[threading.Event, list[Landing]]] = {}  # see landing()
         self._lock = threading.Lock()
         self._links: dict[str, Path] = {}  # links this process made or checked: name -> link
 
@@ -75,7 +77,7 @@ class RemoteFiles:
         if self._pid != os.getpid():  # inherited through fork: the parent's pins stay its own
             self._pins, self._pid = {}, os.getpid()
             self._pool, self._warming, self._warm = None, set(), {}
-            self._lock, self._links = threading.Lock(), {}
+            self._lock, self._links, self._landings = threading.Lock(), {}, {}
         return self._pins
 
     def warm(self, names: list[str]) -> None:
@@ -93,22 +95,43 @@ class RemoteFiles:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(WARM_WORKERS, thread_name_prefix="gpufeed-warm")
             self._warming.add(name)
-            self._pool.submit(self._warm_one, name)
+            self._landings[name] = slot = (threading.Event(), [])
+            self._pool.submit(self._warm_one, name, slot)
 
-    def _warm_one(self, name: str) -> None:
+    def _warm_one(self, name: str, slot: tuple[threading.Event, list[Landing]]) -> None:
         """Fetch `name` and keep it pinned until read (fetch adopts the pin), so eviction
         cannot take a file fetched ahead before it is read; past WARM_PINS, the oldest is
-        let go."""
+        let go. `slot`: where landing() finds this download (see there)."""
+        started, landings = slot
+
+        def on_landing(landing: Landing) -> None:
+            landings.append(landing)
+            started.set()
+
         try:
-            pin = self.pack.fetch(name)
+            pin = self.pack.fetch(name, on_landing)
         except Exception:  # noqa: BLE001 - a hint; the read that needs the file reports it
             return
         finally:
             self._warming.discard(name)
+            started.set()
+            if self._landings.get(name) is slot:  # nobody asked while it ran: it is whole now
+                self._landings.pop(name, None)
         with self._lock:
             self._warm[name] = pin
             while len(self._warm) > WARM_PINS:
                 self._warm.pop(next(iter(self._warm))).release()
+
+    def landing(self, name: str) -> Landing | None:
+        """The download of `name` in progress, when warm() started it in this process and it
+        is still running: its bytes can be read before it lands (storage/landing.py), by a
+        reader that checks them. None otherwise (fetch() gives the landed file)."""
+        self._mine()
+        started, landings = self._landings.pop(name, (None, None))
+        if started is None:
+            return None
+        started.wait()  # until this process downloads it, or the file is there
+        return landings[0] if landings and not landings[0].done else None
 
     def fetch(self, name: str) -> Path:
         """root/name: a link to the file's verified copy in the cache, pinned by this process."""

@@ -16,7 +16,7 @@ from gpufeed.errors import (
     UsageError,
 )
 from gpufeed.formats.manifest import FORMATS, MANIFEST_NAME
-from gpufeed.storage.cache import Cache, FileEntry, Pin
+from gpufeed.storage.cache import Cache, FileEntry, OnLanding, Pin
 from gpufeed.storage.download import download
 from gpufeed.storage.helper import FetchHelper
 from gpufeed.storage.prefetch import DEFAULT_AHEAD, DEFAULT_WORKERS, Prefetcher
@@ -85,15 +85,18 @@ class RemotePack:
         """Whether `name` is in the cache now, whole and verified (it may be evicted after)."""
         return self.cache.holds(self.entry(name))
 
-    def fetch(self, name: str) -> Pin:
-        """The pack's file `name` as a pinned local file (fetched on a miss)."""
-        return self._get(self.entry(name))
+    def fetch(self, name: str, on_landing: OnLanding | None = None) -> Pin:
+        """The pack's file `name` as a pinned local file (fetched on a miss). on_landing: see
+        Cache.get (not called in a forked process, whose helper downloads)."""
+        return self._get(self.entry(name), on_landing)
 
-    def _get(self, entry: FileEntry) -> Pin:
+    def _get(self, entry: FileEntry, on_landing: OnLanding | None = None) -> Pin:
         if not forked_from_a_client():
-            return self.cache.get(entry, self._download)
+            return self.cache.get(entry, self._download, on_landing)
         for _ in range(HELPER_TRIES):
-            pin = self.cache.pin(entry)
+            # a download in progress (the parent's, say: an mmap pack's sample file, read
+            # early there) is waited for: starting a helper costs its imports (~1 s)
+            pin = self.cache.pin(entry) or self.cache.pin_after_download(entry)
             if pin is not None:
                 self.stats.add(hits=1)
                 return pin

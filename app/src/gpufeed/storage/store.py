@@ -46,6 +46,12 @@ CREDENTIAL_HELP = (
     "or AWS_PROFILE with ~/.aws/config"
 )
 _client_pid: int | None = None  # the process that made an obstore client (started its runtime)
+# obstore clients of this process by URL, options and the settings environment: making one
+# costs ~8 ms (its HTTP client and TLS roots), and opening a pack by URL made two (the
+# manifest, then the reader)
+_clients: dict[tuple[str, str, str], Any] = {}
+_SETTINGS_ENV = ("AWS_", "GOOGLE_", "AZURE_")
+MAX_CLIENTS = 16
 
 
 def forked_from_a_client() -> bool:
@@ -89,7 +95,15 @@ class ObjectStore:
         global _client_pid
         if self._pid != os.getpid():
             _check_not_forked(self.url)
-            self._store = _make_store(self.url, self.options)
+            if _client_pid != os.getpid():
+                _clients.clear()  # a spawned or forked process's own clients only
+            env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_SETTINGS_ENV))
+            key = (self.url.url, repr(sorted(self.options.items())), repr(env))
+            if key not in _clients:
+                if len(_clients) >= MAX_CLIENTS:
+                    _clients.clear()
+                _clients[key] = _make_store(self.url, self.options)
+            self._store = _clients[key]
             self._pid = _client_pid = os.getpid()
         return self._store
 
