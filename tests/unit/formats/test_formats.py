@@ -276,3 +276,35 @@ def test_tar_member_headers_are_the_bytes_tarfile_writes():
         assert member_header(name, size) == ti.tobuf(
             tarfile.USTAR_FORMAT, "utf-8", "surrogateescape"
         )
+
+
+@pytest.mark.parametrize("source", ["array_folder", "jpeg_folder"])
+def test_tar_consecutive_batches_across_shards_read_a_run_per_shard(source, request, tmp_path):
+    """A batch of consecutive samples that spans shards is read as one run per shard (no
+    read a sample) and gives the samples one-at-a-time reads give, in order."""
+    from gpufeed.formats import tar
+
+    dest = tmp_path / "shards"
+    m = gpufeed.pack(
+        request.getfixturevalue(source), dest, format="tar", workers=1, quiet=True, shard_size=3
+    )
+    assert len(m["layout"]["shards"]) >= 4
+    ds = gpufeed.open_dataset(dest, decode=False)
+    reader = ds.reader
+    n = len(ds)
+    singles = [reader.read_batch(np.array([i])) for i in range(n)]
+    indices = np.arange(1, n - 1)
+    assert len(reader._shard_runs(indices)) == len(np.unique(reader.shard[indices]))
+    calls = []
+    real = tar.TarReader._read_run
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            tar.TarReader, "_read_run", lambda self, a, b: calls.append((a, b)) or real(self, a, b)
+        )
+        got = reader.read_batch(indices)
+    # one read a shard (a shard's lone sample is read the per-sample way)
+    assert len(calls) == sum(len(p) > 1 for p in reader._shard_runs(indices)) >= 3
+    for k, i in enumerate(indices.tolist()):
+        want = singles[i][0]
+        assert bytes(np.asarray(got[k]).tobytes()) == bytes(np.asarray(want).tobytes())
+    assert len(reader._shard_runs(np.array([5, 2, 9]))) == 1  # not consecutive: as it is

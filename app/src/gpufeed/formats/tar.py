@@ -19,6 +19,7 @@ random access, per-sample verification and splitting shards without opening them
 
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Any
 
@@ -353,8 +354,13 @@ class TarReader(Reader):
         maps = self.handle.setdefault("maps", {})
         data = maps.get(shard)
         if data is None:
-            self.check_pinned(self.shards[shard])
-            data = maps[shard] = np.memmap(self._shard_path(shard), mode="r")
+            # the shard's fd (opened and checked by _fd), mapped read-only: np.memmap would
+            # open it again and resolve its path, ~0.3 ms a shard, paid per shard per epoch
+            # by a remote pack (its shards are closed past REMOTE_OPEN_SHARDS)
+            fd = self._fd(shard)
+            size = os.fstat(fd).st_size
+            view = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else b""
+            data = maps[shard] = np.frombuffer(view, dtype=np.uint8)
         return data
 
     def _read_run(self, first: int, last: int):
@@ -381,6 +387,12 @@ class TarReader(Reader):
         return span, self.offset[first : last + 1] - start
 
     def read_batch(self, indices: np.ndarray):
+        pieces = self._shard_runs(indices)
+        if len(pieces) > 1:  # consecutive samples across shards: one read per shard
+            parts = [self.read_batch(piece) for piece in pieces]
+            if self.spec.kind in ("fields", "encoded"):
+                return [sample for part in parts for sample in part]
+            return np.concatenate(parts)
         run = self._run_in_one_shard(indices)
         if self.spec.kind == "fields":
             records = []
@@ -397,14 +409,29 @@ class TarReader(Reader):
         out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
         flat = out.reshape(len(indices), -1).view(np.uint8)
         width = self.spec.nbytes
-        for j, i in enumerate(indices):
-            i = int(i)
-            if int(self.size[i]) != width:
+        fds, fd_of = self.handle, self._fd  # the live table: a shard closed since reopens
+        where = zip(
+            indices.tolist(),
+            self.shard[indices].tolist(),
+            self.offset[indices].tolist(),
+            self.size[indices].tolist(),
+            strict=True,
+        )
+        for j, (i, shard, offset, size) in enumerate(where):
+            if size != width:
                 raise CorruptSampleError(self.location(i), i, "index size differs from spec")
-            n = os.preadv(self._fd(int(self.shard[i])), [flat[j]], int(self.offset[i]))
-            if n != width:
+            fd = fds.get(shard)
+            if os.preadv(fd_of(shard) if fd is None else fd, [flat[j]], offset) != width:
                 raise CorruptSampleError(self.location(i), i, "shard is truncated")
         return out
+
+    def _shard_runs(self, indices: np.ndarray) -> list[np.ndarray]:
+        """A batch of consecutive samples split where the shard changes (each piece is read
+        as one run); any other batch as it is."""
+        if len(indices) < 2 or not is_run(indices):
+            return [indices]
+        cuts = np.flatnonzero(np.diff(self.shard[indices])) + 1
+        return np.split(indices, cuts) if len(cuts) else [indices]
 
     def _spans(self, indices: np.ndarray, run: bool) -> list[bytes]:
         """Each sample's stored bytes (its span in the shard), one read for a run."""
@@ -421,9 +448,10 @@ class TarReader(Reader):
             self.size[indices].tolist(),
             strict=True,
         )
-        out, fd_of, pread = [], self._fd, os.pread
+        out, fds, fd_of, pread = [], self.handle, self._fd, os.pread
         for i, shard, offset, size in where:
-            data = pread(fd_of(shard), size, offset)
+            fd = fds.get(shard)
+            data = pread(fd_of(shard) if fd is None else fd, size, offset)
             if len(data) != size:
                 raise CorruptSampleError(self.location(i), i, "shard is truncated")
             out.append(data)
