@@ -242,3 +242,35 @@ def test_reads_ahead_ask_for_shards_in_the_order_they_will_be_read(s3, packs, tm
     last, first = reader.shard_range(len(reader.shards) - 1), reader.shard_range(0)
     reader.prefetch(np.array([last[0], first[0], last[0], first[0] + 1]))
     assert asked == [[reader.shards[-1], reader.shards[0]]]  # first seen first, each once
+
+
+@pytest.mark.parametrize("limit", [None, "64KB"])
+def test_a_map_style_tar_pack_keeps_its_shards_open_within_the_pin_budget(
+    s3, packs, tmp_path, monkeypatch, limit
+):
+    """A cache epoch that fits reopens no shard (each reopen maps the shard anew); past the
+    pin budget (a share of cache_limit) shards beyond REMOTE_OPEN_SHARDS are closed and
+    unpinned, so the cache can evict them."""
+    from gpufeed.formats import tar
+    from gpufeed.storage import packs as storage_packs
+
+    monkeypatch.setattr(storage_packs, "PIN_SHARE", 64)  # 64 KB: a budget of 1 KB
+    upload_pack(packs["tar"], f"{s3}/train")
+    ds = open_dataset(f"{s3}/train", cache_dir=tmp_path / "c", cache_limit=limit)
+    reader, n = ds.reader, len(ds)
+    shards = len(reader.shards)
+    assert shards > tar.REMOTE_OPEN_SHARDS
+    opened = []
+    real = tar.TarReader._shard_path
+    monkeypatch.setattr(
+        tar.TarReader, "_shard_path", lambda self, s: opened.append(s) or real(self, s)
+    )
+    for _ in range(2):  # two epochs, in storage order, a few samples a batch
+        for start in range(0, n, 3):
+            reader.read_batch(np.arange(start, min(n, start + 3)))
+    open_now = reader.handle["remote"]
+    if limit is None:  # everything fits the budget: each shard opened once, all still open
+        assert sorted(opened) == list(range(shards)) and len(open_now) == shards
+    else:  # over budget: only REMOTE_OPEN_SHARDS stay open, the others reopen in epoch 2
+        assert reader._shard_bytes(list(range(shards))) > reader.source.pin_budget() == 1000
+        assert len(open_now) == tar.REMOTE_OPEN_SHARDS and len(opened) > shards

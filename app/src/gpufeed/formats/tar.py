@@ -290,16 +290,18 @@ class TarReader(Reader):
             os.close(fd)
 
     def _shard_path(self, shard: int):
-        """The shard's file to open; for a remote pack, its cached copy, and the shard least
-        recently opened is closed and unpinned past REMOTE_OPEN_SHARDS (so the cache can
-        evict it: a sample already read from it stays valid)."""
+        """The shard's file to open; for a remote pack, its cached copy, and the shards least
+        recently opened are closed and unpinned (so the cache can evict them: a sample
+        already read from one stays valid) past REMOTE_OPEN_SHARDS and the pack's pin budget
+        (storage: a share of cache_limit), so that a cache epoch that fits reopens none."""
         if self.source is None:
             return self.root / self.shards[shard]
         opened = self.handle.setdefault("remote", [])
         if shard in opened:
             opened.remove(shard)
         opened.append(shard)
-        while len(opened) > REMOTE_OPEN_SHARDS:
+        budget = self.source.pin_budget()
+        while len(opened) > REMOTE_OPEN_SHARDS and self._shard_bytes(opened) > budget:
             old = opened.pop(0)
             self.handle.get("maps", {}).pop(old, None)
             fd = self.handle.pop(old, None)
@@ -307,6 +309,16 @@ class TarReader(Reader):
                 os.close(fd)
             self.release_file(self.shards[old])
         return self.local_path(self.shards[shard])
+
+    def _shard_bytes(self, shards: list[int]) -> int:
+        """The bytes of these shards' samples (what their files hold, less the headers of
+        the first member and the end blocks)."""
+        total = 0
+        for shard in shards:
+            first, end = self.shard_range(shard)
+            if end > first:
+                total += int(self.offset[end - 1] + self.size[end - 1] - self.offset[first])
+        return total
 
     def _fd(self, shard: int) -> int:
         fds = self.handle

@@ -44,6 +44,13 @@ def default_cache_dir() -> Path:
     return Path(base) / "gpufeed"
 
 
+# A reader keeps files it has read pinned up to a budget (RemoteFiles.pin_budget), so that a
+# cache epoch reopens (and maps anew) none of them: a share of cache_limit per process, or a
+# fixed amount when the cache has no limit but the disk's.
+PIN_SHARE = 16
+PIN_BYTES_NO_LIMIT = 2 << 30
+
+
 def default_cache_limit() -> str | None:
     return os.environ.get(CACHE_LIMIT_ENV) or None
 
@@ -72,6 +79,13 @@ class RemoteFiles:
     @property
     def stats(self):
         return self.pack.stats
+
+    def pin_budget(self) -> int:
+        """Bytes of this pack's files one reading process may keep pinned (open) beyond
+        what it reads now: a share of cache_limit (several workers and ranks pin theirs
+        from one cache, and what is pinned cannot be evicted), or PIN_BYTES_NO_LIMIT."""
+        limit = self.pack.cache.limit
+        return PIN_BYTES_NO_LIMIT if limit is None else limit // PIN_SHARE
 
     def _mine(self) -> dict[str, Pin]:
         if self._pid != os.getpid():  # inherited through fork: the parent's pins stay its own
