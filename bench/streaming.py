@@ -281,17 +281,21 @@ def run(args) -> dict[str, dict[str, list[dict]]]:
     from gpufeed.storage import upload_pack
 
     extra = [f"gpufeed-{fmt}" for fmt in args.formats]
-    names = ["gpufeed", "gpufeed-stream", *extra, *args.peers, "local"]
+    local_extra = [f"local-{fmt}" for fmt in args.formats]
+    names = ["gpufeed", "gpufeed-stream", *extra, *args.peers, "local", *local_extra]
     results = {name: {"cold": [], "warm": []} for name in names}
     with tempfile.TemporaryDirectory(prefix="gpufeed-stream-", dir=args.tmp) as tmp:
         work = Path(tmp)
         local = make_pack(work, args.samples, args.sample_kib)
+        on_disk = {"local": local}
         with S3Server("rclone", work / "s3data") as server:
             os.environ.update(server.env())
             server.make_bucket(BUCKET)
             upload_pack(local, f"s3://{BUCKET}/gpufeed")
             for fmt in args.formats:  # the same samples in a format fetched whole
-                packed = make_pack(work, args.samples, args.sample_kib, fmt)
+                packed = on_disk[f"local-{fmt}"] = make_pack(
+                    work, args.samples, args.sample_kib, fmt
+                )
                 upload_pack(packed, f"s3://{BUCKET}/gpufeed-{fmt}")
             writers = {"litdata": write_litdata, "mds": write_mds}
             for peer in args.peers:
@@ -302,8 +306,8 @@ def run(args) -> dict[str, dict[str, list[dict]]]:
                     cache = work / f"cache-{name}-{r}"
                     cache.mkdir()
                     where = f"s3://{BUCKET}/{name.removesuffix('-stream')}"
-                    if name == "local":
-                        reader = GpufeedReader(str(local), server.endpoint, *how)
+                    if name in on_disk:
+                        reader = GpufeedReader(str(on_disk[name]), server.endpoint, *how)
                     else:
                         reader = READERS.get(name, GpufeedReader)(where, server.endpoint, *how)
                     results[name]["cold"].append(timed_epoch(reader, server, cache, True))
@@ -337,18 +341,8 @@ def report(results: dict, args) -> str:
                 f"{median(rows, 'first_batch_s') * 1000:10.0f}ms "
                 f"{median(rows, 'bytes'):14,.0f} {median(rows, 'peak_cache'):12,.0f}"
             )
-    k = args.warm_epochs
-    warm = [r["rate"] for r in results["gpufeed"]["warm"]]
-    disk = [r["rate"] for r in results["local"]["warm"]]
-    per_round = ", ".join(
-        f"{statistics.median(warm[i : i + k]) / statistics.median(disk[i : i + k]):.2f}"
-        for i in range(0, len(warm), k)
-    )
-    lines.append(
-        f"gpufeed second epoch from the cache / local disk: "
-        f"{statistics.median(warm) / statistics.median(disk):.2f}x (goal >= 0.90; rounds: "
-        f"{per_round})"
-    )
+    for fmt in ["", *args.formats]:  # each format's cache epoch against its own local pack
+        lines.append(_cache_vs_disk(results, args.warm_epochs, fmt))
     for peer in args.peers:
         for which in ("cold", "warm"):
             g = median(results["gpufeed"][which], "rate")
@@ -357,6 +351,22 @@ def report(results: dict, args) -> str:
                 f"{g / median(results[peer][which], 'rate'):.2f}x"
             )
     return "\n".join(lines)
+
+
+def _cache_vs_disk(results: dict, k: int, fmt: str) -> str:
+    """The line comparing gpufeed[-fmt]'s warm epochs with local[-fmt]'s, per round too."""
+    suffix = f"-{fmt}" if fmt else ""
+    warm = [r["rate"] for r in results[f"gpufeed{suffix}"]["warm"]]
+    disk = [r["rate"] for r in results[f"local{suffix}"]["warm"]]
+    per_round = ", ".join(
+        f"{statistics.median(warm[i : i + k]) / statistics.median(disk[i : i + k]):.2f}"
+        for i in range(0, len(warm), k)
+    )
+    return (
+        f"gpufeed{suffix} second epoch from the cache / local disk: "
+        f"{statistics.median(warm) / statistics.median(disk):.2f}x (goal >= 0.90; rounds: "
+        f"{per_round})"
+    )
 
 
 def main(argv=None) -> int:
