@@ -28,25 +28,23 @@ NPY_HEADER_MAX = 4096  # np.save's headers are 64-byte aligned, a few hundred by
 
 def npy_header(head: bytes, where) -> tuple[tuple[int, ...], int]:
     """(shape, offset of the data) from the first bytes of a .npy file (`where` names it)."""
-    fmt = np.lib.format
     f = io.BytesIO(head)
+    return _read_header(f, where), f.tell()
+
+
+def npy_shape(path: Path) -> tuple[int, ...]:
+    """The shape a .npy file's header declares (nothing else is read)."""
+    with open(path, "rb") as f:
+        return _read_header(f, path)
+
+
+def _read_header(f, where) -> tuple[int, ...]:
+    """The shape in the .npy header at `f`'s position, `f` left at the data."""
+    fmt = np.lib.format
     try:
         version = fmt.read_magic(f)
         read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
         shape, _, _ = read(f)
     except ValueError as e:
         raise DataError(f"{where}: not a readable .npy file: {e}") from None
-    return shape, f.tell()
-
-
-def npy_shape(path: Path) -> tuple[int, ...]:
-    """The shape a .npy file's header declares (nothing else is read)."""
-    fmt = np.lib.format
-    with open(path, "rb") as f:
-        try:
-            version = fmt.read_magic(f)
-            read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-            shape, _, _ = read(f)
-        except ValueError as e:
-            raise DataError(f"{path}: not a readable .npy file: {e}") from None
     return shape

@@ -422,20 +422,24 @@ class TarReader(Reader):
         flat = out.reshape(len(indices), -1).view(np.uint8)
         width = self.spec.nbytes
         fds, fd_of = self.handle, self._fd  # the live table: a shard closed since reopens
-        where = zip(
-            indices.tolist(),
-            self.shard[indices].tolist(),
-            self.offset[indices].tolist(),
-            self.size[indices].tolist(),
-            strict=True,
-        )
-        for j, (i, shard, offset, size) in enumerate(where):
+        for j, (i, shard, offset, size) in enumerate(self._index_rows(indices)):
             if size != width:
                 raise CorruptSampleError(self.location(i), i, "index size differs from spec")
             fd = fds.get(shard)
             if os.preadv(fd_of(shard) if fd is None else fd, [flat[j]], offset) != width:
                 raise CorruptSampleError(self.location(i), i, "shard is truncated")
         return out
+
+    def _index_rows(self, indices: np.ndarray):
+        """(index, shard, offset, size) of each sample, the index read once for the batch
+        (numpy scalars one at a time cost more)."""
+        return zip(
+            indices.tolist(),
+            self.shard[indices].tolist(),
+            self.offset[indices].tolist(),
+            self.size[indices].tolist(),
+            strict=True,
+        )
 
     def _shard_runs(self, indices: np.ndarray) -> list[np.ndarray]:
         """A batch of consecutive samples split where the shard changes (each piece is read
@@ -452,16 +456,8 @@ class TarReader(Reader):
             view = memoryview(span)
             sizes = self.size[indices].tolist()
             return [bytes(view[o : o + n]) for o, n in zip(rel.tolist(), sizes, strict=True)]
-        # the index read once for the batch (numpy scalars one at a time cost more)
-        where = zip(
-            indices.tolist(),
-            self.shard[indices].tolist(),
-            self.offset[indices].tolist(),
-            self.size[indices].tolist(),
-            strict=True,
-        )
         out, fds, fd_of, pread = [], self.handle, self._fd, os.pread
-        for i, shard, offset, size in where:
+        for i, shard, offset, size in self._index_rows(indices):
             fd = fds.get(shard)
             data = pread(fd_of(shard) if fd is None else fd, size, offset)
             if len(data) != size:
