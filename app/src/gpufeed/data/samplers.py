@@ -190,12 +190,9 @@ class SortedBatchSampler(Sampler[list[int]]):
         sizes = np.fromiter(map(len, batches), np.int64, len(batches))
         flat = np.concatenate(batches)
         blocks, first = np.unique(flat // b, return_index=True)
-        # in the order of first use (the blocks announced at once at the start are read
-        # first): the kernel reads them in the order asked
-        first_batch = np.repeat(np.arange(len(batches)), sizes)[first]
-        by_use = np.argsort(first_batch, kind="stable")
-        blocks = blocks[by_use] * b
-        when = np.maximum(first_batch[by_use] - self.lookahead, 0)
+        when = np.maximum(np.repeat(np.arange(len(batches)), sizes)[first] - self.lookahead, 0)
+        by_when = np.argsort(when, kind="stable")
+        blocks, when = blocks[by_when] * b, when[by_when]
         cuts = np.searchsorted(when, np.arange(len(batches) + 1)).tolist()
         starts = blocks.tolist()
         for j, batch in enumerate(batches):
