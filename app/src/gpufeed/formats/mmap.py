@@ -128,10 +128,10 @@ class MmapReader(Reader):
         """The data file whole (fetched and pinned, for a remote pack), its header checked."""
         data = self.file(self.data_name, whole=True)
         if self.container == "npy":
-            self._check_shape(npy_shape(data), data)
+            self._check_shape(npy_shape(data))
         self._landing, self._landed = None, True
 
-    def _check_shape(self, shape: tuple[int, ...], where) -> None:
+    def _check_shape(self, shape: tuple[int, ...]) -> None:
         if self.offsets is not None:
             self.check_count("encoded.npy bytes", shape[0], int(self.offsets[-1]))
         else:
@@ -144,7 +144,7 @@ class MmapReader(Reader):
         if not self._landing.read_into([(0, memoryview(head))]):
             return False
         shape, offset = npy_header(bytes(head), self.root / self.data_name)
-        self._check_shape(shape, self.root / self.data_name)
+        self._check_shape(shape)
         self._header = offset
         return True
 

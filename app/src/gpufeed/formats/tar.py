@@ -19,6 +19,7 @@ random access, per-sample verification and splitting shards without opening them
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 from typing import Any
@@ -311,14 +312,20 @@ class TarReader(Reader):
         return self.local_path(self.shards[shard])
 
     def _shard_bytes(self, shards: list[int]) -> int:
-        """The bytes of these shards' samples (what their files hold, less the headers of
+        """The bytes of these shards' samples (what their files hold, less the header of
         the first member and the end blocks)."""
-        total = 0
-        for shard in shards:
-            first, end = self.shard_range(shard)
-            if end > first:
-                total += int(self.offset[end - 1] + self.size[end - 1] - self.offset[first])
-        return total
+        return int(self._shard_nbytes[shards].sum())
+
+    @functools.cached_property
+    def _shard_nbytes(self) -> np.ndarray:
+        """Each shard's sample bytes (see _shard_bytes), derived from the index once: the
+        pin budget sums them on every shard a remote pack opens."""
+        first, end = self.shard_start[:-1], self.shard_start[1:]
+        nbytes = np.zeros(len(self.shards), dtype=np.int64)
+        full = end > first
+        last = end[full] - 1
+        nbytes[full] = self.offset[last] + self.size[last] - self.offset[first[full]]
+        return nbytes
 
     def _fd(self, shard: int) -> int:
         fds = self.handle
@@ -367,8 +374,8 @@ class TarReader(Reader):
         data = maps.get(shard)
         if data is None:
             # the shard's fd (opened and checked by _fd), mapped read-only: np.memmap would
-            # open it again and resolve its path, ~0.3 ms a shard, paid per shard per epoch
-            # by a remote pack (its shards are closed past REMOTE_OPEN_SHARDS)
+            # open it again and resolve its path, ~0.3 ms a shard, paid each time a remote
+            # pack reopens a shard (past its pin budget, see _shard_path)
             fd = self._fd(shard)
             size = os.fstat(fd).st_size
             view = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else b""
