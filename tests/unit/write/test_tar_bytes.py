@@ -114,3 +114,47 @@ def test_short_writes_are_finished(in_process, tmp_path, monkeypatch):
     dest = tmp_path / "p"
     gpufeed.pack(make, range(N), dest, workers=0, **OPTS)
     assert calls and _files(dest) == in_process
+
+
+def test_every_shard_is_the_bytes_tarfile_writes_for_its_members(in_process, tmp_path):
+    """The members' headers, data and padding, built a run of samples at a time with numpy
+    (gpufeed.formats.tar_fields), against tarfile writing the same members: the same bytes;
+    and each member holds what webdataset's decoders read back as the field."""
+    for name in [n for n in in_process if n.endswith(".tar")]:
+        members = []
+        with tarfile.open(fileobj=io.BytesIO(in_process[name])) as t:
+            for info in t.getmembers():
+                members.append((info.name, t.extractfile(info).read()))
+        ref = io.BytesIO()
+        with tarfile.open(fileobj=ref, mode="w", format=tarfile.USTAR_FORMAT) as t:
+            for member, data in members:
+                info = tarfile.TarInfo(member)
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                info.uname = info.gname = ""
+                t.addfile(info, io.BytesIO(data))
+        assert ref.getvalue() == in_process[name], name
+    data = dict(members)  # the last shard: samples 300..399
+    i = 399
+    key = f"{i:09d}"
+    np.testing.assert_array_equal(np.load(io.BytesIO(data[f"{key}.tokens.npy"])), make(i)["tokens"])
+    np.testing.assert_array_equal(np.load(io.BytesIO(data[f"{key}.boxes.npy"])), make(i)["boxes"])
+    assert data[f"{key}.label.cls"] == b"%d" % (i - 50)
+    assert data[f"{key}.text.txt"].decode() == make(i)["text"]
+
+
+@pytest.mark.parametrize(
+    "first_key, suffixes",
+    [(0, [".image.jpg", ".label.cls"]), (10**9 - 2, [".a.npy"]), (7, ["." + "x" * 64 + ".bin"])],
+)
+def test_member_headers_at_once_are_member_header_for_each(first_key, suffixes):
+    """ustar.member_headers (numpy, a run of samples at once; one at a time for keys past
+    nine digits) is member_header for every member."""
+    from gpufeed.formats.ustar import member_header, member_headers
+
+    sizes = np.array([[0, 511][: len(suffixes)], [512, 8**11 - 1][: len(suffixes)],
+                      [1, 12345][: len(suffixes)], [7, 8][: len(suffixes)]], np.int64)  # fmt: skip
+    got = member_headers(first_key, suffixes, sizes)
+    for j in range(len(sizes)):
+        key = f"{first_key + j:09d}"
+        for k, suffix in enumerate(suffixes):
+            assert got[j, k].tobytes() == member_header(key + suffix, int(sizes[j, k])), (j, k)

@@ -280,16 +280,19 @@ def test_a_fresh_pack_is_written_as_its_parts_are_committed(tmp_path, fmt):
 
 def test_pack_fn_keeps_at_most_a_part_of_records_in_flight():
     """pack(fn)'s workers run ahead of the writer by up to one part of inputs (so they go
-    on while a part is committed), but never by more than PART_BYTES of records."""
-    from gpufeed.write.convert import CHUNK, _window
+    on while a part is committed), but never by more than PART_BYTES of records; a chunk
+    carries about CHUNK_BYTES of records (small samples: fewer, larger chunks)."""
+    from gpufeed.write.convert import CHUNK, CHUNK_BYTES, MAX_CHUNK, _chunking
     from gpufeed.write.writer import PART_BYTES
 
     def chunk(record_bytes):
         return [("ok", [(b"x" * record_bytes, 0)])] * CHUNK
 
-    small = _window(2, 1024, chunk(100))
-    assert small * CHUNK >= 1024  # a whole part ahead
-    for size in (100, 64 << 10, 1 << 20, 16 << 20):
-        w = _window(2, 1024, chunk(size))
-        assert w >= 2 * 2  # a couple of chunks per worker, whatever the size
-        assert w == 4 or w * CHUNK * size <= PART_BYTES
+    size, window = _chunking(2, 1024, chunk(100))
+    assert size == MAX_CHUNK and window * size >= 1024  # a whole part ahead
+    for record in (100, 64 << 10, 1 << 20, 16 << 20):
+        size, window = _chunking(2, 1024, chunk(record))
+        assert size == 1 or size * record <= CHUNK_BYTES
+        assert window >= 2 * 2  # a couple of chunks per worker, whatever the size
+        assert window == 4 or window * size * record <= PART_BYTES
+    assert _chunking(2, 1024, chunk(16 << 20)) == (1, 4)  # 4 x 16 MiB in flight, not 4 x 32

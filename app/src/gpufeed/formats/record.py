@@ -40,6 +40,7 @@ __all__ = [
     "join_record",
     "member_bytes",
     "member_name",
+    "npy_header_for",
     "plain_bytes",
     "record_from_members",
     "split_record",
@@ -302,7 +303,7 @@ def member_name(key: str, field: Field) -> str:
 
 
 @functools.lru_cache(maxsize=256)  # fixed-shape fields: one header for every sample
-def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
+def npy_header_for(dtype: str, shape: tuple[int, ...]) -> bytes:
     head = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": tuple(shape)}
     buf = io.BytesIO()
     np.lib.format.write_array_header_1_0(buf, head)
@@ -316,11 +317,11 @@ def member_bytes(field: Field, stored) -> bytes:
         return bytes(stored)  # the zstd frame of the record bytes, .zst
     kind = field.type
     if kind == "array":
-        return _npy_header(field.dtype, field.shape) + bytes(stored)
+        return npy_header_for(field.dtype, field.shape) + bytes(stored)
     if kind == "ragged":
         nd = len(field.shape)
         shape = struct.unpack_from(f"<{nd}q", stored)
-        return _npy_header(field.dtype, shape) + bytes(stored[8 * nd :])
+        return npy_header_for(field.dtype, shape) + bytes(stored[8 * nd :])
     if kind == "int":  # struct, not numpy: a tar pack's assembly makes one member per field
         return b"%d" % struct.unpack_from("<q", stored)[0]
     if kind == "float":

@@ -32,13 +32,13 @@ from gpufeed.formats.files import fsync_dir
 from gpufeed.formats.npy import npy_bytes
 from gpufeed.formats.parts import Part
 from gpufeed.formats.readahead import PREFETCH_MIN_BYTES, advise_willneed, is_run
-from gpufeed.formats.record import member_bytes, member_name, record_from_members, split_record
+from gpufeed.formats.record import record_from_members
 from gpufeed.formats.spec import SampleSpec
-from gpufeed.formats.ustar import field_header, member_header, member_header_pieces
+from gpufeed.formats.tar_fields import PartMembers
+from gpufeed.formats.ustar import BLOCK, member_header
 
 INDEX_NAME = "index.npz"
 SHARD_FORMAT = "shard-{:06d}.tar"
-BLOCK = 512
 RECORD = 20 * BLOCK
 _ZEROS = bytes(BLOCK)
 _IOV_MAX = 1024  # buffers a writev takes (POSIX: at least 16; Linux, macOS: 1024)
@@ -47,14 +47,19 @@ if hasattr(os, "sysconf"):
         _IOV_MAX = min(_IOV_MAX, max(16, os.sysconf("SC_IOV_MAX")))
     except (ValueError, OSError):  # not known here: POSIX's least
         _IOV_MAX = 16
-# field types whose member is the stored bytes as they are (member_bytes copies them)
-_AS_STORED = frozenset({"str", "bytes", "json", "image"})
+# a multi-field pack's samples are assembled and written in runs of about this many bytes
+RUN_BYTES = 8 << 20
 DEFAULT_SHARD_SIZE = 10_000
 DEFAULT_SHARD_BYTES = 256 << 20
 # shards of a remote pack one process keeps open (and pinned in the cache): a streaming
 # reader is on one or two at a time; a map-style one in block-shuffled order on a few
 REMOTE_OPEN_SHARDS = 4
 KEY_FORMAT = "{:09d}"
+
+
+def _spans(size: int) -> int:
+    """A member's bytes in a shard: header, data, padding."""
+    return BLOCK + size + (-size) % BLOCK
 
 
 def shard_pattern(n: int) -> str:
@@ -88,9 +93,6 @@ class TarWriter(Writer):
         self.labels = np.empty(rows, dtype=np.int64)
         self.crcs = np.empty(rows, dtype=np.uint32)
         self.names: list[str] = []
-        self._suffixes: list[str] | None = None  # ".NAME.EXT" of each field's member
-        self._heads: list = []  # each field's field_header
-        self._as_stored: list[bool] = []  # whether its member is its stored bytes
         # what the current part adds to the shard, written at once (gpufeed.write streams a
         # pack's parts into the writer while the workers read: a write per sample cost more)
         self._chunks: list = []
@@ -143,74 +145,68 @@ class TarWriter(Writer):
         self.pos = start + size + pad
         return start
 
-    @staticmethod
-    def _member_bytes(size: int) -> int:
-        return BLOCK + size + (-size) % BLOCK
-
     _INDEX = ("shard", "offset", "size", "labels", "crcs")
 
     def add(self, part: Part) -> None:
         make_room(self, self._INDEX, self.n + len(part))
         first = self.n
-        view = memoryview(part.payload)
-        offsets = part.offsets.tolist()  # Python ints: indexing numpy per sample cost more
-        labels = part.labels.tolist()
-        fields = self.spec.kind == "fields"
-        for j in range(len(part)):
-            data = view[offsets[j] : offsets[j + 1]]
-            label = b"%d" % labels[j]
-            need = self._member_bytes(len(self.header) + len(data)) + self._member_bytes(len(label))
-            if fields:  # a member per field, each with an .npy header at most
-                need = len(data) + 1280 * len(self.spec.schema.fields)
-            if (
-                self.f is None
-                or self.in_shard >= self.max_count
-                or (self.in_shard and self.pos + need + 2 * BLOCK > self.max_bytes)
-            ):
-                self._start_shard()
-            k = KEY_FORMAT.format(self.n)
-            if fields:
-                start, size = self._field_members(k, data)
-            else:
-                ext = "npy" if self.spec.kind == "array" else str(part.exts[j])
-                start = self._member(f"{k}.{ext}", [self.header, data]) + len(self.header)
-                self._member(f"{k}.cls", [label])
-                size = len(data)
-            self.shard[self.n] = len(self.names) - 1
-            self.offset[self.n] = start
-            self.size[self.n] = size
-            self.n += 1
-            self.in_shard += 1
+        if self.spec.kind == "fields":
+            self._add_fields(PartMembers(self.spec.schema, part), np.diff(part.offsets))
+        else:
+            self._add_samples(part)
         self._write_out()
         self.labels[first : self.n] = part.labels
         self.crcs[first : self.n] = part.crc32
 
-    def _field_members(self, key: str, record) -> tuple[int, int]:
-        """A multi-field sample: one member per field, KEY.NAME.EXT (no .cls: a label is a
-        field like any other). Returns (offset, size) of the span from the first member's
-        header to the last member's data, what the index records and the reader parses."""
-        schema = self.spec.schema
-        if self._suffixes is None:
-            self._suffixes = [member_name("", f) for f in schema.fields]
-            self._heads = [field_header(s) for s in self._suffixes]
-            self._as_stored = [bool(f.compression) or f.type in _AS_STORED for f in schema.fields]
-        raw = key.encode()
-        key_sum = sum(raw)
-        first = pos = self.pos
-        chunks = self._chunks
-        stored_bytes = split_record(schema, record)
-        for field, suffix, head, as_stored, stored in zip(
-            schema.fields, self._suffixes, self._heads, self._as_stored, stored_bytes, strict=True
-        ):
-            data = stored if as_stored else member_bytes(field, stored)
-            size = len(data)
-            chunks += member_header_pieces(raw, key_sum, suffix, head, size)
-            pad = (-size) % BLOCK
-            chunks += [data, _ZEROS[:pad]]
-            end = pos + BLOCK + size
-            pos = end + pad
-        self.pos = pos
-        return first, end - first
+    def _full(self, need: int, pos: int, count: int) -> bool:
+        """Whether a sample needing `need` bytes after `count` samples up to `pos` in a
+        shard starts a new one."""
+        return count >= self.max_count or (count > 0 and pos + need + 2 * BLOCK > self.max_bytes)
+
+    def _add_samples(self, part: Part) -> None:
+        """(sample, label) packs: KEY.npy or KEY.EXT, then KEY.cls."""
+        view = memoryview(part.payload)
+        offsets = part.offsets.tolist()  # Python ints: indexing numpy per sample cost more
+        labels = part.labels.tolist()
+        for j in range(len(part)):
+            data = view[offsets[j] : offsets[j + 1]]
+            label = b"%d" % labels[j]
+            need = _spans(len(self.header) + len(data)) + _spans(len(label))
+            if self.f is None or self._full(need, self.pos, self.in_shard):
+                self._start_shard()
+            k = KEY_FORMAT.format(self.n)
+            ext = "npy" if self.spec.kind == "array" else str(part.exts[j])
+            start = self._member(f"{k}.{ext}", [self.header, data]) + len(self.header)
+            self._member(f"{k}.cls", [label])
+            self._index(start, len(data))
+
+    def _index(self, starts, sizes, count: int = 1) -> None:
+        """The next `count` index rows: samples of the current shard."""
+        rows = slice(self.n, self.n + count)
+        self.shard[rows], self.offset[rows], self.size[rows] = len(self.names) - 1, starts, sizes
+        self.n += count
+        self.in_shard += count
+
+    def _add_fields(self, members: PartMembers, record_sizes: np.ndarray) -> None:
+        """Multi-field samples: one member per field, KEY.NAME.EXT (no .cls: a label is a
+        field like any other), written a run of samples at a time (gpufeed.formats.
+        tar_fields). The index row's offset is the first member's header, its size spans to
+        the end of the last member's data (what the reader parses)."""
+        # how much a sample may need in a shard (the rule every tar pack was cut by)
+        needs = (record_sizes + 1280 * len(members.suffixes)).tolist()
+        grown = members.sample_bytes.tolist()
+        j, n = 0, len(needs)
+        while j < n:
+            if self.f is None or self._full(needs[j], self.pos, self.in_shard):
+                self._start_shard()
+            a, pos, count, j = j, self.pos + grown[j], self.in_shard + 1, j + 1
+            while j < n and pos - self.pos < RUN_BYTES and not self._full(needs[j], pos, count):
+                pos, count, j = pos + grown[j], count + 1, j + 1
+            buf, firsts, spans = members.build(a, j, self.n)
+            self._index(self.pos + firsts, spans, j - a)
+            self.pos += len(buf)
+            self._chunks.append(buf)
+            self._write_out()
 
     def finish(self) -> dict[str, Any]:
         assert self.count is None or self.n == self.count

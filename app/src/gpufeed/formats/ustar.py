@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import tarfile
 
-__all__ = ["field_header", "member_header", "member_header_pieces"]
+import numpy as np
+
+__all__ = ["BLOCK", "field_header", "member_header", "member_headers"]
+
+BLOCK = 512
 
 
 def member_header(name: str, size: int) -> bytes:
@@ -60,14 +64,38 @@ def field_header(suffix: str) -> tuple[bytes, int] | None:
     return name_rest + _HEADER[100:124], _HEADER_SUM + sum(tail)
 
 
-def member_header_pieces(
-    key: bytes, key_sum: int, suffix: str, field: tuple[bytes, int] | None, size: int
-) -> list[bytes]:
-    """member_header(key + suffix, size) as pieces to write in a row, from the key's bytes and
-    their sum (once a sample) and the suffix's field_header (once a pack): no join, no
-    per-member encoding of the field's part of the name."""
-    if field is None or len(key) != KEY_DIGITS or size >= MAX_SIZE:
-        return [member_header(key.decode() + suffix, size)]
-    size_field = b"%011o" % size
-    checksum = b"%06o\0 " % (field[1] + key_sum + sum(size_field))
-    return [key, field[0], size_field, _HEADER_MID, checksum, _HEADER_END]
+def member_headers(first_key: int, suffixes: list[str], sizes: np.ndarray) -> np.ndarray:
+    """uint8 [n, F, BLOCK]: member_header(KEY + suffixes[k], sizes[j, k]) for the keys
+    first_key, first_key + 1, ... (KEY_DIGITS digits each), computed for all at once: the
+    fields' templates, the key's and the size's digits written in, the checksums summed."""
+    n, nf = sizes.shape
+    heads = [field_header(s) for s in suffixes]
+    fits = n == 0 or (first_key + n <= 10**KEY_DIGITS and int(sizes.max()) < MAX_SIZE)
+    if not fits or None in heads:  # rare: long names, huge members: one at a time
+        return _headers_one_by_one(first_key, suffixes, sizes)
+    out = np.empty((n, nf, BLOCK), np.uint8)
+    out[:] = np.frombuffer(b"".join(_template(h[0]) for h in heads), np.uint8).reshape(nf, -1)
+    keys = first_key + np.arange(n, dtype=np.int64)
+    key_digits = (keys[:, None] // 10 ** np.arange(KEY_DIGITS - 1, -1, -1)) % 10 + 48
+    out[:, :, :KEY_DIGITS] = key_digits[:, None, :]
+    size_digits = (sizes[..., None] >> (3 * np.arange(10, -1, -1))) & 7
+    out[:, :, 124:135] = size_digits + 48
+    sums = np.array([h[1] for h in heads], np.int64)
+    checksum = sums + key_digits.sum(axis=1)[:, None] + (size_digits + 48).sum(axis=-1)
+    out[:, :, 148:154] = ((checksum[..., None] >> (3 * np.arange(5, -1, -1))) & 7) + 48
+    out[:, :, 154:156] = (0, 32)  # "%06o\0 "
+    return out
+
+
+def _template(field_part: bytes) -> bytes:
+    """A member header with the key's and the size's digits left zero, checksum spaces."""
+    return bytes(KEY_DIGITS) + field_part + bytes(11) + _HEADER_MID + b" " * 8 + _HEADER_END
+
+
+def _headers_one_by_one(first_key: int, suffixes: list[str], sizes: np.ndarray) -> np.ndarray:
+    out = np.empty((*sizes.shape, BLOCK), np.uint8)
+    for j, row in enumerate(sizes.tolist()):
+        key = f"{first_key + j:0{KEY_DIGITS}d}"
+        for k, (suffix, size) in enumerate(zip(suffixes, row, strict=True)):
+            out[j, k] = np.frombuffer(member_header(key + suffix, size), np.uint8)
+    return out

@@ -39,7 +39,9 @@ from gpufeed.write.writer import PART_BYTES, Writer, label_of
 
 __all__ = ["pack_function", "pack_in_place"]
 
-CHUNK = 32
+CHUNK = 32  # inputs in each of the first chunks a worker converts
+MAX_CHUNK = 256
+CHUNK_BYTES = 1 << 20
 _JOB: dict[str, Any] = {}  # in a worker: fn, inputs, schema (set by _start_worker)
 
 
@@ -78,7 +80,8 @@ def _results(fn, inputs: Sequence, start: int, schema: Schema, workers: int, par
             yield i, _convert(fn, inputs[i], schema)
         return
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    ranges = iter((lo, min(lo + CHUNK, len(inputs))) for lo in range(start, len(inputs), CHUNK))
+    size = [CHUNK]  # inputs a chunk: re-sized from the records that come back
+    ranges = _ranges(start, len(inputs), size)
     with ProcessPoolExecutor(
         workers,
         mp_context=mp.get_context(method),
@@ -86,7 +89,6 @@ def _results(fn, inputs: Sequence, start: int, schema: Schema, workers: int, par
         initargs=(fn, inputs, schema, os.getpid()),
     ) as ex:
         pending = deque((r, ex.submit(_run, *r)) for r in islice(ranges, workers * 4))
-        window = workers * 4
         while pending:
             (lo, _), future = pending.popleft()
             try:
@@ -96,19 +98,34 @@ def _results(fn, inputs: Sequence, start: int, schema: Schema, workers: int, par
                     "a pack worker process died (killed or out of memory); the committed "
                     "inputs are kept: rerun with resume=True"
                 ) from None
-            window = _window(workers, part_size, chunk)
+            size[0], window = _chunking(workers, part_size, chunk)
             for nxt in islice(ranges, max(0, window - len(pending))):
                 pending.append((nxt, ex.submit(_run, *nxt)))
             yield from enumerate(chunk, lo)
 
 
-def _window(workers: int, part_size: int, chunk: list[tuple]) -> int:
-    """Chunks to keep in flight: enough to cover one part (while the writer commits a part,
-    the workers go on converting the next), but never more than PART_BYTES of records
-    (memory stays bounded however large the samples), and at least a few per worker."""
+def _ranges(start: int, stop: int, size: list[int]):
+    """(lo, hi) ranges of inputs from start to stop, each size[0] long when it is made."""
+    lo = start
+    while lo < stop:
+        hi = min(lo + size[0], stop)
+        yield lo, hi
+        lo = hi
+
+
+def _chunking(workers: int, part_size: int, chunk: list[tuple]) -> tuple[int, int]:
+    """(inputs a chunk, chunks in flight), from the record bytes a chunk of inputs gave.
+    A chunk carries about CHUNK_BYTES of records (each chunk's round trip through the pool
+    costs the writer and the worker; 32-input chunks of 2 KiB samples cost a fifth of the
+    conversion's CPU), at most MAX_CHUNK inputs. The chunks in flight cover one part (while
+    the writer commits a part, the workers go on converting the next), but never more than
+    PART_BYTES of records (memory stays bounded however large the samples), and at least a
+    couple per worker."""
     nbytes = sum(len(rec) for res in chunk if res[0] == "ok" for rec, _ in res[1])
-    by_bytes = PART_BYTES // max(nbytes, 1)
-    return max(workers * 2, min(by_bytes, -(-part_size // CHUNK)))
+    per_input = max(nbytes / max(len(chunk), 1), 1.0)
+    size = int(min(MAX_CHUNK, max(1, CHUNK_BYTES // per_input)))
+    by_bytes = int(PART_BYTES // (size * per_input))
+    return size, max(workers * 2, min(by_bytes, -(-part_size // size)))
 
 
 def _name(item: Any, i: int) -> str:

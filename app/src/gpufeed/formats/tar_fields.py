@@ -1,0 +1,131 @@
+"""A part of multi-field samples as tar members, built a run of samples at a time.
+
+Each field of a record becomes the member KEY.NAME.EXT (gpufeed.formats.record): a member's
+bytes are an optional prefix (a .npy header, or the whole member for int and float fields,
+whose text is made here) and then a run of the part's payload. The ustar headers of a run of
+samples come from one numpy computation (gpufeed.formats.ustar.member_headers), and the
+run's bytes are assembled into one buffer written with one call: the writer process of
+``gpufeed.pack(fn)`` spent 25 us a sample building headers and 8 write buffers a member one
+by one, the largest part of its CPU time (docs/benchmarks.md, "Conversion").
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from gpufeed.formats.parts import Part
+from gpufeed.formats.record import member_bytes, member_name, npy_header_for
+from gpufeed.formats.schema import Field, Schema
+from gpufeed.formats.ustar import BLOCK, member_headers
+
+__all__ = ["AS_STORED", "PartMembers"]
+
+# field types whose member is the stored bytes as they are
+AS_STORED = frozenset({"str", "bytes", "json", "image"})
+_INT64 = np.dtype("<i8")
+
+
+class FieldRuns(NamedTuple):
+    """One field's members across a part: prefix (bytes for every sample, a list of bytes per
+    sample, or b""), then payload[starts[j] : starts[j] + lens[j]]."""
+
+    prefix: bytes | list[bytes]
+    starts: np.ndarray  # int64 [n]
+    lens: np.ndarray  # int64 [n]
+
+    def sizes(self) -> np.ndarray:
+        if isinstance(self.prefix, list):
+            return np.fromiter(map(len, self.prefix), _INT64, len(self.prefix)) + self.lens
+        return self.lens + len(self.prefix)
+
+
+def _field_runs(field: Field, payload: np.ndarray, starts: np.ndarray, lens: np.ndarray):
+    """Where field's members come from, given its stored bytes' starts and lengths."""
+    kind = field.type
+    if field.compression or kind in AS_STORED:
+        return FieldRuns(b"", starts, lens)
+    if kind == "array":
+        return FieldRuns(npy_header_for(field.dtype, field.shape), starts, lens)
+    if kind == "ragged":
+        nd = len(field.shape)
+        shapes = payload[starts[:, None] + np.arange(8 * nd)].view(_INT64).reshape(-1, nd)
+        heads = [npy_header_for(field.dtype, tuple(s)) for s in shapes.tolist()]
+        return FieldRuns(heads, starts + 8 * nd, lens - 8 * nd)
+    # int and float: short text made from the stored value (member_bytes' rules)
+    view = memoryview(payload)
+    pairs = zip(starts.tolist(), lens.tolist(), strict=True)
+    texts = [member_bytes(field, view[a : a + n]) for a, n in pairs]
+    return FieldRuns(texts, starts, np.zeros_like(lens))
+
+
+class PartMembers:
+    """Every member of a part's samples: ``sample_bytes`` (each sample's bytes in a shard)
+    and ``build`` (a run of samples' bytes)."""
+
+    def __init__(self, schema: Schema, part: Part):
+        self.payload = part.payload
+        self.suffixes = [member_name("", f) for f in schema.fields]
+        self.fields = _split(schema, part)
+        self.sizes = np.stack([f.sizes() for f in self.fields], axis=1)  # int64 [n, F]
+        self.spans = BLOCK + self.sizes + (-self.sizes) % BLOCK  # header, data, padding
+        self.sample_bytes = self.spans.sum(axis=1)
+
+    def build(self, a: int, b: int, first_key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Samples a..b-1, keyed from first_key: (their tar bytes, each sample's first
+        header's offset in them, each sample's size from there to its last member's end)."""
+        sizes = self.sizes[a:b]
+        ends = np.cumsum(self.spans[a:b].ravel())
+        heads = ends - self.spans[a:b].ravel()
+        buf = np.zeros(int(ends[-1]), np.uint8)
+        blocks = buf.reshape(-1, BLOCK)
+        blocks[heads // BLOCK] = member_headers(first_key, self.suffixes, sizes).reshape(-1, BLOCK)
+        data = (heads + BLOCK).reshape(b - a, -1)
+        out, src = memoryview(buf), memoryview(self.payload)
+        for k, runs in enumerate(self.fields):
+            _copy_field(out, src, runs, a, b, data[:, k].tolist())
+        firsts = heads.reshape(b - a, -1)[:, 0]
+        return buf, firsts, data[:, -1] + sizes[:, -1] - firsts
+
+
+def _copy_field(out: memoryview, src: memoryview, runs: FieldRuns, a: int, b: int, at: list):
+    starts, lens = runs.starts[a:b].tolist(), runs.lens[a:b].tolist()
+    prefix = runs.prefix
+    if isinstance(prefix, list):
+        for p, pre, s, n in zip(at, prefix[a:b], starts, lens, strict=True):
+            q = p + len(pre)
+            out[p:q] = pre
+            out[q : q + n] = src[s : s + n]
+        return
+    if prefix:
+        width = len(prefix)
+        for p in at:
+            out[p : p + width] = prefix
+        at = [p + width for p in at]
+    for p, s, n in zip(at, starts, lens, strict=True):
+        out[p : p + n] = src[s : s + n]
+
+
+def _split(schema: Schema, part: Part) -> list[FieldRuns]:
+    """Each field's stored bytes in every record of the part, by numpy: the records' field
+    sizes read by one fancy index. A record whose sizes do not add up raises ValueError (as
+    split_record)."""
+    nf = len(schema.fields)
+    head = 8 * nf
+    begins = part.offsets[:-1]
+    lens = np.diff(part.offsets)
+    if (lens < head).any():
+        j = int(np.flatnonzero(lens < head)[0])
+        raise ValueError(f"record of {lens[j]} bytes is shorter than its {nf} field sizes")
+    idx = begins[:, None] + np.arange(head)
+    sizes = part.payload[idx].view(_INT64).reshape(-1, nf) if len(begins) else np.zeros((0, nf))
+    bad = (sizes < 0).any(axis=1) | (sizes.sum(axis=1) != lens - head)
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"record field sizes {sizes[j].tolist()} do not add up to {lens[j]}")
+    starts = begins[:, None] + head + np.cumsum(sizes, axis=1) - sizes
+    return [
+        _field_runs(f, part.payload, starts[:, k].astype(np.int64), sizes[:, k].astype(np.int64))
+        for k, f in enumerate(schema.fields)
+    ]
