@@ -158,3 +158,21 @@ def test_member_headers_at_once_are_member_header_for_each(first_key, suffixes):
         key = f"{first_key + j:09d}"
         for k, suffix in enumerate(suffixes):
             assert got[j, k].tobytes() == member_header(key + suffix, int(sizes[j, k])), (j, k)
+
+
+def test_a_ragged_field_of_one_shape_is_written_as_of_many(tmp_path):
+    """A part whose ragged values all share a shape (one .npy header for all) gives the
+    members a part of mixed shapes would: the same bytes for the samples they share."""
+    schema = {"tokens": "int32[-1]", "label": "int"}
+    same = [{"tokens": np.full(32, i, np.int32), "label": i} for i in range(6)]
+    mixed = [*same, {"tokens": np.zeros(3, np.int32), "label": 6}]
+    for name, samples in (("same", same), ("mixed", mixed)):
+        gpufeed.pack(lambda s: s, samples, tmp_path / name, format="tar", schema=schema,
+                     workers=0, quiet=True)  # fmt: skip
+    one = (tmp_path / "same" / "shard-000000.tar").read_bytes()
+    two = (tmp_path / "mixed" / "shard-000000.tar").read_bytes()
+    cut = 6 * 2 * 2 * 512 - 512  # 6 samples: two members each, header + 128 B padded / 1 block
+    assert one[:cut] == two[:cut]
+    with tarfile.open(tmp_path / "same" / "shard-000000.tar") as t:
+        got = np.load(io.BytesIO(t.extractfile("000000005.tokens.npy").read()))
+    np.testing.assert_array_equal(got, np.full(32, 5, np.int32))

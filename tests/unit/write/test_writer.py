@@ -286,7 +286,7 @@ def test_pack_fn_keeps_at_most_a_part_of_records_in_flight():
     from gpufeed.write.writer import PART_BYTES
 
     def chunk(record_bytes):
-        return [("ok", [(b"x" * record_bytes, 0)])] * CHUNK
+        return [("ok", [(b"x" * record_bytes, 0, 0)])] * CHUNK
 
     size, window = _chunking(2, 1024, chunk(100))
     assert size == MAX_CHUNK and window * size >= 1024  # a whole part ahead

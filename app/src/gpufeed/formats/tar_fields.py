@@ -51,8 +51,10 @@ def _field_runs(field: Field, payload: np.ndarray, starts: np.ndarray, lens: np.
     if kind == "ragged":
         nd = len(field.shape)
         shapes = payload[starts[:, None] + np.arange(8 * nd)].view(_INT64).reshape(-1, nd)
-        heads = [npy_header_for(field.dtype, tuple(s)) for s in shapes.tolist()]
-        return FieldRuns(heads, starts + 8 * nd, lens - 8 * nd)
+        found, which = np.unique(shapes, axis=0, return_inverse=True)
+        heads = [npy_header_for(field.dtype, tuple(s)) for s in found.tolist()]
+        prefix = heads[0] if len(heads) == 1 else [heads[k] for k in which.ravel().tolist()]
+        return FieldRuns(prefix, starts + 8 * nd, lens - 8 * nd)
     # int and float: short text made from the stored value (member_bytes' rules)
     view = memoryview(payload)
     pairs = zip(starts.tolist(), lens.tolist(), strict=True)

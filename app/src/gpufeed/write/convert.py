@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import PackWorkerError, SourceError, UsageError
-from gpufeed.formats.record import encode_record
+from gpufeed.formats.checksums import crc32
 from gpufeed.formats.schema import Schema, infer_schema
 from gpufeed.write import progress
 from gpufeed.write.options import ON_ERROR
 from gpufeed.write.pool import default_workers, die_with_parent
-from gpufeed.write.writer import PART_BYTES, Writer, label_of
+from gpufeed.write.writer import PART_BYTES, Writer, encoded
 
 __all__ = ["pack_function", "pack_in_place"]
 
@@ -58,7 +58,7 @@ def _convert(fn, item, schema: Schema) -> tuple:
     """("ok", [(record, label)]) or ("error", message) for one input."""
     try:
         samples = _samples(fn(item))
-        return "ok", [(encode_record(schema, s), label_of(schema, s)) for s in samples]
+        return "ok", [encoded(schema, s) for s in samples]
     except Exception as e:  # noqa: BLE001 - any failure of the user's fn is that input's error
         return "error", f"{type(e).__name__}: {e}"
 
@@ -121,7 +121,7 @@ def _chunking(workers: int, part_size: int, chunk: list[tuple]) -> tuple[int, in
     the writer commits a part, the workers go on converting the next), but never more than
     PART_BYTES of records (memory stays bounded however large the samples), and at least a
     couple per worker."""
-    nbytes = sum(len(rec) for res in chunk if res[0] == "ok" for rec, _ in res[1])
+    nbytes = sum(len(sample[0]) for res in chunk if res[0] == "ok" for sample in res[1])
     per_input = max(nbytes / max(len(chunk), 1), 1.0)
     size = int(min(MAX_CHUNK, max(1, CHUNK_BYTES // per_input)))
     by_bytes = int(PART_BYTES // (size * per_input))
@@ -191,7 +191,7 @@ def _first(fn, item) -> tuple:
     if not samples:
         return "ok", []
     schema = infer_schema(samples[0])
-    return "ok", [(encode_record(schema, s), label_of(schema, s)) for s in samples], schema
+    return "ok", [encoded(schema, s) for s in samples], schema
 
 
 def _take(w: Writer, i: int, result: tuple, inputs: Sequence, on_error: str) -> None:
@@ -259,4 +259,4 @@ def _read_one(reader, i: int) -> tuple:
         record = reader.read_batch(np.array([i], dtype=np.int64))[0]
     except Exception as e:  # noqa: BLE001 - a sample that cannot be read is that input's error
         return "error", f"{type(e).__name__}: {e}"
-    return "ok", [(record, int(reader.labels[i]))]
+    return "ok", [(record, int(reader.labels[i]), crc32(record))]

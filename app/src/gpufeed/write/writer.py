@@ -54,7 +54,7 @@ from gpufeed.write.guard import (
 from gpufeed.write.options import check_options
 from gpufeed.write.staging import part_path
 
-__all__ = ["PART_BYTES", "WrittenSource", "Writer", "label_of"]
+__all__ = ["PART_BYTES", "WrittenSource", "Writer", "encoded", "label_of"]
 
 # a part is committed every part_size samples or PART_BYTES bytes, whichever comes first
 PART_BYTES = 64 << 20
@@ -163,7 +163,7 @@ class Writer:
         self.skipped: list[tuple[int, str]] = []
         # what each input was (sources.txt); gpufeed.pack(fn, inputs) sets it
         self.item_names: list[str] | None = None
-        self._pending: list[tuple[int, bytes, int]] = []
+        self._pending: list[tuple[int, bytes, int, int]] = []  # item, record, label, crc32
         self._pending_bytes = 0
         self._items = 0  # inputs done: gpufeed.pack(fn, inputs) goes on from here
         # a fresh pack's format files are written as its parts are committed; a resumed one
@@ -239,15 +239,14 @@ class Writer:
         self._check_open()
         if samples and self.schema is None:
             self.set_schema(infer_schema(samples[0]))
-        records = [(encode_record(self.schema, s), label_of(self.schema, s)) for s in samples]
-        self.add_records(item, records)
+        self.add_records(item, [encoded(self.schema, s) for s in samples])
 
-    def add_records(self, item: int, records: list[tuple[bytes, int]]) -> None:
-        """Encoded samples of input ``item``: (record, label) each (add_item's work, done
-        in a worker process by gpufeed.pack(fn, inputs))."""
+    def add_records(self, item: int, records: list[tuple[bytes, int, int]]) -> None:
+        """Encoded samples of input ``item``: (record, label, crc32) each (add_item's
+        work, done in a worker process by gpufeed.pack(fn, inputs))."""
         self._check_open()
-        for record, label in records:
-            self._pending.append((item, record, label))
+        for record, label, crc in records:
+            self._pending.append((item, record, label, crc))
             self._pending_bytes += len(record)
             self.written += 1
         self._items = max(self._items, item + 1)
@@ -266,7 +265,7 @@ class Writer:
         self._check_open()
         if not (self._pending or self.skipped or empty):
             return
-        records = [r for _, r, _ in self._pending]
+        records = [r for _, r, _, _ in self._pending]
         sizes = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
         offsets = np.zeros(len(records) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
@@ -274,9 +273,9 @@ class Writer:
         part = Part(
             payload=np.frombuffer(b"".join(records), dtype=np.uint8),
             offsets=offsets,
-            labels=np.asarray([lab for _, _, lab in self._pending], dtype=np.int64),
-            crc32=np.fromiter(map(crc32, records), dtype=np.uint32, count=n),
-            items=np.asarray([i for i, _, _ in self._pending], dtype=np.int64),
+            labels=np.asarray([lab for _, _, lab, _ in self._pending], dtype=np.int64),
+            crc32=np.asarray([c for _, _, _, c in self._pending], dtype=np.uint32),
+            items=np.asarray([i for i, _, _, _ in self._pending], dtype=np.int64),
             exts=np.full(n, "rec", dtype="<U8"),
             skip_items=np.asarray([i for i, _ in self.skipped], dtype=np.int64),
             skip_errors=np.asarray([e for _, e in self.skipped], dtype=str),
@@ -329,6 +328,12 @@ class Writer:
             self.close()
         else:
             self.abandon()
+
+
+def encoded(schema: Schema, sample: Mapping[str, Any]) -> tuple[bytes, int, int]:
+    """A sample as a part holds it: (record, label, crc32 of the record)."""
+    record = encode_record(schema, sample)
+    return record, label_of(schema, sample), crc32(record)
 
 
 def label_of(schema: Schema, sample: Mapping[str, Any]) -> int:
