@@ -259,7 +259,7 @@ def test_tar_member_headers_are_the_bytes_tarfile_writes():
     assembly): byte for byte what tarfile writes, so packs stay the same."""
     import tarfile
 
-    from gpufeed.formats.tar import member_header
+    from gpufeed.formats.ustar import member_header
 
     for name, size in [("000000001.jpg", 0), ("000000001.caption.txt", 12345),
                        ("é" * 40, 8**11 - 1), ("x" * 100, 5)]:  # fmt: skip

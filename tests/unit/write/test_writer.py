@@ -282,7 +282,8 @@ def test_pack_fn_keeps_at_most_a_part_of_records_in_flight():
     """pack(fn)'s workers run ahead of the writer by up to one part of inputs (so they go
     on while a part is committed), but never by more than PART_BYTES of records; a chunk
     carries about CHUNK_BYTES of records (small samples: fewer, larger chunks)."""
-    from gpufeed.write.convert import CHUNK, CHUNK_BYTES, MAX_CHUNK, _chunking
+    from gpufeed.write.convert import CHUNK, _chunking
+    from gpufeed.write.pool import CHUNK_BYTES, MAX_CHUNK
     from gpufeed.write.writer import PART_BYTES
 
     def chunk(record_bytes):

@@ -20,6 +20,7 @@ random access, per-sample verification and splitting shards without opening them
 from __future__ import annotations
 
 import functools
+import itertools
 import mmap
 import os
 from typing import Any
@@ -35,12 +36,11 @@ from gpufeed.formats.readahead import PREFETCH_MIN_BYTES, advise_willneed, is_ru
 from gpufeed.formats.record import record_from_members
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.formats.tar_fields import PartMembers
-from gpufeed.formats.ustar import BLOCK, member_header
+from gpufeed.formats.ustar import BLOCK
 
 INDEX_NAME = "index.npz"
 SHARD_FORMAT = "shard-{:06d}.tar"
 RECORD = 20 * BLOCK
-_ZEROS = bytes(BLOCK)
 _IOV_MAX = 1024  # buffers a writev takes (POSIX: at least 16; Linux, macOS: 1024)
 if hasattr(os, "sysconf"):
     try:
@@ -55,11 +55,6 @@ DEFAULT_SHARD_BYTES = 256 << 20
 # reader is on one or two at a time; a map-style one in block-shuffled order on a few
 REMOTE_OPEN_SHARDS = 4
 KEY_FORMAT = "{:09d}"
-
-
-def _spans(size: int) -> int:
-    """A member's bytes in a shard: header, data, padding."""
-    return BLOCK + size + (-size) % BLOCK
 
 
 def shard_pattern(n: int) -> str:
@@ -137,23 +132,22 @@ class TarWriter(Writer):
         self.f.close()
         self.f = None
 
-    def _member(self, name: str, data_parts: list) -> int:
-        size = sum(len(d) for d in data_parts)
-        start = self.pos + BLOCK
-        pad = (-size) % BLOCK
-        self._chunks += [member_header(name, size), *data_parts, _ZEROS[:pad]]
-        self.pos = start + size + pad
-        return start
-
     _INDEX = ("shard", "offset", "size", "labels", "crcs")
 
     def add(self, part: Part) -> None:
         make_room(self, self._INDEX, self.n + len(part))
         first = self.n
         if self.spec.kind == "fields":
-            self._add_fields(PartMembers(self.spec.schema, part), np.diff(part.offsets))
-        else:
-            self._add_samples(part)
+            members = PartMembers.of_fields(self.spec.schema, part)
+            # what a sample may need in a shard (the rule every multi-field pack was cut by)
+            needs = np.diff(part.offsets) + 1280 * len(members.suffixes)
+            self._add_runs(members, needs, spans=True)
+        else:  # KEY.npy or KEY.EXT, then KEY.cls; a run of samples of one extension at a time
+            exts = part.exts if self.spec.kind == "encoded" else np.full(len(part), "npy")
+            cuts = [0, *(np.flatnonzero(exts[1:] != exts[:-1]) + 1).tolist(), len(part)]
+            for a, b in itertools.pairwise(cuts):
+                members = PartMembers.of_samples(part, a, b, str(exts[a]), self.header)
+                self._add_runs(members, members.sample_bytes, spans=False)
         self._write_out()
         self.labels[first : self.n] = part.labels
         self.crcs[first : self.n] = part.crc32
@@ -163,23 +157,6 @@ class TarWriter(Writer):
         shard starts a new one."""
         return count >= self.max_count or (count > 0 and pos + need + 2 * BLOCK > self.max_bytes)
 
-    def _add_samples(self, part: Part) -> None:
-        """(sample, label) packs: KEY.npy or KEY.EXT, then KEY.cls."""
-        view = memoryview(part.payload)
-        offsets = part.offsets.tolist()  # Python ints: indexing numpy per sample cost more
-        labels = part.labels.tolist()
-        for j in range(len(part)):
-            data = view[offsets[j] : offsets[j + 1]]
-            label = b"%d" % labels[j]
-            need = _spans(len(self.header) + len(data)) + _spans(len(label))
-            if self.f is None or self._full(need, self.pos, self.in_shard):
-                self._start_shard()
-            k = KEY_FORMAT.format(self.n)
-            ext = "npy" if self.spec.kind == "array" else str(part.exts[j])
-            start = self._member(f"{k}.{ext}", [self.header, data]) + len(self.header)
-            self._member(f"{k}.cls", [label])
-            self._index(start, len(data))
-
     def _index(self, starts, sizes, count: int = 1) -> None:
         """The next `count` index rows: samples of the current shard."""
         rows = slice(self.n, self.n + count)
@@ -187,14 +164,12 @@ class TarWriter(Writer):
         self.n += count
         self.in_shard += count
 
-    def _add_fields(self, members: PartMembers, record_sizes: np.ndarray) -> None:
-        """Multi-field samples: one member per field, KEY.NAME.EXT (no .cls: a label is a
-        field like any other), written a run of samples at a time (gpufeed.formats.
-        tar_fields). The index row's offset is the first member's header, its size spans to
-        the end of the last member's data (what the reader parses)."""
-        # how much a sample may need in a shard (the rule every tar pack was cut by)
-        needs = (record_sizes + 1280 * len(members.suffixes)).tolist()
-        grown = members.sample_bytes.tolist()
+    def _add_runs(self, members: PartMembers, needs: np.ndarray, spans: bool) -> None:
+        """A part's samples written a run at a time (gpufeed.formats.tar_fields), each run
+        inside one shard. Index rows: with ``spans`` (multi-field samples) the first member's
+        header and the bytes to the end of the last member's data (what the reader parses);
+        else the first member's data past ``self.header`` and the sample's own bytes."""
+        needs, grown = needs.tolist(), members.sample_bytes.tolist()
         j, n = 0, len(needs)
         while j < n:
             if self.f is None or self._full(needs[j], self.pos, self.in_shard):
@@ -202,8 +177,14 @@ class TarWriter(Writer):
             a, pos, count, j = j, self.pos + grown[j], self.in_shard + 1, j + 1
             while j < n and pos - self.pos < RUN_BYTES and not self._full(needs[j], pos, count):
                 pos, count, j = pos + grown[j], count + 1, j + 1
-            buf, firsts, spans = members.build(a, j, self.n)
-            self._index(self.pos + firsts, spans, j - a)
+            buf, data = members.build(a, j, self.n)
+            if spans:
+                last = data[:, -1] + members.sizes[a:j, -1]
+                self._index(self.pos + data[:, 0] - BLOCK, last - data[:, 0] + BLOCK, j - a)
+            else:
+                self._index(
+                    self.pos + data[:, 0] + len(self.header), members.fields[0].lens[a:j], j - a
+                )
             self.pos += len(buf)
             self._chunks.append(buf)
             self._write_out()

@@ -64,31 +64,45 @@ def _field_runs(field: Field, payload: np.ndarray, starts: np.ndarray, lens: np.
 
 class PartMembers:
     """Every member of a part's samples: ``sample_bytes`` (each sample's bytes in a shard)
-    and ``build`` (a run of samples' bytes)."""
+    and ``build`` (a run of samples' bytes). suffixes: each member's name after the key;
+    runs: where each member's bytes come from (FieldRuns over ``payload``)."""
 
-    def __init__(self, schema: Schema, part: Part):
-        self.payload = part.payload
-        self.suffixes = [member_name("", f) for f in schema.fields]
-        self.fields = _split(schema, part)
+    def __init__(self, suffixes: list[str], runs: list[FieldRuns], payload: np.ndarray):
+        self.payload = payload
+        self.suffixes = suffixes
+        self.fields = runs
         self.sizes = np.stack([f.sizes() for f in self.fields], axis=1)  # int64 [n, F]
         self.spans = BLOCK + self.sizes + (-self.sizes) % BLOCK  # header, data, padding
         self.sample_bytes = self.spans.sum(axis=1)
 
-    def build(self, a: int, b: int, first_key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Samples a..b-1, keyed from first_key: (their tar bytes, each sample's first
-        header's offset in them, each sample's size from there to its last member's end)."""
-        sizes = self.sizes[a:b]
+    @classmethod
+    def of_fields(cls, schema: Schema, part: Part) -> PartMembers:
+        """A multi-field part: KEY.NAME.EXT a field."""
+        return cls([member_name("", f) for f in schema.fields], _split(schema, part), part.payload)
+
+    @classmethod
+    def of_samples(cls, part: Part, a: int, b: int, ext: str, header: bytes) -> PartMembers:
+        """Samples a..b-1 of a (sample, label) part, of one extension: KEY.EXT (``header``,
+        then the sample's bytes), then KEY.cls (the label in decimal)."""
+        starts, lens = part.offsets[a:b], np.diff(part.offsets[a : b + 1])
+        labels = [b"%d" % v for v in part.labels[a:b].tolist()]
+        runs = [FieldRuns(header, starts, lens), FieldRuns(labels, starts, np.zeros_like(lens))]
+        return cls([f".{ext}", ".cls"], runs, part.payload)
+
+    def build(self, a: int, b: int, first_key: int) -> tuple[np.ndarray, np.ndarray]:
+        """Samples a..b-1, keyed from first_key: (their tar bytes, where each member's data
+        starts in them: int64 [b - a, F])."""
         ends = np.cumsum(self.spans[a:b].ravel())
         heads = ends - self.spans[a:b].ravel()
         buf = np.zeros(int(ends[-1]), np.uint8)
         blocks = buf.reshape(-1, BLOCK)
-        blocks[heads // BLOCK] = member_headers(first_key, self.suffixes, sizes).reshape(-1, BLOCK)
+        headers = member_headers(first_key, self.suffixes, self.sizes[a:b])
+        blocks[heads // BLOCK] = headers.reshape(-1, BLOCK)
         data = (heads + BLOCK).reshape(b - a, -1)
         out, src = memoryview(buf), memoryview(self.payload)
         for k, runs in enumerate(self.fields):
             _copy_field(out, src, runs, a, b, data[:, k].tolist())
-        firsts = heads.reshape(b - a, -1)[:, 0]
-        return buf, firsts, data[:, -1] + sizes[:, -1] - firsts
+        return buf, data
 
 
 def _copy_field(out: memoryview, src: memoryview, runs: FieldRuns, a: int, b: int, at: list):

@@ -34,14 +34,12 @@ from gpufeed.formats.checksums import crc32
 from gpufeed.formats.schema import Schema, infer_schema
 from gpufeed.write import progress
 from gpufeed.write.options import ON_ERROR
-from gpufeed.write.pool import default_workers, die_with_parent
+from gpufeed.write.pool import chunk_inputs, default_workers, die_with_parent
 from gpufeed.write.writer import PART_BYTES, Writer, encoded
 
 __all__ = ["pack_function", "pack_in_place"]
 
 CHUNK = 32  # inputs in each of the first chunks a worker converts
-MAX_CHUNK = 256
-CHUNK_BYTES = 1 << 20
 _JOB: dict[str, Any] = {}  # in a worker: fn, inputs, schema (set by _start_worker)
 
 
@@ -114,16 +112,14 @@ def _ranges(start: int, stop: int, size: list[int]):
 
 
 def _chunking(workers: int, part_size: int, chunk: list[tuple]) -> tuple[int, int]:
-    """(inputs a chunk, chunks in flight), from the record bytes a chunk of inputs gave.
-    A chunk carries about CHUNK_BYTES of records (each chunk's round trip through the pool
-    costs the writer and the worker; 32-input chunks of 2 KiB samples cost a fifth of the
-    conversion's CPU), at most MAX_CHUNK inputs. The chunks in flight cover one part (while
-    the writer commits a part, the workers go on converting the next), but never more than
-    PART_BYTES of records (memory stays bounded however large the samples), and at least a
-    couple per worker."""
+    """(inputs a chunk, chunks in flight), from the record bytes a chunk of inputs gave
+    (gpufeed.write.pool.chunk_inputs). The chunks in flight cover one part (while the writer
+    commits a part, the workers go on converting the next), but never more than PART_BYTES
+    of records (memory stays bounded however large the samples), and at least a couple per
+    worker."""
     nbytes = sum(len(sample[0]) for res in chunk if res[0] == "ok" for sample in res[1])
+    size = chunk_inputs(nbytes, len(chunk))
     per_input = max(nbytes / max(len(chunk), 1), 1.0)
-    size = int(min(MAX_CHUNK, max(1, CHUNK_BYTES // per_input)))
     by_bytes = int(PART_BYTES // (size * per_input))
     return size, max(workers * 2, min(by_bytes, -(-part_size // size)))
 
