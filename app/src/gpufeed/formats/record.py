@@ -43,6 +43,7 @@ __all__ = [
     "npy_header_for",
     "plain_bytes",
     "record_from_members",
+    "split_joined",
     "split_record",
     "split_records",
     "stored_from_member",
@@ -239,14 +240,22 @@ class Records(NamedTuple):
 
 
 def split_records(schema: Schema, records: Sequence) -> Records:
-    """split_record for a whole batch with numpy: the records joined once, every record's
-    field sizes read by one fancy index, their starts by one cumulative sum."""
+    """split_record for a whole batch with numpy: the records joined once, then
+    split_joined."""
+    whole = join_values(records, pad=max(8 * 64, 8 * len(schema.fields)))
+    return split_joined(schema, whole.buf, whole.starts, whole.sizes)
+
+
+def split_joined(schema: Schema, buf: np.ndarray, begins: np.ndarray, lens: np.ndarray) -> Records:
+    """Records already joined in ``buf`` (record j: ``lens[j]`` bytes from ``begins[j]``), split
+    at once: every record's field sizes read by one fancy index, their starts by one
+    cumulative sum; a record that does not split is in ``bad``, with split_record's message."""
     n = len(schema.fields)
     head = 8 * n
-    whole = join_values(records, pad=max(8 * 64, head))
-    count = len(records)
-    begins, lens = whole.starts, whole.sizes
-    sizes = whole.gather(np.arange(count), head).view(_INT64).reshape(count, n).copy()
+    count = len(begins)
+    sizes = np.zeros((count, n), _INT64)
+    rows = np.flatnonzero(lens >= head)  # only these have their sizes to read
+    sizes[rows] = buf[begins[rows][:, None] + np.arange(head)].view(_INT64).reshape(-1, n)
     ok = (lens >= head) & (sizes >= 0).all(1) & (sizes <= lens[:, None]).all(1)
     ok &= sizes.sum(1) == lens - head
     bad = {}
@@ -257,7 +266,7 @@ def split_records(schema: Schema, records: Sequence) -> Records:
             bad[j] = f"record field sizes {sizes[j].tolist()} do not add up to {lens[j]}"
     sizes[~ok] = 0
     starts = begins[:, None] + head + np.cumsum(sizes, axis=1) - sizes
-    return Records(whole.buf, starts, sizes, bad)
+    return Records(buf, starts, sizes, bad)
 
 
 def plain_bytes(field: Field, data) -> memoryview | bytes:

@@ -16,14 +16,14 @@ from typing import NamedTuple
 import numpy as np
 
 from gpufeed.formats.parts import Part
-from gpufeed.formats.record import member_bytes, member_name, npy_header_for
+from gpufeed.formats.record import member_bytes, member_name, npy_header_for, split_joined
 from gpufeed.formats.schema import Field, Schema
 from gpufeed.formats.ustar import BLOCK, member_headers
 
-__all__ = ["AS_STORED", "PartMembers"]
+__all__ = ["PartMembers"]
 
 # field types whose member is the stored bytes as they are
-AS_STORED = frozenset({"str", "bytes", "json", "image"})
+_AS_STORED = frozenset({"str", "bytes", "json", "image"})
 _INT64 = np.dtype("<i8")
 
 
@@ -44,7 +44,7 @@ class FieldRuns(NamedTuple):
 def _field_runs(field: Field, payload: np.ndarray, starts: np.ndarray, lens: np.ndarray):
     """Where field's members come from, given its stored bytes' starts and lengths."""
     kind = field.type
-    if field.compression or kind in AS_STORED:
+    if field.compression or kind in _AS_STORED:
         return FieldRuns(b"", starts, lens)
     if kind == "array":
         return FieldRuns(npy_header_for(field.dtype, field.shape), starts, lens)
@@ -124,24 +124,12 @@ def _copy_field(out: memoryview, src: memoryview, runs: FieldRuns, a: int, b: in
 
 
 def _split(schema: Schema, part: Part) -> list[FieldRuns]:
-    """Each field's stored bytes in every record of the part, by numpy: the records' field
-    sizes read by one fancy index. A record whose sizes do not add up raises ValueError (as
-    split_record)."""
-    nf = len(schema.fields)
-    head = 8 * nf
-    begins = part.offsets[:-1]
-    lens = np.diff(part.offsets)
-    if (lens < head).any():
-        j = int(np.flatnonzero(lens < head)[0])
-        raise ValueError(f"record of {lens[j]} bytes is shorter than its {nf} field sizes")
-    idx = begins[:, None] + np.arange(head)
-    sizes = part.payload[idx].view(_INT64).reshape(-1, nf) if len(begins) else np.zeros((0, nf))
-    bad = (sizes < 0).any(axis=1) | (sizes.sum(axis=1) != lens - head)
-    if bad.any():
-        j = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"record field sizes {sizes[j].tolist()} do not add up to {lens[j]}")
-    starts = begins[:, None] + head + np.cumsum(sizes, axis=1) - sizes
+    """Each field's stored bytes in every record of the part (record.split_joined). A record
+    whose sizes do not add up raises ValueError (as split_record)."""
+    records = split_joined(schema, part.payload, part.offsets[:-1], np.diff(part.offsets))
+    if records.bad:
+        raise ValueError(records.bad[min(records.bad)])
     return [
-        _field_runs(f, part.payload, starts[:, k].astype(np.int64), sizes[:, k].astype(np.int64))
+        _field_runs(f, part.payload, records.starts[:, k], records.sizes[:, k])
         for k, f in enumerate(schema.fields)
     ]
