@@ -41,12 +41,6 @@ from gpufeed.formats.ustar import BLOCK
 INDEX_NAME = "index.npz"
 SHARD_FORMAT = "shard-{:06d}.tar"
 RECORD = 20 * BLOCK
-_IOV_MAX = 1024  # buffers a writev takes (POSIX: at least 16; Linux, macOS: 1024)
-if hasattr(os, "sysconf"):
-    try:
-        _IOV_MAX = min(_IOV_MAX, max(16, os.sysconf("SC_IOV_MAX")))
-    except (ValueError, OSError):  # not known here: POSIX's least
-        _IOV_MAX = 16
 # a multi-field pack's samples are assembled and written in runs of about this many bytes
 RUN_BYTES = 8 << 20
 DEFAULT_SHARD_SIZE = 10_000
@@ -88,9 +82,6 @@ class TarWriter(Writer):
         self.labels = np.empty(rows, dtype=np.int64)
         self.crcs = np.empty(rows, dtype=np.uint32)
         self.names: list[str] = []
-        # what the current part adds to the shard, written at once (gpufeed.write streams a
-        # pack's parts into the writer while the workers read: a write per sample cost more)
-        self._chunks: list = []
         self.f = None
         self.in_shard = 0
         self.pos = 0
@@ -105,26 +96,17 @@ class TarWriter(Writer):
         self.in_shard = 0
         self.pos = 0
 
-    def _write_out(self) -> None:
-        """The chunks gathered, written by writev (joining them first cost a copy of every
-        byte in this process)."""
-        chunks, self._chunks = self._chunks, []
-        if not chunks:
-            return
+    def _write(self, buf: np.ndarray) -> None:
+        """A run's bytes at the shard's end, by os.write from the buffer (no copy through the
+        file object); a short write (a signal, a pipe-like file system) is finished."""
         self.f.flush()
-        fd = self.f.fileno()
-        for i in range(0, len(chunks), _IOV_MAX):
-            batch = chunks[i : i + _IOV_MAX]
-            done = os.writev(fd, batch)
-            if done < sum(map(len, batch)):  # a short write: the rest one write at a time
-                rest = memoryview(b"".join(batch))[done:]
-                while rest:
-                    rest = rest[os.write(fd, rest) :]
+        fd, rest = self.f.fileno(), memoryview(buf)
+        while rest:
+            rest = rest[os.write(fd, rest) :]
 
     def _end_shard(self) -> None:
         if self.f is None:
             return
-        self._write_out()
         end = self.pos + 2 * BLOCK
         self.f.write(b"\0" * (2 * BLOCK + (-end) % RECORD))
         self.f.flush()
@@ -148,7 +130,6 @@ class TarWriter(Writer):
             for a, b in itertools.pairwise(cuts):
                 members = PartMembers.of_samples(part, a, b, str(exts[a]), self.header)
                 self._add_runs(members, members.sample_bytes, spans=False)
-        self._write_out()
         self.labels[first : self.n] = part.labels
         self.crcs[first : self.n] = part.crc32
 
@@ -186,8 +167,7 @@ class TarWriter(Writer):
                     self.pos + data[:, 0] + len(self.header), members.fields[0].lens[a:j], j - a
                 )
             self.pos += len(buf)
-            self._chunks.append(buf)
-            self._write_out()
+            self._write(buf)
 
     def finish(self) -> dict[str, Any]:
         assert self.count is None or self.n == self.count
