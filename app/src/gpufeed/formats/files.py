@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,10 +91,17 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary name, fsync, rename: readers see the old file or the new one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with no_space_is_an_error(path, len(data)), open(tmp, "wb") as f:
+def atomic_write_bytes(path: Path, data: bytes, *, shared: bool = False) -> None:
+    """Write to a temporary name, fsync, rename: readers see the old file or the new one.
+
+    `shared`: other processes may write the same file at once (a cache several ranks fill),
+    so each write has a temporary name of its own; otherwise the caller holds the file's lock
+    and the name is fixed (``<name>.tmp``, which a resumed pack recognises as its own)."""
+    if shared:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    else:
+        tmp = path.with_name(path.name + ".tmp")
+    with no_space_is_an_error(path, len(data)), open(tmp, "xb" if shared else "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -249,7 +249,7 @@ def cached_index(path: Path, fresh, build) -> dict[str, Any]:
     np.savez(buf, **index)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, buf.getvalue())
+        atomic_write_bytes(path, buf.getvalue(), shared=True)
     except OSError:
         pass
     return index

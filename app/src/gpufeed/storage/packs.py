@@ -233,7 +233,7 @@ def view_root(pack: RemotePack) -> Path:
     try:
         if not path.exists() or path.read_bytes() != text:
             root.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(path, text)
+            atomic_write_bytes(path, text, shared=True)
     except OSError as e:
         where = f"cache_dir {pack.cache.root}"
         raise UsageError(f"{where}: cannot write {path}: {e.strerror}") from None
