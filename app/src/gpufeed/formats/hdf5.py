@@ -25,8 +25,8 @@ from gpufeed.errors import DataError, UsageError
 from gpufeed.formats.base import ContiguousWriter, Reader
 from gpufeed.formats.maps import kept_map
 from gpufeed.formats.readahead import (
+    BlocksAhead,
     advise_buffers,
-    advise_row_ranges,
     advise_rows,
     advise_samples,
     take_rows,
@@ -127,6 +127,7 @@ class HDF5Reader(Reader):
         self.path = self.file(FILE_NAME, whole=True)
         self.rdcc_nbytes = rdcc_mb << 20
         self.data_name = "samples" if self.spec.kind == "array" else "encoded"
+        self.ahead = BlocksAhead()  # blocks of the order populated ahead (prefetch_ranges)
         try:
             with h5py.File(self.path, "r") as f:
                 self.labels = f["labels"][...]
@@ -170,6 +171,7 @@ class HDF5Reader(Reader):
         return f[self.data_name]
 
     def _close(self, handle) -> None:
+        self.ahead.drain()  # no thread may read the map once it can be unmapped
         if isinstance(handle, h5py.Dataset):
             handle.file.close()
 
@@ -185,11 +187,13 @@ class HDF5Reader(Reader):
 
     def prefetch_ranges(self, ranges) -> None:
         data = self.handle
-        if isinstance(data, np.ndarray) and self.offsets is None:  # a mapped contiguous dataset
-            advise_row_ranges(data, ranges)
+        if isinstance(data, np.ndarray):  # a mapped contiguous dataset
+            self.ahead.announce_ranges(data, self.offsets, ranges)
 
     def read_batch(self, indices: np.ndarray):
         data = self.handle
+        if isinstance(data, np.ndarray):
+            self.ahead.ready(indices)  # its blocks resident: the copy faults nothing in
         if self.spec.kind == "array":
             out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
             if isinstance(data, np.ndarray):

@@ -26,6 +26,7 @@ from gpufeed.formats.maps import KEEP_MAPS, covers, on_forget
 from gpufeed.formats.npy import npy_bytes, npy_from_bytes
 from gpufeed.formats.parts import Part
 from gpufeed.formats.readahead import (
+    READ_AHEAD_THREADS,
     Background,
     address,
     advise_buffers,
@@ -232,7 +233,6 @@ on_forget(_close_idle_envs)
 # blocks are then read in and mapped by READ_AHEAD_THREADS threads (MADV_POPULATE_READ):
 # two requests in flight, and no page fault left for the copy (docs/benchmarks.md).
 LINE_SLACK = 4  # values' bytes a value may stray from the line, either way
-READ_AHEAD_THREADS = 2
 
 
 def value_line(txn, at: np.ndarray) -> tuple[int, float] | None:

@@ -24,9 +24,9 @@ from gpufeed.formats.files import preallocate
 from gpufeed.formats.maps import kept_map
 from gpufeed.formats.npy import NPY_HEADER_MAX, npy_header, npy_shape
 from gpufeed.formats.readahead import (
+    BlocksAhead,
     advise_buffers,
     advise_rows,
-    advise_sample_ranges,
     advise_samples,
     take_rows,
 )
@@ -109,6 +109,7 @@ class MmapReader(Reader):
         index = ["labels.npy", "crc32.npy"] + (["offsets.npy"] if self.spec.kind != "array" else [])
         # a remote pack's samples are read while they download (until they land), see _early
         self._landing = self._header = None
+        self.ahead = BlocksAhead()  # blocks of the order populated ahead (prefetch_ranges)
         if self.source is not None:  # a remote pack's files, fetched side by side, largest first
             self.source.warm([self.data_name, *index])
             if self.container == "npy":
@@ -212,7 +213,7 @@ class MmapReader(Reader):
         )
 
     def _close(self, handle) -> None:
-        pass
+        self.ahead.drain()  # no thread may read the map once it can be unmapped
 
     def location(self, index: int) -> str:
         return str(self.data_path)
@@ -225,7 +226,7 @@ class MmapReader(Reader):
 
     def prefetch_ranges(self, ranges) -> None:
         if self._landed:
-            advise_sample_ranges(self.handle, self.offsets, ranges)
+            self.ahead.announce_ranges(self.handle, self.offsets, ranges)
 
     def read_batch(self, indices: np.ndarray):
         if not self._landed:
@@ -234,6 +235,7 @@ class MmapReader(Reader):
                 return early
             self._land()
         data = self.handle
+        self.ahead.ready(indices)  # its blocks resident: the copy faults nothing in
         if self.spec.kind == "array":
             advise_rows(data, indices)
             out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)

@@ -7,8 +7,9 @@ are left to the kernel's readahead: for them the call costs more than it saves. 
 failures are ignored, since the copy that follows faults the pages in anyway.
 
 Whole blocks of small samples a window ahead (``Reader.prefetch_ranges``) are advised from
-the reading thread (mmap, HDF5: ``advise_sample_ranges``) or read in and mapped on
-``Background`` threads (LMDB: ``populate_ahead``).
+``Background`` threads: LMDB with ``populate_ahead``; mmap and mapped HDF5 with
+``BlocksAhead``, which keeps a job a block so that a batch waits for (or reads itself) only
+the blocks it copies, never the queue of blocks announced before them.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ import mmap
 import os
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import repeat
 
 import numpy as np
 
 __all__ = [
     "PREFETCH_MIN_BYTES",
+    "READ_AHEAD_THREADS",
     "Background",
+    "BlocksAhead",
     "address",
     "advise_buffers",
     "advise_row_ranges",
@@ -34,6 +38,7 @@ __all__ = [
     "advise_rows",
     "advise_samples",
     "advise_willneed",
+    "sample_range_spans",
     "is_run",
     "looks_cached",
     "populate",
@@ -42,6 +47,9 @@ __all__ = [
 ]
 
 PREFETCH_MIN_BYTES = 64 << 10
+# threads a reader populates blocks ahead on: two reads in flight measured 2.00-2.21 GB/s
+# against 0.95-1.09 from one (docs/benchmarks.md, "Issue 16 phase 5")
+READ_AHEAD_THREADS = 2
 _MADV_WILLNEED = 3
 
 
@@ -154,27 +162,42 @@ def advise_rows(data: np.ndarray, indices: np.ndarray) -> None:
     advise_willneed((base + int(i) * row, row) for i in np.sort(indices))
 
 
+def sample_range_spans(data: np.ndarray, offsets: np.ndarray | None, ranges):
+    """(first index, address, length) of the samples of index ranges ``[start, stop)`` of a
+    mapped array (stops past the end are clipped; empty ranges left out): rows of
+    fixed-shape samples (``offsets`` None, C-contiguous arrays only), else the encoded bytes
+    from ``offsets[start]`` to ``offsets[stop]``."""
+    base = data.ctypes.data
+    if offsets is None:
+        if data.ndim == 0 or not data.flags.c_contiguous:
+            return
+        n, row = len(data), data.strides[0]
+        for a, b in ranges:
+            a, b = int(a), min(int(b), n)
+            if b > a:
+                yield a, base + a * row, (b - a) * row
+        return
+    n = len(offsets) - 1
+    for a, b in ranges:
+        a, b = int(a), min(int(b), n)
+        if b > a:
+            lo, hi = int(offsets[a]), int(offsets[b])
+            if hi > lo:
+                yield a, base + lo, hi - lo
+
+
 def advise_row_ranges(data: np.ndarray, ranges: Iterable[tuple[int, int]]) -> None:
     """WILLNEED for row ranges ``[start, stop)`` of a C-contiguous mapped array (stops past
     the end are clipped): one call a range, whatever the row size, so a block of small
     samples is read as one large request instead of fault by fault."""
-    if data.ndim == 0 or not data.flags.c_contiguous:
-        return
-    n, row, base = len(data), data.strides[0], data.ctypes.data
-    spans = ((int(a), min(int(b), n)) for a, b in ranges)
-    advise_willneed(((base + a * row, (b - a) * row) for a, b in spans if b > a), True)
+    advise_sample_ranges(data, None, ranges)
 
 
 def advise_sample_ranges(data: np.ndarray, offsets: np.ndarray | None, ranges) -> None:
     """WILLNEED for the samples of index ranges ``[start, stop)`` of a mapped array, one call
-    a range: rows of fixed-shape samples (``offsets`` None), else the encoded bytes from
-    ``offsets[start]`` to ``offsets[stop]`` (stops past the end are clipped)."""
-    if offsets is None:
-        advise_row_ranges(data, ranges)
-        return
-    n, base = len(offsets) - 1, data.ctypes.data
-    spans = ((int(offsets[a]), int(offsets[min(b, n)])) for a, b in ranges if min(b, n) > a)
-    advise_willneed(((base + lo, hi - lo) for lo, hi in spans if hi > lo), True)
+    a range (see :func:`sample_range_spans`)."""
+    spans = sample_range_spans(data, offsets, ranges)
+    advise_willneed(((addr, n) for _, addr, n in spans), True)
 
 
 def advise_samples(data: np.ndarray, offsets: np.ndarray | None, indices: np.ndarray) -> None:
@@ -223,13 +246,13 @@ class Background:
         self._pool: ThreadPoolExecutor | None = None
         self._pid: int | None = None
 
-    def submit(self, fn: Callable, *args) -> None:
+    def submit(self, fn: Callable, *args) -> Future:
         pid = os.getpid()
         if self._pool is None or self._pid != pid:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpufeed-ahead")
             self._pid = pid
             _LIVE.add(self)
-        self._pool.submit(fn, *args)
+        return self._pool.submit(fn, *args)
 
     def drain(self) -> None:
         """Cancel the jobs not started, wait for the running ones, end the threads."""
@@ -239,6 +262,77 @@ class Background:
 
     def __getstate__(self):
         return {"threads": self.threads, "_pool": None, "_pid": None}
+
+
+class BlocksAhead:
+    """Blocks of samples populated ahead on ``threads`` threads, in the order announced, one
+    job a block kept by the block's first index, and a batch's own blocks made ready before
+    it is copied (:meth:`ready`): a job not started is cancelled and populated by the
+    batch's thread (it does not wait behind the blocks announced before it), a running one
+    is waited for, so no page is faulted in by the copy while a thread reads it. Blocks
+    that look cached are skipped when announced (a warm pass wakes no thread). Drained
+    with its pool (before every fork, and by the reader before it closes its map).
+    """
+
+    def __init__(self, threads: int = READ_AHEAD_THREADS):
+        self.background = Background(threads)
+        self._jobs: dict[int, tuple[Future, int, int]] = {}
+        self._block = 0  # indices a block (the first range's length)
+        self._pid = os.getpid()
+
+    def announce(self, spans: Iterable[tuple[int, int, int]]) -> None:
+        """Start populating (first index, address, length) spans of blocks of equal size."""
+        self._own_process()
+        for first, addr, length in spans:
+            if length > 0 and first not in self._jobs and not looks_cached(addr, length):
+                self._jobs[first] = (self.background.submit(populate, addr, length), addr, length)
+
+    def announce_ranges(self, data: np.ndarray, offsets: np.ndarray | None, ranges) -> None:
+        """:meth:`announce` for index ranges ``[start, stop)`` of a mapped array."""
+        ranges = list(ranges)
+        if ranges and not self._block:
+            self._block = int(ranges[0][1]) - int(ranges[0][0])
+        self.announce(sample_range_spans(data, offsets, ranges))
+
+    def ready(self, indices: np.ndarray) -> None:
+        """Make the blocks holding ``indices`` resident before they are copied."""
+        if not self._jobs or self._block < 1:
+            return
+        self._own_process()
+        firsts = np.unique(np.asarray(indices, dtype=np.int64) // self._block) * self._block
+        jobs = [job for job in map(self._jobs.pop, firsts.tolist(), repeat(None)) if job]
+        running = []
+        for future, addr, length in reversed(jobs):  # the threads take the queue's front
+            if future.cancel():
+                populate(addr, length)
+            else:
+                running.append(future)
+        for future in running:
+            _wait(future)
+
+    def pending(self) -> int:
+        """Blocks announced and not yet made ready by a batch."""
+        return len(self._jobs)
+
+    def drain(self) -> None:
+        """Cancel the jobs not started, wait for the running ones, forget every block."""
+        self.background.drain()
+        self._jobs.clear()
+
+    def _own_process(self) -> None:
+        if self._pid != os.getpid():  # a forked child: the parent's jobs are not its own
+            self._jobs, self._pid = {}, os.getpid()
+
+    def __getstate__(self):
+        return {"background": self.background, "_jobs": {}, "_block": 0, "_pid": None}
+
+
+def _wait(future: Future) -> None:
+    """Wait for a job; its error is dropped (the copy faults the pages in itself)."""
+    try:
+        future.result()
+    except Exception:  # noqa: BLE001 - a hint that failed
+        pass
 
 
 _LIVE: weakref.WeakSet[Background] = weakref.WeakSet()
