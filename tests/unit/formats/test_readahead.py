@@ -200,8 +200,12 @@ def test_range_batches_announce_each_block_once_a_window_early():
     assert [list(b) for b in got] == want
     announced = [r for b in got for r in (b.ranges or [])]
     assert len(announced) == len(set(announced)) == 10  # every block, once
-    first_use = [next(j for j, b in enumerate(want) if a <= max(b)) for a, _ in announced]
-    assert first_use == sorted(first_use)  # asked for in the order they are read
+    flat = [i for b in want for i in b]
+    first_read = sorted(
+        {i // 10 * 10 for i in flat},
+        key=lambda a: min(k for k, i in enumerate(flat) if i // 10 * 10 == a),
+    )
+    assert [a for a, _ in announced] == first_read  # asked for in the order first read
     assert all(a % 10 == 0 and b == a + 10 for a, b in announced)
     for j, batch in enumerate(want):
         early = {r for b in got[: max(0, j - 3) + 1] for r in (b.ranges or [])}

@@ -191,8 +191,10 @@ class SortedBatchSampler(Sampler[list[int]]):
         flat = np.concatenate(batches)
         blocks, first = np.unique(flat // b, return_index=True)
         when = np.maximum(np.repeat(np.arange(len(batches)), sizes)[first] - self.lookahead, 0)
-        by_when = np.argsort(when, kind="stable")
-        blocks, when = blocks[by_when] * b, when[by_when]
+        # in the order first read (not block order): the first batch's blocks lead the
+        # populate threads' queue, so they are read in parallel with the batch's own thread
+        by_use = np.argsort(first, kind="stable")
+        blocks, when = blocks[by_use] * b, when[by_use]
         cuts = np.searchsorted(when, np.arange(len(batches) + 1)).tolist()
         starts = blocks.tolist()
         for j, batch in enumerate(batches):
