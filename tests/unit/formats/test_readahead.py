@@ -20,9 +20,9 @@ from gpufeed.data.samplers import LookaheadBatch, SortedBatchSampler
 from gpufeed.formats import open_reader
 from gpufeed.formats.readahead import (
     PREFETCH_MIN_BYTES,
-    advise_row_ranges,
     advise_rows,
     looks_cached,
+    sample_range_spans,
     take_rows,
 )
 
@@ -178,15 +178,11 @@ def test_loader_does_not_read_blocks_ahead_in_storage_order(array_folder, tmp_pa
     assert shuffled.batch_sampler.range_block > 0
 
 
-def test_advise_row_ranges_asks_once_a_range_clipped_to_the_array(monkeypatch):
-    calls = []
-    monkeypatch.setattr(
-        "gpufeed.formats.readahead.advise_willneed", lambda regions, *_: calls.append(list(regions))
-    )
+def test_sample_range_spans_one_a_range_clipped_to_the_array():
     data = np.zeros((10, 3, 4), np.uint8)  # rows of 12 bytes: small rows count too
-    advise_row_ranges(data, [(2, 5), (8, 16), (12, 14)])
+    spans = list(sample_range_spans(data, None, [(2, 5), (8, 16), (12, 14)]))
     base = data.ctypes.data
-    assert calls == [[(base + 24, 36), (base + 96, 24)]]
+    assert spans == [(2, base + 24, 36), (8, base + 96, 24)]
 
 
 def test_range_batches_announce_each_block_once_a_window_early():

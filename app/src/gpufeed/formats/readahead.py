@@ -33,8 +33,6 @@ __all__ = [
     "BlocksAhead",
     "address",
     "advise_buffers",
-    "advise_row_ranges",
-    "advise_sample_ranges",
     "advise_rows",
     "advise_samples",
     "advise_willneed",
@@ -110,21 +108,17 @@ def take_rows(data: np.ndarray, indices: np.ndarray, out: np.ndarray) -> np.ndar
     return np.take(data, indices, axis=0, out=out, mode="clip")
 
 
-def advise_willneed(regions: Iterable[tuple[int, int]], skip_cached: bool = False) -> None:
+def advise_willneed(regions: Iterable[tuple[int, int]]) -> None:
     """Start reading (address, length) ranges of memory-mapped files into the page cache.
 
     A hint only: it returns at once (the reads complete in the background) and failures are
-    ignored, since the copy that follows faults the pages in anyway. ``skip_cached``: leave
-    out ranges that :func:`looks_cached` (the advice walks every page of a range, 47 us for
-    3 MiB cached: a tenth of a warm pass over blocks of small samples).
+    ignored, since the copy that follows faults the pages in anyway.
     """
     fn = _madvise()
     if fn is None:
         return
     page = mmap.PAGESIZE
     for addr, length in regions:
-        if skip_cached and looks_cached(addr, length):
-            continue
         start = addr - addr % page
         fn(start, length + (addr - start), _MADV_WILLNEED)
 
@@ -149,8 +143,15 @@ def populate_ahead(background: Background, regions: Iterable[tuple[int, int]]) -
     """Populate (address, length) ranges on ``background``'s threads, one job a range,
     leaving out those that :func:`looks_cached` (so a warm pass wakes no thread)."""
     for addr, length in regions:
-        if length > 0 and not looks_cached(addr, length):
-            background.submit(populate, addr, length)
+        _populate_job(background, addr, length)
+
+
+def _populate_job(background: Background, addr: int, length: int):
+    """The job populating a range on ``background``'s threads, or None for a range that is
+    empty or :func:`looks_cached`."""
+    if length > 0 and not looks_cached(addr, length):
+        return background.submit(populate, addr, length)
+    return None
 
 
 def advise_rows(data: np.ndarray, indices: np.ndarray) -> None:
@@ -184,20 +185,6 @@ def sample_range_spans(data: np.ndarray, offsets: np.ndarray | None, ranges):
             lo, hi = int(offsets[a]), int(offsets[b])
             if hi > lo:
                 yield a, base + lo, hi - lo
-
-
-def advise_row_ranges(data: np.ndarray, ranges: Iterable[tuple[int, int]]) -> None:
-    """WILLNEED for row ranges ``[start, stop)`` of a C-contiguous mapped array (stops past
-    the end are clipped): one call a range, whatever the row size, so a block of small
-    samples is read as one large request instead of fault by fault."""
-    advise_sample_ranges(data, None, ranges)
-
-
-def advise_sample_ranges(data: np.ndarray, offsets: np.ndarray | None, ranges) -> None:
-    """WILLNEED for the samples of index ranges ``[start, stop)`` of a mapped array, one call
-    a range (see :func:`sample_range_spans`)."""
-    spans = sample_range_spans(data, offsets, ranges)
-    advise_willneed(((addr, n) for _, addr, n in spans), True)
 
 
 def advise_samples(data: np.ndarray, offsets: np.ndarray | None, indices: np.ndarray) -> None:
@@ -284,8 +271,10 @@ class BlocksAhead:
         """Start populating (first index, address, length) spans of blocks of equal size."""
         self._own_process()
         for first, addr, length in spans:
-            if length > 0 and first not in self._jobs and not looks_cached(addr, length):
-                self._jobs[first] = (self.background.submit(populate, addr, length), addr, length)
+            if first not in self._jobs:
+                job = _populate_job(self.background, addr, length)
+                if job is not None:
+                    self._jobs[first] = (job, addr, length)
 
     def announce_ranges(self, data: np.ndarray, offsets: np.ndarray | None, ranges) -> None:
         """:meth:`announce` for index ranges ``[start, stop)`` of a mapped array."""
