@@ -7,7 +7,11 @@ For each case (bench/data.py) the samples are generated once, stored by every ro
 then each row runs in its own process (its imports, workers and memory apart) under each
 condition: cold or warm page cache, shuffled or storage order. A condition is one warm-up
 pass (for the peers also the choice of their best worker count), then ``--runs`` timed
-passes, each capped at ``--cap`` seconds from the first batch; the median counts.
+passes, each capped at ``--cap`` seconds from the first batch; the median counts. Besides
+the steady rate (timed from the first batch), each pass gives its whole-pass rate (from
+the loader's making, the first batch's wait included) and, cold, how much of the row's
+files was in the page cache by its first batch: what a loader read before it is left out
+of the steady rate.
 
 Cold cache: before every timed pass each of the row's files is dropped from the page cache
 with posix_fadvise(DONTNEED), which needs no root (and with --drop-caches, as root, also
@@ -358,7 +362,10 @@ def make_batches(case, row: str, *, shuffle: bool, workers: int, batch_size: int
     return dl, lambda: None
 
 
-def one_pass(case, row, *, shuffle, workers, batch_size, cap_s, seed=0) -> dict:
+def one_pass(case, row, *, shuffle, workers, batch_size, cap_s, seed=0, files=None) -> dict:
+    """One timed pass. ``files``: the row's files, for a cold pass: how much of them the
+    row had read into the page cache by its first batch is recorded (``cached_at_first``),
+    since a rate timed from the first batch leaves out what was read before it."""
     from gpufeed.tools.timing import time_batches
 
     t0 = time.perf_counter()
@@ -366,8 +373,10 @@ def one_pass(case, row, *, shuffle, workers, batch_size, cap_s, seed=0) -> dict:
         case, row, shuffle=shuffle, workers=workers, batch_size=batch_size, seed=seed
     )
     made = time.perf_counter() - t0
+    seen = {}
     try:
-        r = time_batches(batches, max_samples=case.count, max_seconds=cap_s)
+        timed = batches if files is None else _first_batch_checked(batches, files, seen)
+        r = time_batches(timed, max_samples=case.count, max_seconds=cap_s)
     finally:
         it = getattr(batches, "_iterator", None)
         if it is not None and hasattr(it, "_shutdown_workers"):
@@ -375,12 +384,31 @@ def one_pass(case, row, *, shuffle, workers, batch_size, cap_s, seed=0) -> dict:
         cleanup()
         del batches
         gc.collect()
+    first = made + r.first_batch_s - seen.get("check_s", 0.0)
     return {
         "samples_per_s": r.samples_per_s,
-        "first_batch_s": made + r.first_batch_s,
+        "first_batch_s": first,
+        # the whole pass from the loader's making: what was read before the first batch counts
+        "pass_samples_per_s": r.samples / (first + r.seconds) if r.samples else 0.0,
+        "cached_at_first": seen.get("cached"),
         "samples": r.samples,
         "stopped_by": r.stopped_by,
     }
+
+
+def _first_batch_checked(batches, files: list[str], seen: dict):
+    """``batches``, with the share of ``files`` in the page cache taken when the first batch
+    arrives (``seen["cached"]``; the check's own time in ``seen["check_s"]``)."""
+    it = iter(batches)
+    try:
+        first = next(it)
+    except StopIteration:
+        return
+    t = time.perf_counter()
+    seen["cached"] = resident_fraction(files)
+    seen["check_s"] = time.perf_counter() - t
+    yield first
+    yield from it
 
 
 def torch_zeros_image(shape):
@@ -446,11 +474,15 @@ def run_row(spec: dict) -> dict:
                     batch_size=bs,
                     cap_s=cap,
                     seed=k + 1,
+                    files=files if cache == "cold" else None,
                 )
             )
+        cached = [c for p in passes if (c := p["cached_at_first"]) is not None and c == c]
         out["conditions"][f"{cache}/{order}"] = {
             "samples_per_s": statistics.median(p["samples_per_s"] for p in passes),
             "first_batch_s": statistics.median(p["first_batch_s"] for p in passes),
+            "pass_samples_per_s": statistics.median(p["pass_samples_per_s"] for p in passes),
+            "cached_at_first_batch": statistics.median(cached) if cached else None,
             "runs": [p["samples_per_s"] for p in passes],
             "samples_per_run": [p["samples"] for p in passes],
             # the worst pass; NaN (cannot tell) wins over any number
@@ -647,6 +679,8 @@ def build_table(results: dict) -> list[dict]:
                         "vs_perfile": sps / base["samples_per_s"] if base else None,
                         "vs_bound": sps / bound[cache]["samples_per_s"],
                         "first_batch_s": c["first_batch_s"],
+                        "pass_samples_per_s": c.get("pass_samples_per_s"),
+                        "cached_at_first_batch": c.get("cached_at_first_batch"),
                         "peak_rss_MB": rr["peak_rss_bytes"] / 1e6,
                         "disk_MB": rr["disk_bytes"] / 1e6,
                         "workers": rr.get("workers"),
@@ -675,6 +709,8 @@ def fmt_table(table: list[dict]) -> str:
         "x per-file",
         "vs bound",
         "1st batch s",
+        "whole pass samples/s",
+        "cached at 1st batch",
         "peak RSS MB",
         "disk MB",
         "workers",
@@ -704,6 +740,8 @@ def fmt_table(table: list[dict]) -> str:
                     f("vs_perfile", ".1f"),
                     f("vs_bound", ".0%"),
                     f("first_batch_s", ".2f"),
+                    f("pass_samples_per_s", ",.0f"),
+                    f("cached_at_first_batch", ".0%"),
                     f("peak_rss_MB", ",.0f"),
                     f("disk_MB", ",.0f"),
                     str(t.get("workers", "") or ("0" if t.get("workers") == 0 else "")),
@@ -749,8 +787,24 @@ def ratio_tables(table: list[dict]) -> str:
                     for f in formats
                 ]
                 out.append(f"| {cond} | {other['row']} | " + " | ".join(cells) + " |")
+                if cond.startswith("cold/") and key.startswith("peer:"):
+                    out.append(_whole_pass_ratios(cond, other, [here.get(f) for f in formats]))
         out.append("")
     return "\n".join(out)
+
+
+def _whole_pass_ratios(cond: str, peer: dict, mine: list[dict | None]) -> str:
+    """A ratio-table line: each format's whole-pass samples/s (the first batch's wait
+    included) over a peer's, for a cold condition, where a rate timed from the first batch
+    misses what a peer read before it (FFCV: most of its file, docs/benchmarks.md)."""
+    theirs = peer.get("pass_samples_per_s")
+    cells = [
+        _ratio(t["pass_samples_per_s"] / theirs, "")
+        if t and theirs and t.get("pass_samples_per_s")
+        else ""
+        for t in mine
+    ]
+    return f"| {cond} | {peer['row']}, whole pass | " + " | ".join(cells) + " |"
 
 
 def goals(table: list[dict]) -> list[str]:
@@ -775,6 +829,12 @@ def goals(table: list[dict]) -> list[str]:
                 f"; {worst['samples_per_s'] / bp['samples_per_s']:.2f}x the best peer "
                 f"({bp['key'][5:]})"
             )
+            cached = bp.get("cached_at_first_batch")
+            if cached is not None and cached > NOT_COLD:
+                line += f", which had {cached:.0%} of its files cached by its first batch"
+            if worst.get("pass_samples_per_s") and bp.get("pass_samples_per_s"):
+                whole = worst["pass_samples_per_s"] / bp["pass_samples_per_s"]
+                line += f"; whole pass {whole:.2f}x"
         best = max(g.values(), key=lambda t: t["samples_per_s"])
         line += f"; best gpufeed {best['key'][8:]} at {best['vs_bound']:.0%} of the read bound"
         out.append(line)

@@ -228,10 +228,18 @@ def test_suite_table_ratios_and_goals(suite):
             "disk_bytes": 1e6,
             "peak_rss_bytes": 1e8,
             "workers": 2,
-            "conditions": {"cold/shuffled": {"samples_per_s": 1000.0, "first_batch_s": 0.2}},
+            "conditions": {
+                "cold/shuffled": {
+                    "samples_per_s": 1000.0,
+                    "first_batch_s": 0.2,
+                    "pass_samples_per_s": 400.0,
+                    "cached_at_first_batch": 0.6,
+                }
+            },
         },
         "peer:ffcv": {"label": "ffcv", "skipped": "not importable"},
     }
+    rows["gpufeed:mmap"]["conditions"]["cold/shuffled"]["pass_samples_per_s"] = 1000.0
     results = {
         "cases": {
             "raw": {
@@ -253,13 +261,36 @@ def test_suite_table_ratios_and_goals(suite):
     assert any(t.get("status") == "not importable" for t in table)
     (goal,) = suite.goals(table)
     assert "20.0x per-file" in goal and "2.00x the best peer (webdataset)" in goal
+    assert "which had 60% of its files cached by its first batch" in goal
+    assert "whole pass 2.50x" in goal
     md = suite.fmt_table(table)
     assert md.count("\n") == len(table) + 1 and "not run: not importable" in md
     ratios = suite.ratio_tables(table).splitlines()
     assert "| condition | vs | mmap |" in ratios
     assert "| cold/shuffled | per-file | 20x |" in ratios
     assert "| cold/shuffled | webdataset | 2.00x |" in ratios
+    assert "| cold/shuffled | webdataset, whole pass | 2.50x |" in ratios
     assert "| cold/shuffled | read bound | 50% |" in ratios
+
+
+def test_suite_cold_pass_records_what_was_cached_by_its_first_batch(suite, tmp_path):
+    f = tmp_path / "x.bin"
+    f.write_bytes(os.urandom(1 << 20))
+    os.sync()
+    suite.evict([str(f)])
+    seen = {}
+
+    def batches():
+        f.read_bytes()  # a loader reading its whole file before its first batch (FFCV's)
+        yield from ("a", "b")
+
+    assert list(suite._first_batch_checked(batches(), [str(f)], seen)) == ["a", "b"]
+    assert seen["cached"] == 1.0 and seen["check_s"] >= 0.0
+    seen.clear()
+    suite.evict([str(f)])
+    assert list(suite._first_batch_checked(iter(["a"]), [str(f)], seen)) == ["a"]
+    assert seen["cached"] <= suite.NOT_COLD
+    assert list(suite._first_batch_checked(iter([]), [str(f)], {})) == []
 
 
 def test_suite_perfile_dataset_and_augment(suite, tmp_path):
