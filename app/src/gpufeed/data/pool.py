@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import torch
 
-from gpufeed.formats.readahead import take_rows
+from gpufeed.formats.readahead import is_run, take_rows
 
 __all__ = ["SLOT_POOL_MAX_BYTES", "SamplePool", "SlotPool", "make_pool"]
 
@@ -23,10 +23,11 @@ __all__ = ["SLOT_POOL_MAX_BYTES", "SamplePool", "SlotPool", "make_pool"]
 SLOT_POOL_MAX_BYTES = 256 << 20
 
 
-def make_pool(payloads, capacity: int):
+def make_pool(payloads, capacity: int, shuffled: bool = True):
     """The pool for a stream whose first run read is ``payloads``, holding up to
-    ``capacity`` samples at once."""
-    if isinstance(payloads, np.ndarray) and payloads.ndim >= 1:
+    ``capacity`` samples at once. Unshuffled, batches are runs in storage order: copied
+    straight from the runs as read, once (SamplePool)."""
+    if shuffled and isinstance(payloads, np.ndarray) and payloads.ndim >= 1:
         row_bytes = payloads.dtype.itemsize * int(np.prod(payloads.shape[1:]))
         if capacity * row_bytes <= SLOT_POOL_MAX_BYTES:
             return SlotPool(payloads.shape[1:], payloads.dtype, capacity)
@@ -125,7 +126,10 @@ class SamplePool:
             entry = self.chunks[cid]
             r = rows[a : a + k]
             out_idx[a : a + k] = entry[0][r]
-            if entry[2] is not None:
+            if isinstance(out, np.ndarray) and is_run(r):
+                # consecutive rows (an unshuffled stream): one slice copy, on this thread
+                out[a : a + k] = entry[1][int(r[0]) : int(r[0]) + k]
+            elif entry[2] is not None:
                 torch.index_select(entry[2], 0, torch.from_numpy(r), out=out_rows[a : a + k])
             elif isinstance(out, np.ndarray):
                 take_rows(entry[1], r, out[a : a + k])

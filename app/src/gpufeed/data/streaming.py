@@ -206,7 +206,7 @@ class TarShardDataset(SampleReading, IterableDataset):
         size = max(self.read_size, batch_size)
         for idx, payloads in self._chunks(shards, size):
             if pool is None:
-                pool = make_pool(payloads, keep_back + batch_size + size)
+                pool = make_pool(payloads, keep_back + batch_size + size, shuffle)
             pool.put(idx, payloads)
             while pool.size >= keep_back + batch_size:
                 yield decoded(*pool.take(draw(batch_size)))
