@@ -1,5 +1,6 @@
 """Streaming tar shards: each rank and DataLoader worker reads its own shards in runs of
-consecutive samples, through a seeded shuffle buffer that holds references, not copies."""
+consecutive samples (the next ones read ahead), through a seeded shuffle buffer
+(gpufeed.data.pool)."""
 
 from __future__ import annotations
 
