@@ -1,92 +1,31 @@
 """Streaming tar shards: each rank and DataLoader worker reads its own shards in runs of
-consecutive samples, through a seeded shuffle buffer that holds references, not copies."""
+consecutive samples (the next ones read ahead), through a seeded shuffle buffer
+(gpufeed.data.pool)."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import os
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from gpufeed.batch import to_batch, to_samples
+from gpufeed.data.pool import SamplePool, make_pool
 from gpufeed.data.reading import SampleReading
 from gpufeed.errors import UsageError
-from gpufeed.formats.readahead import take_rows
 from gpufeed.storage.packs import open_reader_at
 
-__all__ = ["SamplePool", "TarShardDataset"]
+__all__ = ["SamplePool", "TarShardDataset"]  # SamplePool: gpufeed.data.pool
 
 # concurrent downloads per reading process (a DataLoader worker) of a remote pack's shards
 FETCH_WORKERS = 4
-
-
-class SamplePool:
-    """The samples read and not yet handed out, held as references, not copies: which chunk
-    (as read) and which row in it. ``take`` gathers from each chunk its positions point
-    into, once, straight into the batch: one copy per sample. A chunk is dropped when no
-    position points into it any more."""
-
-    def __init__(self) -> None:
-        self.chunk = np.empty(0, dtype=np.int64)
-        self.row = np.empty(0, dtype=np.int64)
-        self.chunks: dict[int, list] = {}  # id -> [indices, payloads, torch rows, live]
-        self._next = 0
-
-    @property
-    def size(self) -> int:
-        return len(self.chunk)
-
-    def put(self, idx: np.ndarray, payloads) -> None:
-        cid, self._next = self._next, self._next + 1
-        rows = None
-        if isinstance(payloads, np.ndarray) and not payloads.flags.c_contiguous:
-            # members at a fixed stride in a read-only map: torch's index_select reads such
-            # rows in place, where np.take would first copy the whole chunk
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # "not writable": only read
-                rows = torch.from_numpy(payloads.reshape(len(idx), -1).view(np.uint8))
-        self.chunks[cid] = [idx, payloads, rows, len(idx)]
-        self.chunk = np.concatenate([self.chunk, np.full(len(idx), cid, dtype=np.int64)])
-        self.row = np.concatenate([self.row, np.arange(len(idx), dtype=np.int64)])
-
-    def take(self, positions: np.ndarray):
-        """(indices, payloads) at ``positions``, removed from the pool, grouped by the chunk
-        they were read in (storage order when ``positions`` is sorted)."""
-        chunk_of, rows = self.chunk[positions], self.row[positions]
-        order = np.argsort(chunk_of, kind="stable")
-        chunk_of, rows = chunk_of[order], rows[order]
-        keep = np.ones(self.size, dtype=bool)
-        keep[positions] = False
-        self.chunk, self.row = self.chunk[keep], self.row[keep]
-        ids, starts, counts = np.unique(chunk_of, return_index=True, return_counts=True)
-        n = len(positions)
-        out_idx = np.empty(n, dtype=np.int64)
-        first = self.chunks[int(ids[0])][1]
-        if isinstance(first, np.ndarray):
-            out = np.empty((n, *first.shape[1:]), dtype=first.dtype)
-            out_rows = torch.from_numpy(out.reshape(n, -1).view(np.uint8))
-        else:
-            out = [None] * n
-        for cid, a, k in zip(ids.tolist(), starts.tolist(), counts.tolist(), strict=True):
-            entry = self.chunks[cid]
-            r = rows[a : a + k]
-            out_idx[a : a + k] = entry[0][r]
-            if entry[2] is not None:
-                torch.index_select(entry[2], 0, torch.from_numpy(r), out=out_rows[a : a + k])
-            elif isinstance(out, np.ndarray):
-                take_rows(entry[1], r, out[a : a + k])
-            else:
-                out[a : a + k] = [entry[1][i] for i in r.tolist()]
-            entry[3] -= k
-            if entry[3] == 0:
-                del self.chunks[cid]
-        return out_idx, out
+# bytes of the runs to come that a stream has populated ahead of the one it reads (a local
+# pack, cold: the read-ahead threads keep the disk busy while the pool is drawn from)
+STREAM_AHEAD_BYTES = 16 << 20
 
 
 class TarShardDataset(SampleReading, IterableDataset):
@@ -195,18 +134,45 @@ class TarShardDataset(SampleReading, IterableDataset):
 
     def _chunks(self, shards: list[int], size: int):
         """(indices, payloads) of up to ``size`` consecutive samples of one shard, each chunk
-        one read. A remote pack's shards are fetched ahead, in this order (fetch_ahead)."""
-        with self._fetch_ahead(shards) as fetched:
-            for s in shards:
+        one read. A remote pack's shards are fetched ahead, in this order (fetch_ahead); a
+        local pack's next runs are read ahead, STREAM_AHEAD_BYTES of them (_runs_ahead)."""
+        ranges = [self.reader.shard_range(s) for s in shards]
+        runs = [(a, min(a + size, hi)) for lo, hi in ranges for a in range(lo, hi, size)]
+        ahead = self._runs_ahead(runs)
+        with self._fetch_ahead(shards) as fetched, contextlib.closing(ahead):
+            for lo, hi in ranges:
                 pin = next(fetched, None)
-                lo, hi = self.reader.shard_range(s)
                 for a in range(lo, hi, size):
+                    next(ahead)
                     idx = np.arange(a, min(a + size, hi), dtype=np.int64)
                     keep, payloads = self._read(idx)
                     if len(keep):
                         yield idx[keep], payloads
                 if pin is not None:
                     pin.release()  # the reader holds its own pin while the shard is open
+
+    def _runs_ahead(self, runs: list[tuple[int, int]]):
+        """A generator advanced once before each run is read: it announces the runs after
+        it, up to STREAM_AHEAD_BYTES, to the reader's read-ahead threads
+        (TarReader.read_runs_ahead); closed, it forgets those not read (a stream stopped
+        early leaves no job behind)."""
+        reader, k = self.reader, 0
+        sizes = [reader.run_bytes(a, b) for a, b in runs]
+        end, window = 1, 0  # runs k+1..end-1 are announced; window: their bytes
+        try:
+            for k in range(len(runs)):
+                if 0 < k < end:
+                    window -= sizes[k]
+                end = max(end, k + 1)
+                start = end
+                while end < len(runs) and window < STREAM_AHEAD_BYTES:
+                    window += sizes[end]
+                    end += 1
+                if end > start:
+                    reader.read_runs_ahead(runs[start:end])
+                yield
+        finally:
+            reader.ahead.forget([a for a, _ in runs[k:end]])
 
     def _fetch_ahead(self, shards: list[int]):
         """The shards' cached copies, fetched by a bounded pool ``fetch_ahead`` shards ahead
@@ -227,7 +193,7 @@ class TarShardDataset(SampleReading, IterableDataset):
         rng = np.random.default_rng([self.seed, self.epoch, worker, *shards[:4]])
         shuffle = self.shuffle_buffer > 1
         keep_back = self.shuffle_buffer if shuffle else 0
-        pool = SamplePool()
+        pool = None
 
         def draw(k: int) -> np.ndarray:
             if shuffle:
@@ -238,11 +204,14 @@ class TarShardDataset(SampleReading, IterableDataset):
             samples, kept = self._to_tensors(idx, np.arange(len(idx)), payloads)
             return samples, self.reader.labels[idx[kept]], kept
 
-        for idx, payloads in self._chunks(shards, max(self.read_size, batch_size)):
+        size = max(self.read_size, batch_size)
+        for idx, payloads in self._chunks(shards, size):
+            if pool is None:
+                pool = make_pool(payloads, keep_back + batch_size + size, shuffle)
             pool.put(idx, payloads)
             while pool.size >= keep_back + batch_size:
                 yield decoded(*pool.take(draw(batch_size)))
-        while pool.size >= batch_size or (pool.size and not drop_last):
+        while pool is not None and (pool.size >= batch_size or (pool.size and not drop_last)):
             yield decoded(*pool.take(draw(min(batch_size, pool.size))))
 
     def iter_batches(self, batch_size: int, drop_last: bool = False):

@@ -287,9 +287,16 @@ class BlocksAhead:
         """Make the blocks holding ``indices`` resident before they are copied."""
         if not self._jobs or self._block < 1:
             return
-        self._own_process()
         firsts = np.unique(np.asarray(indices, dtype=np.int64) // self._block) * self._block
-        jobs = [job for job in map(self._jobs.pop, firsts.tolist(), repeat(None)) if job]
+        self.ready_blocks(firsts.tolist())
+
+    def ready_blocks(self, firsts: Iterable[int]) -> None:
+        """Make the blocks announced as starting at ``firsts`` resident (:meth:`ready` for
+        blocks of any size, such as a stream's runs of samples)."""
+        if not self._jobs:
+            return
+        self._own_process()
+        jobs = [job for job in map(self._jobs.pop, firsts, repeat(None)) if job]
         running = []
         for future, addr, length in reversed(jobs):  # the threads take the queue's front
             if future.cancel():
@@ -298,6 +305,15 @@ class BlocksAhead:
                 running.append(future)
         for future in running:
             _wait(future)
+
+    def forget(self, firsts: Iterable[int]) -> None:
+        """Drop blocks that will not be read after all (a stream stopped early): those not
+        started are cancelled, running ones finish on their own."""
+        self._own_process()
+        for first in firsts:
+            job = self._jobs.pop(first, None)
+            if job is not None:
+                job[0].cancel()
 
     def pending(self) -> int:
         """Blocks announced and not yet made ready by a batch."""

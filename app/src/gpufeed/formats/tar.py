@@ -32,7 +32,12 @@ from gpufeed.formats.base import Reader, Writer, make_room
 from gpufeed.formats.files import fsync_dir
 from gpufeed.formats.npy import npy_bytes
 from gpufeed.formats.parts import Part
-from gpufeed.formats.readahead import PREFETCH_MIN_BYTES, advise_willneed, is_run
+from gpufeed.formats.readahead import (
+    PREFETCH_MIN_BYTES,
+    BlocksAhead,
+    advise_willneed,
+    is_run,
+)
 from gpufeed.formats.record import record_from_members
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.formats.tar_fields import PartMembers
@@ -236,11 +241,13 @@ class TarReader(Reader):
         if self.count and not 0 <= int(self.shard.min()) <= int(self.shard.max()) < len(counts):
             raise DataError(f"{index}: names shards outside the manifest's {len(counts)}")
         self.shard_start = np.concatenate([[0], np.cumsum(counts)])
+        self.ahead = BlocksAhead()  # a stream's next runs populated ahead (read_runs_ahead)
 
     def _open(self):
         return {}
 
     def _close(self, handle) -> None:
+        self.ahead.drain()  # no thread may read a map once it can be unmapped
         handle.pop("maps", None)  # memory maps close when the last view of them is gone
         for shard in handle.pop("remote", []):
             self.release_file(self.shards[shard])
@@ -322,6 +329,27 @@ class TarReader(Reader):
                     os.POSIX_FADV_WILLNEED,
                 )
 
+    def run_bytes(self, first: int, stop: int) -> int:
+        """The bytes one read of samples first..stop-1 (one shard) spans."""
+        return int(self.offset[stop - 1] + self.size[stop - 1] - self.offset[first])
+
+    def read_runs_ahead(self, runs) -> None:
+        """Start populating runs ``[first, stop)`` of samples (each in one shard) on the
+        read-ahead threads, to be read by ``read_batch`` in that order: a stream knows its
+        order, so the disk works on the next runs while this one is used. Runs that look
+        cached are skipped; a remote pack's shards are fetched ahead instead (their maps
+        close when they are unpinned, see _shard_path)."""
+        if self.source is not None:
+            return
+        spans = []
+        for first, stop in runs:
+            data = self._map(int(self.shard[first]))
+            start = int(self.offset[first])
+            end = min(start + self.run_bytes(first, stop), len(data))
+            if end > start:
+                spans.append((int(first), data.ctypes.data + start, end - start))
+        self.ahead.announce(spans)
+
     def _run_in_one_shard(self, indices: np.ndarray) -> bool:
         """Consecutive samples of one shard (what streaming reads): one read covers them."""
         return is_run(indices) and self.shard[indices[0]] == self.shard[indices[-1]]
@@ -359,6 +387,7 @@ class TarReader(Reader):
             i = first + short
             raise CorruptSampleError(self.location(i), i, "shard is truncated")
         span = data[start:end]
+        self.ahead.ready_blocks([first])  # read ahead: resident once its thread is done
         advise_willneed([(span.ctypes.data, end - start)])
         return span, self.offset[first : last + 1] - start
 

@@ -1,0 +1,141 @@
+"""A stream's shuffle buffer: the samples read and not yet handed out.
+
+Fixed-shape samples are copied once into a bounded heap buffer of slots (``SlotPool``) and
+gathered from there: a batch drawn from ~20 runs read through a shard's memory map costs
+the copy its page faults, from the heap it is one np.take (docs/benchmarks.md, "Issue 16
+phase 7"). Encoded and multi-field samples, and buffers too big to copy
+(``SLOT_POOL_MAX_BYTES``), are held as references to the runs as read (``SamplePool``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from gpufeed.formats.readahead import is_run, take_rows
+
+__all__ = ["SLOT_POOL_MAX_BYTES", "SamplePool", "SlotPool", "make_pool"]
+
+# the most heap one reading process copies its shuffle buffer into; a bigger buffer (a long
+# shuffle_buffer of large samples) stays as references to the page cache
+SLOT_POOL_MAX_BYTES = 256 << 20
+
+
+def make_pool(payloads, capacity: int, shuffled: bool = True):
+    """The pool for a stream whose first run read is ``payloads``, holding up to
+    ``capacity`` samples at once. Unshuffled, batches are runs in storage order: copied
+    straight from the runs as read, once (SamplePool)."""
+    if shuffled and isinstance(payloads, np.ndarray) and payloads.ndim >= 1:
+        row_bytes = payloads.dtype.itemsize * int(np.prod(payloads.shape[1:]))
+        if capacity * row_bytes <= SLOT_POOL_MAX_BYTES:
+            return SlotPool(payloads.shape[1:], payloads.dtype, capacity)
+    return SamplePool()
+
+
+class SlotPool:
+    """Fixed-shape samples in one heap buffer of ``capacity`` slots: ``put`` copies a run
+    in (one sequential read of its pages), ``take`` gathers slots into a new array (one
+    np.take: no page faults, no intra-op threads) and frees them. ``positions`` index the
+    samples held in the order they were put."""
+
+    def __init__(self, shape: tuple, dtype, capacity: int):
+        self.slots = np.empty((capacity, *shape), dtype=dtype)
+        self.index = np.empty(capacity, dtype=np.int64)  # the sample in each slot
+        self.live = np.empty(0, dtype=np.int64)  # slots held, in the order put
+        self.free = np.arange(capacity, dtype=np.int64)
+
+    @property
+    def size(self) -> int:
+        return len(self.live)
+
+    def put(self, idx: np.ndarray, payloads: np.ndarray) -> None:
+        n = len(idx)
+        if n > len(self.free):
+            raise ValueError(f"a run of {n} samples overfills the pool ({len(self.free)} free)")
+        slots, self.free = self.free[:n], self.free[n:]
+        first = int(slots[0]) if n else 0
+        if n and int(slots[-1]) - first == n - 1 and np.all(np.diff(slots) == 1):
+            self.slots[first : first + n] = payloads  # one sequential copy
+        else:
+            self.slots[slots] = payloads
+        self.index[slots] = idx
+        self.live = np.concatenate([self.live, slots])
+
+    def take(self, positions: np.ndarray):
+        """(indices, samples) at ``positions``, in that order, removed from the pool."""
+        slots = self.live[positions]
+        keep = np.ones(len(self.live), dtype=bool)
+        keep[positions] = False
+        self.live = self.live[keep]
+        out = np.empty((len(slots), *self.slots.shape[1:]), dtype=self.slots.dtype)
+        take_rows(self.slots, slots, out)
+        self.free = np.concatenate([self.free, np.sort(slots)])
+        return self.index[slots], out
+
+
+class SamplePool:
+    """The samples read and not yet handed out, held as references, not copies: which chunk
+    (as read) and which row in it. ``take`` gathers from each chunk its positions point
+    into, once, straight into the batch: one copy per sample. A chunk is dropped when no
+    position points into it any more."""
+
+    def __init__(self) -> None:
+        self.chunk = np.empty(0, dtype=np.int64)
+        self.row = np.empty(0, dtype=np.int64)
+        self.chunks: dict[int, list] = {}  # id -> [indices, payloads, torch rows, live]
+        self._next = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.chunk)
+
+    def put(self, idx: np.ndarray, payloads) -> None:
+        cid, self._next = self._next, self._next + 1
+        rows = None
+        if isinstance(payloads, np.ndarray) and not payloads.flags.c_contiguous:
+            # members at a fixed stride in a read-only map: torch's index_select reads such
+            # rows in place, where np.take would first copy the whole chunk
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "not writable": only read
+                rows = torch.from_numpy(payloads.reshape(len(idx), -1).view(np.uint8))
+        self.chunks[cid] = [idx, payloads, rows, len(idx)]
+        self.chunk = np.concatenate([self.chunk, np.full(len(idx), cid, dtype=np.int64)])
+        self.row = np.concatenate([self.row, np.arange(len(idx), dtype=np.int64)])
+
+    def take(self, positions: np.ndarray):
+        """(indices, payloads) at ``positions``, removed from the pool, grouped by the chunk
+        they were read in (storage order when ``positions`` is sorted)."""
+        chunk_of, rows = self.chunk[positions], self.row[positions]
+        order = np.argsort(chunk_of, kind="stable")
+        chunk_of, rows = chunk_of[order], rows[order]
+        keep = np.ones(self.size, dtype=bool)
+        keep[positions] = False
+        self.chunk, self.row = self.chunk[keep], self.row[keep]
+        ids, starts, counts = np.unique(chunk_of, return_index=True, return_counts=True)
+        n = len(positions)
+        out_idx = np.empty(n, dtype=np.int64)
+        first = self.chunks[int(ids[0])][1]
+        if isinstance(first, np.ndarray):
+            out = np.empty((n, *first.shape[1:]), dtype=first.dtype)
+            out_rows = torch.from_numpy(out.reshape(n, -1).view(np.uint8))
+        else:
+            out = [None] * n
+        for cid, a, k in zip(ids.tolist(), starts.tolist(), counts.tolist(), strict=True):
+            entry = self.chunks[cid]
+            r = rows[a : a + k]
+            out_idx[a : a + k] = entry[0][r]
+            if isinstance(out, np.ndarray) and is_run(r):
+                # consecutive rows (an unshuffled stream): one slice copy, on this thread
+                out[a : a + k] = entry[1][int(r[0]) : int(r[0]) + k]
+            elif entry[2] is not None:
+                torch.index_select(entry[2], 0, torch.from_numpy(r), out=out_rows[a : a + k])
+            elif isinstance(out, np.ndarray):
+                take_rows(entry[1], r, out[a : a + k])
+            else:
+                out[a : a + k] = [entry[1][i] for i in r.tolist()]
+            entry[3] -= k
+            if entry[3] == 0:
+                del self.chunks[cid]
+        return out_idx, out
