@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import torch
 
-from gpufeed.formats.readahead import is_run, take_rows
+from gpufeed.formats.readahead import take_rows
 
 __all__ = ["SLOT_POOL_MAX_BYTES", "SamplePool", "SlotPool", "make_pool"]
 
@@ -126,10 +126,9 @@ class SamplePool:
             entry = self.chunks[cid]
             r = rows[a : a + k]
             out_idx[a : a + k] = entry[0][r]
-            if isinstance(out, np.ndarray) and is_run(r):
-                # consecutive rows (an unshuffled stream): one slice copy, on this thread
-                out[a : a + k] = entry[1][int(r[0]) : int(r[0]) + k]
-            elif entry[2] is not None:
+            if entry[2] is not None:
+                # an unshuffled stream's runs too: torch's intra-op threads copied them 1.22x
+                # faster than a numpy slice copy (QUICK warm/sequential, 4 alternated runs)
                 torch.index_select(entry[2], 0, torch.from_numpy(r), out=out_rows[a : a + k])
             elif isinstance(out, np.ndarray):
                 take_rows(entry[1], r, out[a : a + k])
