@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import numpy as np
 from gpufeed.formats.files import fsync_dir, no_space_is_an_error, preallocate
 from gpufeed.formats.spec import SampleSpec
 
-__all__ = ["Part"]
+__all__ = ["Part", "check_part"]
 
 _ARRAYS = ("payload", "offsets", "labels", "crc32", "items", "exts", "skip_items", "skip_errors")
 
@@ -58,9 +59,11 @@ class Part:
             arrays["stamps"] = self.stamps
         return arrays
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, sync: bool = True) -> None:
         """Write, fsync, rename. The space is reserved first (the arrays' bytes plus room for
-        the zip and .npy headers), so a full disk is one DiskFullError naming the part."""
+        the zip and .npy headers), so a full disk is one DiskFullError naming the part.
+        sync=False: no fsync (a kill loses nothing the page cache holds; a part torn by a
+        power loss is found by :func:`check_part` when the pack resumes, and redone)."""
         tmp = path.with_name(path.name + ".tmp")
         arrays = self.arrays()
         room = sum(a.nbytes for a in arrays.values()) + 4096 * len(arrays)
@@ -69,9 +72,11 @@ class Part:
             np.savez(f, **arrays)
             f.truncate(f.tell())  # give back what the headers did not use
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        if sync:
+            fsync_dir(path.parent)
 
     @classmethod
     def load(cls, path: Path) -> Part:
@@ -82,3 +87,25 @@ class Part:
                 spec=SampleSpec.from_json(spec) if spec else None,
                 stamps=z["stamps"] if "stamps" in z.files else None,
             )
+
+
+def check_part(path: Path) -> Part | None:
+    """The part at ``path`` read whole and checked, or None when it is torn: unreadable (a
+    zip member's CRC-32 included), its index arrays of the wrong lengths, or a sample whose
+    crc32 is not the one recorded. What a resume trusts of a part that was not fsynced."""
+    try:
+        part = Part.load(path)
+    except Exception:  # noqa: BLE001 - any failure to read it back: the part is torn
+        return None
+    n = len(part.labels)
+    lengths = (len(part.offsets) - 1, len(part.crc32), len(part.items), len(part.exts))
+    if any(k != n for k in lengths) or (n and int(part.offsets[-1]) != len(part.payload)):
+        return None
+    if n and (int(part.offsets[0]) != 0 or bool((np.diff(part.offsets) < 0).any())):
+        return None
+    view = memoryview(part.payload)
+    bounds = part.offsets.tolist()
+    for j, want in enumerate(part.crc32.tolist()):
+        if zlib.crc32(view[bounds[j] : bounds[j + 1]]) != want:
+            return None
+    return part
