@@ -20,6 +20,7 @@ random access, per-sample verification and splitting shards without opening them
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import mmap
 import os
@@ -83,6 +84,10 @@ class TarWriter(Writer):
         self.crcs = np.empty(rows, dtype=np.uint32)
         self.names: list[str] = []
         self.f = None
+        # each shard's sha256, made from the bytes as they are written (the manifest's, without
+        # reading the shards back at the end, when the pack's workers are done)
+        self.hash = None
+        self.digests: dict[str, str] = {}
         self.in_shard = 0
         self.pos = 0
         self.n = 0
@@ -93,6 +98,7 @@ class TarWriter(Writer):
         self.names.append(name)
         self.current_file = self.out / name
         self.f = open(self.current_file, "wb")
+        self.hash = hashlib.sha256()
         self.in_shard = 0
         self.pos = 0
 
@@ -101,6 +107,7 @@ class TarWriter(Writer):
         file object); a short write (a signal, a pipe-like file system) is finished."""
         self.f.flush()
         fd, rest = self.f.fileno(), memoryview(buf)
+        self.hash.update(rest)
         while rest:
             rest = rest[os.write(fd, rest) :]
 
@@ -108,7 +115,10 @@ class TarWriter(Writer):
         if self.f is None:
             return
         end = self.pos + 2 * BLOCK
-        self.f.write(b"\0" * (2 * BLOCK + (-end) % RECORD))
+        trailer = b"\0" * (2 * BLOCK + (-end) % RECORD)
+        self.f.write(trailer)
+        self.hash.update(trailer)
+        self.digests[self.names[-1]] = self.hash.hexdigest()
         self.f.flush()
         os.fsync(self.f.fileno())
         self.f.close()
@@ -196,7 +206,8 @@ class TarWriter(Writer):
             "shard_size": self.max_count,
             "shard_bytes": self.max_bytes,
         }
-        return {"files": sorted([*self.names, INDEX_NAME]), "layout": layout}
+        files = sorted([*self.names, INDEX_NAME])
+        return {"files": files, "layout": layout, "sha256": dict(self.digests)}
 
     def abort(self) -> None:
         if self.f is not None:

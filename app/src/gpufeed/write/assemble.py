@@ -150,7 +150,8 @@ def assemble(
         info = _write_parts(writer, paths, quiet, fmt)
     with no_space_is_an_error(out / SOURCES_NAME):
         write_sources(out / SOURCES_NAME, (src.rel[i] for i in items_all.tolist()))
-    files = {name: file_entry(out, name) for name in sorted([*info["files"], SOURCES_NAME])}
+    known = info.get("sha256", {})
+    files = {n: file_entry(out, n, known.get(n)) for n in sorted([*info["files"], SOURCES_NAME])}
     manifest = {
         "gpufeed_manifest": MANIFEST_SCHEMA,
         "format": fmt,

@@ -41,7 +41,7 @@ from gpufeed.formats.files import atomic_write_json
 from gpufeed.formats.lock import PackLock
 from gpufeed.formats.manifest import PARTIAL_SUFFIX
 from gpufeed.formats.parts import Part, check_part
-from gpufeed.formats.record import encode_record
+from gpufeed.formats.record import record_encoder
 from gpufeed.formats.schema import Schema, infer_schema, parse_schema
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.storage.urls import require_local
@@ -371,8 +371,24 @@ class Writer:
 
 def encoded(schema: Schema, sample: Mapping[str, Any]) -> tuple[bytes, int, int]:
     """A sample as a part holds it: (record, label, crc32 of the record)."""
-    record = encode_record(schema, sample)
-    return record, label_of(schema, sample), crc32(record)
+    encode, has_label = _encoder(schema)
+    record = encode(sample)
+    label = int(sample["label"]) if has_label else -1
+    return record, label, crc32(record)
+
+
+_ENCODERS: dict[int, tuple[Schema, Any, bool]] = {}  # id(schema): (schema, encoder, label?)
+
+
+def _encoder(schema: Schema) -> tuple[Any, bool]:
+    """The schema's record encoder (made once a schema) and whether it has an int label."""
+    got = _ENCODERS.get(id(schema))
+    if got is None or got[0] is not schema:
+        if len(_ENCODERS) > 64:
+            _ENCODERS.clear()
+        has_label = any(f.name == "label" and f.type == "int" for f in schema.fields)
+        got = _ENCODERS[id(schema)] = (schema, record_encoder(schema), has_label)
+    return got[1], got[2]
 
 
 def label_of(schema: Schema, sample: Mapping[str, Any]) -> int:
