@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import numpy as np
 from gpufeed.formats.files import fsync_dir, no_space_is_an_error, preallocate
 from gpufeed.formats.spec import SampleSpec
 
-__all__ = ["Part", "check_part"]
+__all__ = ["Part"]
 
 _ARRAYS = ("payload", "offsets", "labels", "crc32", "items", "exts", "skip_items", "skip_errors")
 
@@ -44,6 +43,10 @@ class Part:
     # int64 [items in the part's range, 2]: each source file's size and mtime_ns when read
     # (-1 when it could not be stat'ed): a resume re-reads a part whose files changed since
     stamps: np.ndarray | None = None
+    # int64 [n, 3]: each sample's (shard, offset, size) in the tar shards a fresh pack streamed
+    # (gpufeed.write.assemble.Stream); such a part is saved without its payload (the shard
+    # holds it, written once), gpufeed.write.streamed reads it back on resume
+    where: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -55,8 +58,11 @@ class Part:
         spec = self.spec.to_json() if self.spec else None
         arrays = {name: getattr(self, name) for name in _ARRAYS}
         arrays["spec"] = np.array(json.dumps(spec))
-        if self.stamps is not None:
-            arrays["stamps"] = self.stamps
+        for name in ("stamps", "where"):
+            if getattr(self, name) is not None:
+                arrays[name] = getattr(self, name)
+        if self.where is not None:
+            arrays["payload"] = np.zeros(0, dtype=np.uint8)
         return arrays
 
     def save(self, path: Path, sync: bool = True) -> None:
@@ -86,26 +92,5 @@ class Part:
                 **{name: z[name] for name in _ARRAYS},
                 spec=SampleSpec.from_json(spec) if spec else None,
                 stamps=z["stamps"] if "stamps" in z.files else None,
+                where=z["where"] if "where" in z.files else None,
             )
-
-
-def check_part(path: Path) -> Part | None:
-    """The part at ``path`` read whole and checked, or None when it is torn: unreadable (a
-    zip member's CRC-32 included), its index arrays of the wrong lengths, or a sample whose
-    crc32 is not the one recorded. What a resume trusts of a part that was not fsynced."""
-    try:
-        part = Part.load(path)
-    except Exception:  # noqa: BLE001 - any failure to read it back: the part is torn
-        return None
-    n = len(part.labels)
-    lengths = (len(part.offsets) - 1, len(part.crc32), len(part.items), len(part.exts))
-    if any(k != n for k in lengths) or (n and int(part.offsets[-1]) != len(part.payload)):
-        return None
-    if n and (int(part.offsets[0]) != 0 or bool((np.diff(part.offsets) < 0).any())):
-        return None
-    view = memoryview(part.payload)
-    bounds = part.offsets.tolist()
-    for j, want in enumerate(part.crc32.tolist()):
-        if zlib.crc32(view[bounds[j] : bounds[j + 1]]) != want:
-            return None
-    return part

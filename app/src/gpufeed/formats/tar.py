@@ -143,6 +143,13 @@ class TarWriter(Writer):
         self.labels[first : self.n] = part.labels
         self.crcs[first : self.n] = part.crc32
 
+    def placed(self, count: int) -> np.ndarray:
+        """int64 [count, 3]: the last ``count`` samples' (shard, offset, size) rows."""
+        rows = slice(self.n - count, self.n)
+        return np.stack([self.shard[rows], self.offset[rows], self.size[rows]], axis=1).astype(
+            np.int64
+        )
+
     def _full(self, need: int, pos: int, count: int) -> bool:
         """Whether a sample needing `need` bytes after `count` samples up to `pos` in a
         shard starts a new one."""

@@ -40,7 +40,7 @@ from gpufeed.formats.checksums import crc32
 from gpufeed.formats.files import atomic_write_json
 from gpufeed.formats.lock import PackLock
 from gpufeed.formats.manifest import PARTIAL_SUFFIX
-from gpufeed.formats.parts import Part, check_part
+from gpufeed.formats.parts import Part
 from gpufeed.formats.record import record_encoder
 from gpufeed.formats.schema import Schema, infer_schema, parse_schema
 from gpufeed.formats.spec import SampleSpec
@@ -56,6 +56,7 @@ from gpufeed.write.guard import (
 )
 from gpufeed.write.options import check_options
 from gpufeed.write.staging import part_path
+from gpufeed.write.streamed import check_part, keep_streamed
 
 __all__ = ["PART_BYTES", "WrittenSource", "Writer", "encoded", "label_of"]
 
@@ -213,8 +214,9 @@ class Writer:
         parts_dir = self.partial / PARTS_DIR
         for tmp in parts_dir.glob("*.tmp"):
             tmp.unlink()
+        keep_streamed(self.partial)
         while part_path(parts_dir, self.parts).exists():
-            part = check_part(part_path(parts_dir, self.parts))
+            part = check_part(part_path(parts_dir, self.parts), self.partial)
             if part is None:  # torn (not fsynced, then a power loss): redone, as those after
                 break
             self.written += len(part)
@@ -313,8 +315,11 @@ class Writer:
             skip_errors=np.asarray([e for _, e in skipped], dtype=str),
             spec=SampleSpec("fields", schema=schema) if schema else None,
         )
+        # a streamed tar pack's samples are written once, into the shard: the part keeps
+        # their places (gpufeed.write.streamed); the shard before the part, so a part
+        # never names bytes not yet written
+        part.where = self._stream.feed(index, part)
         part.save(part_path(self.partial / PARTS_DIR, index), sync=False)
-        self._stream.feed(index, part)
 
     def _check_open(self) -> None:
         if self._lock is None:
