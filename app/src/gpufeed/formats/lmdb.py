@@ -72,9 +72,11 @@ class LMDBWriter(Writer):
         self.map_size = FIRST_MAP_SIZE
         self.current_file = self.out / DATA_FILE
         # meminit stays on: pages are zeroed before use, so the file's bytes depend only on
-        # what was written, and two packs of the same data are byte-identical.
+        # what was written, and two packs of the same data are byte-identical. sync=False:
+        # no fsync at each transaction; the file is synced once in finish(), before the
+        # manifest is written (until then out/ is never trusted: a resume rebuilds it)
         self.env = lmdb.open(
-            str(self.out), subdir=True, map_size=self.map_size, meminit=True, sync=True, lock=True
+            str(self.out), subdir=True, map_size=self.map_size, meminit=True, sync=False, lock=True
         )
         rows = count if count is not None else 1024
         self.labels = np.empty(rows, dtype=np.int64)

@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import mmap
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,10 @@ class TarWriter(Writer):
         # reading the shards back at the end, when the pack's workers are done)
         self.hash = None
         self.digests: dict[str, str] = {}
+        # a finished shard is fsynced and closed in a thread while the next one is written;
+        # finish() waits for them all (before the index and the manifest)
+        self._syncer: ThreadPoolExecutor | None = None
+        self._synced: list[Future] = []
         self.in_shard = 0
         self.pos = 0
         self.n = 0
@@ -120,9 +125,19 @@ class TarWriter(Writer):
         self.hash.update(trailer)
         self.digests[self.names[-1]] = self.hash.hexdigest()
         self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
+        if self._syncer is None:
+            self._syncer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-fsync")
+        self._synced.append(self._syncer.submit(_sync_close, self.f))
         self.f = None
+
+    def _wait_synced(self) -> None:
+        """Every finished shard fsynced and closed (the first error raised)."""
+        synced, self._synced = self._synced, []
+        if self._syncer is not None:
+            self._syncer.shutdown(wait=True)
+            self._syncer = None
+        for job in synced:
+            job.result()
 
     _INDEX = ("shard", "offset", "size", "labels", "crcs")
 
@@ -193,6 +208,7 @@ class TarWriter(Writer):
         if self.f is None and not self.names:
             self._start_shard()  # an empty dataset is still one valid (empty) tar
         self._end_shard()
+        self._wait_synced()
         self.current_file = self.out / INDEX_NAME
         with open(self.current_file, "wb") as f:
             np.savez(
@@ -217,12 +233,23 @@ class TarWriter(Writer):
         return {"files": files, "layout": layout, "sha256": dict(self.digests)}
 
     def abort(self) -> None:
+        try:
+            self._wait_synced()
+        except OSError:  # the output is discarded
+            pass
         if self.f is not None:
             try:
                 self.f.close()
             except OSError:  # the flush of a shard whose write failed: it is discarded
                 pass
             self.f = None
+
+
+def _sync_close(f) -> None:
+    try:
+        os.fsync(f.fileno())
+    finally:
+        f.close()
 
 
 class TarReader(Reader):
