@@ -1,6 +1,6 @@
 """The Writer's parts: written in a commit thread and not fsynced, so a resume checks each
 part it keeps (check_part) and redoes a torn one and every part after it; a streamed tar
-pack's parts hold no payload (the shard does: read back on resume); the record encoder made
+or LMDB pack's parts hold no payload (the shard or data.mdb does: read back on resume); the record encoder made
 once a schema gives encode_record's bytes; tar shards hashed as written."""
 
 from __future__ import annotations
@@ -53,10 +53,9 @@ def test_a_torn_part_is_redone_with_the_parts_after_it(tmp_path, fmt, how):
     dest = tmp_path / "p"
     parts = _stopped(dest, fmt, 20)
     partial = parts.parent
-    streamed = Part.load(parts / "part-000002.npz").where is not None
-    assert streamed == (fmt == "tar")  # tar: the part holds no payload, the shard does
-    if how == "flipped" and streamed:
-        _tear(partial / "out" / "shard-000000.tar", how)  # samples 8..11's bytes
+    assert Part.load(parts / "part-000002.npz").where is not None  # no payload: out/ has it
+    if how == "flipped":  # sample 9's bytes in the streamed shard or data.mdb
+        _tear(partial / "out" / ("shard-000000.tar" if fmt == "tar" else "data.mdb"), how)
     else:
         _tear(parts / "part-000002.npz", how)
     keep_streamed(partial)
@@ -144,3 +143,24 @@ def test_tar_shards_are_hashed_as_written(tmp_path):
     assert len([n for n in files if n.startswith("shard-")]) == 4
     for name, entry in files.items():
         assert entry["sha256"] == sha256_file(dest / name), name
+
+
+def test_a_flushed_part_keeps_its_payload_and_lmdb_records_outlive_the_writer(tmp_path):
+    """flush() commits a part now, with its payload (an LMDB transaction may still hold its
+    records); a writer left by an error commits LMDB's pending records, so the parts that
+    name them are kept by the resume."""
+    dest = tmp_path / "p"
+    with pytest.raises(RuntimeError), gpufeed.Writer(dest, format="lmdb", schema=SCHEMA,
+                                                     part_size=4) as w:  # fmt: skip
+        for i in range(6):
+            w.write(sample(i))
+        w.flush()
+        raise RuntimeError("stopped")
+    parts = tmp_path / "p.partial" / "parts"
+    assert Part.load(parts / "part-000000.npz").where is not None
+    assert Part.load(parts / "part-000001.npz").where is None  # flushed: holds its payload
+    with gpufeed.Writer(dest, format="lmdb", resume=True, part_size=4) as w:
+        assert w.written == 6
+        for i in range(6, 9):
+            w.write(sample(i))
+    check(dest, 9)

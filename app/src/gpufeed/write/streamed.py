@@ -1,11 +1,13 @@
-"""Parts of a streamed tar pack: written once, into the shard.
+"""Parts of a streamed pack: each sample written once, into the format's file.
 
-A fresh tar pack's samples go into its shards as each part is committed
+A fresh tar or LMDB pack's samples go into its shards (or data.mdb) as each part is committed
 (gpufeed.write.assemble.Stream), so the part file keeps only the index: each sample's record
-size, label, crc32, input, and its place in the shards (Part.where), not its bytes. Neither
-the part nor the shard is fsynced until the pack is finished: after a crash, a resume moves
-the streamed shards aside (DEST.partial/streamed/), reads every kept part's records back
-from them and checks each against its crc32; the first part that does not check (torn by a
+size, label, crc32, input, and its place (Part.where: tar shard, offset, size; or -1, the
+LMDB key's index, -1), not its bytes. Neither the part nor a shard is fsynced before the pack
+is finished (an LMDB transaction is, when committed; records not yet in one are lost with
+the process): after a crash, a resume moves the streamed files aside
+(DEST.partial/streamed/), reads every kept part's records back from them and checks each
+against its crc32; the first part that does not check (torn by a
 power loss, or its shard bytes lost) is redone, with every part after it. The resumed pack is
 assembled from the parts as before (gpufeed.write.assemble), and streamed/ is deleted with
 DEST.partial when it is finished.
@@ -42,26 +44,50 @@ def load_part(path: Path, partial: Path) -> Part:
     part = Part.load(path)
     if part.where is None or not len(part):
         return part
-    schema = part.spec.schema
-    fds: dict[int, int] = {}
-    records = []
-    try:
-        for shard, offset, size in part.where.tolist():
-            if shard not in fds:
-                fds[shard] = os.open(
-                    partial / STREAMED_DIR / SHARD_FORMAT.format(shard), os.O_RDONLY
-                )
-            span = os.pread(fds[shard], size, offset)
-            if len(span) != size:
-                raise ValueError(f"{path}: its samples are cut short in shard {shard}")
-            records.append(record_from_members(schema, span))
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+    if int(part.where[0, 0]) < 0:
+        records = _from_lmdb(part.where[:, 1], partial / STREAMED_DIR)
+    else:
+        records = _from_shards(part.spec.schema, part.where, partial / STREAMED_DIR)
     if not np.array_equal(np.diff(part.offsets), [len(r) for r in records]):
         raise ValueError(f"{path}: the shards' records are not the sizes the part recorded")
     part.payload = np.frombuffer(b"".join(records), dtype=np.uint8)
     return part
+
+
+def _from_shards(schema, where: np.ndarray, kept: Path) -> list[bytes]:
+    """Records from tar shards: each sample's members at (shard, offset, size)."""
+    fds: dict[int, int] = {}
+    records = []
+    try:
+        for shard, offset, size in where.tolist():
+            if shard not in fds:
+                fds[shard] = os.open(kept / SHARD_FORMAT.format(shard), os.O_RDONLY)
+            span = os.pread(fds[shard], size, offset)
+            if len(span) != size:
+                raise ValueError(f"shard {shard} is cut short")
+            records.append(record_from_members(schema, span))
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return records
+
+
+def _from_lmdb(indices: np.ndarray, kept: Path) -> list[bytes]:
+    """Records from the streamed data.mdb, by key (records of a transaction not committed
+    before the crash are missing: a KeyError)."""
+    import lmdb
+
+    from gpufeed.formats.lmdb import keys
+
+    env = lmdb.open(str(kept), subdir=True, readonly=True, lock=False, readahead=False)
+    try:
+        with env.begin() as txn:
+            records = [txn.get(k) for k in keys(indices)]
+    finally:
+        env.close()
+    if any(r is None for r in records):
+        raise KeyError("a record the part names is not in the streamed data.mdb")
+    return records
 
 
 def check_part(path: Path, partial: Path) -> Part | None:

@@ -286,7 +286,7 @@ class Writer:
             if self._committer is None:
                 self._committer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-commit")
             job = self._committer.submit(
-                self._write_part, self.parts, pending, skipped, self.schema
+                self._write_part, self.parts, pending, skipped, self.schema, wait
             )
             self._committing = job
             self.parts += 1
@@ -298,7 +298,12 @@ class Writer:
         if job is not None:
             job.result()
 
-    def _write_part(self, index: int, pending: list, skipped: list, schema) -> None:
+    def _write_part(
+        self, index: int, pending: list, skipped: list, schema, durable: bool = False
+    ) -> None:
+        """Part ``index`` saved (its samples fed to the stream first); ``durable``: with its
+        payload even where the stream could point at it (flush(): committed now, whatever the
+        format's writer still holds)."""
         records = [r for _, r, _, _ in pending]
         sizes = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
         offsets = np.zeros(len(records) + 1, dtype=np.int64)
@@ -315,10 +320,11 @@ class Writer:
             skip_errors=np.asarray([e for _, e in skipped], dtype=str),
             spec=SampleSpec("fields", schema=schema) if schema else None,
         )
-        # a streamed tar pack's samples are written once, into the shard: the part keeps
-        # their places (gpufeed.write.streamed); the shard before the part, so a part
-        # never names bytes not yet written
-        part.where = self._stream.feed(index, part)
+        # a streamed pack's samples are written once, into its shards or data.mdb: the part
+        # keeps their places (gpufeed.write.streamed); the stream first, so a part never
+        # names bytes not yet written
+        where = self._stream.feed(index, part)
+        part.where = where if not durable else None
         part.save(part_path(self.partial / PARTS_DIR, index), sync=False)
 
     def _check_open(self) -> None:
