@@ -1,7 +1,8 @@
 """The Writer's parts: written in a commit thread and not fsynced, so a resume checks each
-part it keeps (check_part) and redoes a torn one and every part after it; a streamed tar
-or LMDB pack's parts hold no payload (the shard or data.mdb does: read back on resume); the record encoder made
-once a schema gives encode_record's bytes; tar shards hashed as written."""
+part it keeps (check_part) and redoes a torn one and every part after it; a streamed tar or
+LMDB pack's parts hold no payload (the shard or data.mdb does: read back on resume); the
+record encoder made once a schema gives encode_record's bytes; tar shards hashed as
+written."""
 
 from __future__ import annotations
 
