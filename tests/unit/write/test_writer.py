@@ -259,6 +259,7 @@ def test_a_fresh_pack_is_written_as_its_parts_are_committed(tmp_path, fmt):
     with gpufeed.Writer(streamed, **opts) as w:
         for i in range(4600):
             w.write(sample(i))
+        w._wait_committed()  # the ninth part is written in the commit thread
         first = "shard-000000.tar" if fmt == "tar" else "data.mdb"
         written = tmp_path / "streamed.partial" / "out" / first
         # 9 parts committed: in the shard, or in LMDB's first transaction (of 4,096 records)

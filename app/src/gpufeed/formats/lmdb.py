@@ -72,7 +72,9 @@ class LMDBWriter(Writer):
         self.map_size = FIRST_MAP_SIZE
         self.current_file = self.out / DATA_FILE
         # meminit stays on: pages are zeroed before use, so the file's bytes depend only on
-        # what was written, and two packs of the same data are byte-identical.
+        # what was written, and two packs of the same data are byte-identical. sync=True:
+        # each transaction is durable when committed, so a resume may read a streamed pack's
+        # records back from it (gpufeed.write.streamed)
         self.env = lmdb.open(
             str(self.out), subdir=True, map_size=self.map_size, meminit=True, sync=True, lock=True
         )
@@ -100,7 +102,20 @@ class LMDBWriter(Writer):
                 raise DataError(f"{self.current_file}: {e}") from None
 
     def abort(self) -> None:
+        """Close; the records added so far are committed first when that still works (a
+        streamed pack's parts name them: gpufeed.write.streamed)."""
+        try:
+            self._flush()
+        except Exception:  # noqa: BLE001 - the write that failed: those parts are redone
+            pass
         self.env.close()
+
+    def placed(self, count: int) -> np.ndarray:
+        """int64 [count, 3]: the last ``count`` samples' (-1, key index, -1) rows (shard -1:
+        a record under an LMDB key, gpufeed.write.streamed)."""
+        rows = np.full((count, 3), -1, dtype=np.int64)
+        rows[:, 1] = np.arange(self.n - count, self.n)
+        return rows
 
     def add(self, part: Part) -> None:
         # Transactions are cut by record count and bytes, never by part: LMDB's file bytes

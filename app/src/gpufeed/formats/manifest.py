@@ -97,15 +97,16 @@ def read_sources(path: Path) -> list[str]:
 
 
 def write_sources(path: Path, names: Iterable[str]) -> None:
+    text = "".join(f"{name}\n" for name in names)
     with open(path, "wb") as f:
-        for name in names:
-            f.write(name.encode("utf-8", "surrogateescape") + b"\n")
+        f.write(text.encode("utf-8", "surrogateescape"))
 
 
-def file_entry(root: Path, name: str) -> dict[str, Any]:
-    """The manifest's entry for file `name`: its size and sha256."""
+def file_entry(root: Path, name: str, sha256: str | None = None) -> dict[str, Any]:
+    """The manifest's entry for file `name`: its size and sha256 (read from the file, unless
+    its writer made it from the bytes it wrote)."""
     p = root / name
-    return {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+    return {"bytes": p.stat().st_size, "sha256": sha256 or sha256_file(p)}
 
 
 def manifest_path(dest: str | Path) -> Path:

@@ -43,6 +43,10 @@ class Part:
     # int64 [items in the part's range, 2]: each source file's size and mtime_ns when read
     # (-1 when it could not be stat'ed): a resume re-reads a part whose files changed since
     stamps: np.ndarray | None = None
+    # int64 [n, 3]: each sample's (shard, offset, size) in the tar shards a fresh pack streamed
+    # (gpufeed.write.assemble.Stream); such a part is saved without its payload (the shard
+    # holds it, written once), gpufeed.write.streamed reads it back on resume
+    where: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -54,13 +58,18 @@ class Part:
         spec = self.spec.to_json() if self.spec else None
         arrays = {name: getattr(self, name) for name in _ARRAYS}
         arrays["spec"] = np.array(json.dumps(spec))
-        if self.stamps is not None:
-            arrays["stamps"] = self.stamps
+        for name in ("stamps", "where"):
+            if getattr(self, name) is not None:
+                arrays[name] = getattr(self, name)
+        if self.where is not None:
+            arrays["payload"] = np.zeros(0, dtype=np.uint8)
         return arrays
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, sync: bool = True) -> None:
         """Write, fsync, rename. The space is reserved first (the arrays' bytes plus room for
-        the zip and .npy headers), so a full disk is one DiskFullError naming the part."""
+        the zip and .npy headers), so a full disk is one DiskFullError naming the part.
+        sync=False: no fsync (a kill loses nothing the page cache holds; a part torn by a
+        power loss is found by :func:`check_part` when the pack resumes, and redone)."""
         tmp = path.with_name(path.name + ".tmp")
         arrays = self.arrays()
         room = sum(a.nbytes for a in arrays.values()) + 4096 * len(arrays)
@@ -69,9 +78,11 @@ class Part:
             np.savez(f, **arrays)
             f.truncate(f.tell())  # give back what the headers did not use
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        if sync:
+            fsync_dir(path.parent)
 
     @classmethod
     def load(cls, path: Path) -> Part:
@@ -81,4 +92,5 @@ class Part:
                 **{name: z[name] for name in _ARRAYS},
                 spec=SampleSpec.from_json(spec) if spec else None,
                 stamps=z["stamps"] if "stamps" in z.files else None,
+                where=z["where"] if "where" in z.files else None,
             )

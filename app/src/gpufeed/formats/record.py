@@ -41,6 +41,7 @@ __all__ = [
     "member_bytes",
     "member_name",
     "npy_header_for",
+    "record_encoder",
     "plain_bytes",
     "record_from_members",
     "split_joined",
@@ -173,7 +174,61 @@ def encode_record(schema: Schema, sample: Mapping[str, Any]) -> bytes:
             + (f": missing {missing}" if missing else "")
             + (f": not in the schema {extra}" if extra else "")
         )
-    return join_record([encode_value(f, sample[f.name]) for f in schema.fields])
+    return join_record([_stored(f, sample[f.name]) for f in schema.fields])
+
+
+_INT64_RANGE = (-(1 << 63), 1 << 63)
+
+
+def record_encoder(schema: Schema):
+    """encode_record for one schema, made once: a sample that is a plain dict of exactly the
+    schema's fields, its arrays already of the field's dtype and shape (C-contiguous) and its
+    ints plain ints, skips the general checks and conversions (the same bytes); any other
+    sample goes through encode_record (its checks and errors)."""
+    fields = [(f.name, f, _fast_kind(f)) for f in schema.fields]
+    head, n = struct.Struct(f"<{len(fields)}q"), len(fields)
+    int64 = struct.Struct("<q")
+    lo, hi = _INT64_RANGE
+
+    def encode(sample) -> bytes:
+        if type(sample) is not dict or len(sample) != n:
+            return encode_record(schema, sample)
+        stored = []
+        for name, f, kind in fields:
+            v = sample.get(name, _MISSING)
+            if kind == "array" and type(v) is np.ndarray and v.dtype == kind_of[name]:
+                if v.shape == f.shape and v.flags.c_contiguous:
+                    stored.append(v.reshape(-1).view(np.uint8))
+                    continue
+            elif kind == "int" and type(v) is int and lo <= v < hi:
+                stored.append(int64.pack(v))
+                continue
+            if v is _MISSING:
+                return encode_record(schema, sample)
+            stored.append(_stored(f, v))
+        return b"".join([head.pack(*map(len, stored)), *stored])
+
+    kind_of = {f.name: np.dtype(f.dtype) for f in schema.fields if f.type == "array"}
+    return encode
+
+
+_MISSING = object()
+
+
+def _fast_kind(f: Field) -> str | None:
+    if f.compression == "zstd":
+        return None
+    if f.type == "array" and all(d >= 0 for d in f.shape):
+        return "array"
+    return "int" if f.type == "int" else None
+
+
+def _stored(field: Field, value: Any):
+    """encode_value's bytes, or for an uncompressed fixed-shape array a uint8 view of it (the
+    record is then its one copy: join_record)."""
+    if field.type == "array" and field.compression != "zstd":
+        return _as_array(field, value).reshape(-1).view(np.uint8)
+    return encode_value(field, value)
 
 
 def split_record(schema: Schema, record) -> list[memoryview]:
@@ -407,5 +462,6 @@ def record_from_members(schema: Schema, span) -> bytes:
 
 
 def join_record(stored: list[bytes]) -> bytes:
-    """Each field's stored bytes, in schema order -> the record."""
-    return struct.pack(f"<{len(stored)}q", *map(len, stored)) + b"".join(stored)
+    """Each field's stored bytes (bytes-like, 1-d), in schema order -> the record (one join:
+    the fields' bytes copied once)."""
+    return b"".join([struct.pack(f"<{len(stored)}q", *map(len, stored)), *stored])

@@ -20,9 +20,11 @@ random access, per-sample verification and splitting shards without opening them
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import mmap
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -88,6 +90,14 @@ class TarWriter(Writer):
         self.crcs = np.empty(rows, dtype=np.uint32)
         self.names: list[str] = []
         self.f = None
+        # each shard's sha256, made from the bytes as they are written (the manifest's, without
+        # reading the shards back at the end, when the pack's workers are done)
+        self.hash = None
+        self.digests: dict[str, str] = {}
+        # a finished shard is fsynced and closed in a thread while the next one is written;
+        # finish() waits for them all (before the index and the manifest)
+        self._syncer: ThreadPoolExecutor | None = None
+        self._synced: list[Future] = []
         self.in_shard = 0
         self.pos = 0
         self.n = 0
@@ -98,6 +108,7 @@ class TarWriter(Writer):
         self.names.append(name)
         self.current_file = self.out / name
         self.f = open(self.current_file, "wb")
+        self.hash = hashlib.sha256()
         self.in_shard = 0
         self.pos = 0
 
@@ -106,6 +117,7 @@ class TarWriter(Writer):
         file object); a short write (a signal, a pipe-like file system) is finished."""
         self.f.flush()
         fd, rest = self.f.fileno(), memoryview(buf)
+        self.hash.update(rest)
         while rest:
             rest = rest[os.write(fd, rest) :]
 
@@ -113,11 +125,24 @@ class TarWriter(Writer):
         if self.f is None:
             return
         end = self.pos + 2 * BLOCK
-        self.f.write(b"\0" * (2 * BLOCK + (-end) % RECORD))
+        trailer = b"\0" * (2 * BLOCK + (-end) % RECORD)
+        self.f.write(trailer)
+        self.hash.update(trailer)
+        self.digests[self.names[-1]] = self.hash.hexdigest()
         self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
+        if self._syncer is None:
+            self._syncer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-fsync")
+        self._synced.append(self._syncer.submit(_sync_close, self.f))
         self.f = None
+
+    def _wait_synced(self) -> None:
+        """Every finished shard fsynced and closed (the first error raised)."""
+        synced, self._synced = self._synced, []
+        if self._syncer is not None:
+            self._syncer.shutdown(wait=True)
+            self._syncer = None
+        for job in synced:
+            job.result()
 
     _INDEX = ("shard", "offset", "size", "labels", "crcs")
 
@@ -137,6 +162,13 @@ class TarWriter(Writer):
                 self._add_runs(members, members.sample_bytes, spans=False)
         self.labels[first : self.n] = part.labels
         self.crcs[first : self.n] = part.crc32
+
+    def placed(self, count: int) -> np.ndarray:
+        """int64 [count, 3]: the last ``count`` samples' (shard, offset, size) rows."""
+        rows = slice(self.n - count, self.n)
+        return np.stack([self.shard[rows], self.offset[rows], self.size[rows]], axis=1).astype(
+            np.int64
+        )
 
     def _full(self, need: int, pos: int, count: int) -> bool:
         """Whether a sample needing `need` bytes after `count` samples up to `pos` in a
@@ -181,6 +213,7 @@ class TarWriter(Writer):
         if self.f is None and not self.names:
             self._start_shard()  # an empty dataset is still one valid (empty) tar
         self._end_shard()
+        self._wait_synced()
         self.current_file = self.out / INDEX_NAME
         with open(self.current_file, "wb") as f:
             np.savez(
@@ -201,15 +234,27 @@ class TarWriter(Writer):
             "shard_size": self.max_count,
             "shard_bytes": self.max_bytes,
         }
-        return {"files": sorted([*self.names, INDEX_NAME]), "layout": layout}
+        files = sorted([*self.names, INDEX_NAME])
+        return {"files": files, "layout": layout, "sha256": dict(self.digests)}
 
     def abort(self) -> None:
+        try:
+            self._wait_synced()
+        except OSError:  # the output is discarded
+            pass
         if self.f is not None:
             try:
                 self.f.close()
             except OSError:  # the flush of a shard whose write failed: it is discarded
                 pass
             self.f = None
+
+
+def _sync_close(f) -> None:
+    try:
+        os.fsync(f.fileno())
+    finally:
+        f.close()
 
 
 class TarReader(Reader):

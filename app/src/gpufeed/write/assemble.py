@@ -38,6 +38,7 @@ from gpufeed.write.guard import (
 from gpufeed.write.options import MANIFEST_OPTIONS
 from gpufeed.write.scan import Source
 from gpufeed.write.staging import part_path
+from gpufeed.write.streamed import load_part
 
 __all__ = ["STREAMED_FORMATS", "Stream", "assemble"]
 
@@ -62,12 +63,14 @@ class Stream:
         self.writer = None
         self.fed = 0  # parts written, in order
 
-    def feed(self, index: int, part: Part) -> None:
+    def feed(self, index: int, part: Part) -> np.ndarray | None:
+        """Write the part's samples; returns where they are in the shards of a writer that
+        says so (tar: TarWriter.placed), else None."""
         if not self.on:
-            return
+            return None
         if index != self.fed:
             self.stop()
-            return
+            return None
         if self.writer is None and part.spec is not None:
             self._open(part.spec)
         if self.writer is not None:
@@ -78,6 +81,8 @@ class Stream:
                 self.on, self.writer = False, None
                 raise
         self.fed += 1
+        placed = getattr(self.writer, "placed", None)
+        return placed(len(part)) if placed is not None and len(part) else None
 
     def _open(self, spec) -> None:
         """The format's writer, in an empty out/ (its total count unknown: None)."""
@@ -147,10 +152,11 @@ def assemble(
         out.mkdir()
         options = _writer_options(state, src.classes)
         writer = writer_class(fmt)(out, spec, count, int(sizes_all.sum()), options)
-        info = _write_parts(writer, paths, quiet, fmt)
+        info = _write_parts(writer, paths, partial, quiet, fmt)
     with no_space_is_an_error(out / SOURCES_NAME):
         write_sources(out / SOURCES_NAME, (src.rel[i] for i in items_all.tolist()))
-    files = {name: file_entry(out, name) for name in sorted([*info["files"], SOURCES_NAME])}
+    known = info.get("sha256", {})
+    files = {n: file_entry(out, n, known.get(n)) for n in sorted([*info["files"], SOURCES_NAME])}
     manifest = {
         "gpufeed_manifest": MANIFEST_SCHEMA,
         "format": fmt,
@@ -179,14 +185,14 @@ def assemble(
     return manifest
 
 
-def _write_parts(writer, paths: list[Path], quiet: bool, fmt: str) -> dict[str, Any]:
+def _write_parts(writer, paths: list[Path], partial: Path, quiet: bool, fmt: str) -> dict[str, Any]:
     """Every committed part through the format writer; a full disk is a DiskFullError naming
     the file being written, and the writer's files are closed quietly on any failure."""
     bar = progress.progress_bar(len(paths), 0, quiet, f"write {fmt}", unit="part")
     try:
         with _format_errors(writer):
             for path in paths:
-                writer.add(Part.load(path))
+                writer.add(load_part(path, partial))
                 bar.update(1)
             return writer.finish()
     finally:

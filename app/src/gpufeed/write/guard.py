@@ -30,9 +30,10 @@ from gpufeed.write.scan import Source
 STATE_NAME = "state.json"
 PARTS_DIR = "parts"
 OUT_DIR = "out"
+STREAMED_DIR = "streamed"  # a resumed tar pack's first shards, read back (gpufeed.write.streamed)
 REPLACED_DIR = "replaced"  # the pack being replaced, moved aside until the new one is in place
 PARTIAL_ENTRIES = frozenset(
-    {LOCK_NAME, STATE_NAME, STATE_NAME + ".tmp", PARTS_DIR, OUT_DIR, REPLACED_DIR}
+    {LOCK_NAME, STATE_NAME, STATE_NAME + ".tmp", PARTS_DIR, OUT_DIR, STREAMED_DIR, REPLACED_DIR}
 )
 PART_FILE = re.compile(r"part-\d{6}\.npz(\.tmp)?")
 

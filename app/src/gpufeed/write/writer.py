@@ -5,7 +5,9 @@
             w.write({"image": jpeg, "caption": text})
 
 It is a pack like any other, made the same crash-safe way (gpufeed.write.pack): samples
-are committed in parts under DEST.partial/ (each part written, fsynced, renamed), the
+are committed in parts under DEST.partial/ (each part written and renamed, in a thread of its
+own while the next part's samples come; not fsynced: a resume reads each part back and checks
+its samples' crc32, and redoes a torn part and every part after it), the
 format's files are assembled from the committed parts when the writer closes without an
 error (tar: written as each part is committed, gpufeed.write.assemble.Stream), the
 manifest is written last, and DEST appears by one rename. Until then DEST does
@@ -25,6 +27,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +41,7 @@ from gpufeed.formats.files import atomic_write_json
 from gpufeed.formats.lock import PackLock
 from gpufeed.formats.manifest import PARTIAL_SUFFIX
 from gpufeed.formats.parts import Part
-from gpufeed.formats.record import encode_record
+from gpufeed.formats.record import record_encoder
 from gpufeed.formats.schema import Schema, infer_schema, parse_schema
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.storage.urls import require_local
@@ -53,6 +56,7 @@ from gpufeed.write.guard import (
 )
 from gpufeed.write.options import check_options
 from gpufeed.write.staging import part_path
+from gpufeed.write.streamed import check_part, keep_streamed
 
 __all__ = ["PART_BYTES", "WrittenSource", "Writer", "encoded", "label_of"]
 
@@ -166,6 +170,10 @@ class Writer:
         self._pending: list[tuple[int, bytes, int, int]] = []  # item, record, label, crc32
         self._pending_bytes = 0
         self._items = 0  # inputs done: gpufeed.pack(fn, inputs) goes on from here
+        # parts are written (and fed to the stream) in one thread while the next part's
+        # samples come: at most one part in it, in order; flush() and close() wait for it
+        self._committer: ThreadPoolExecutor | None = None
+        self._committing: Future | None = None
         # a fresh pack's format files are written as its parts are committed; a resumed one
         # assembles them from every part when it closes
         self._stream = Stream(self.partial, self.state, None, on=not resume)
@@ -206,11 +214,14 @@ class Writer:
         parts_dir = self.partial / PARTS_DIR
         for tmp in parts_dir.glob("*.tmp"):
             tmp.unlink()
+        keep_streamed(self.partial)
         while part_path(parts_dir, self.parts).exists():
-            with np.load(part_path(parts_dir, self.parts)) as z:
-                self.written += len(z["labels"])
-                items = z["items"]
-                self._items = max(self._items, int(items.max()) + 1 if len(items) else 0)
+            part = check_part(part_path(parts_dir, self.parts), self.partial)
+            if part is None:  # torn (not fsynced, then a power loss): redone, as those after
+                break
+            self.written += len(part)
+            items = np.concatenate([part.items, part.skip_items])
+            self._items = max(self._items, int(items.max()) + 1 if len(items) else 0)
             self.parts += 1
         for stale in parts_dir.glob("part-*.npz"):
             if int(stale.stem.removeprefix("part-")) >= self.parts:
@@ -251,7 +262,7 @@ class Writer:
             self.written += 1
         self._items = max(self._items, item + 1)
         if len(self._pending) >= self.state["part_size"] or self._pending_bytes >= PART_BYTES:
-            self.flush()
+            self._commit(wait=False)
 
     def skip(self, item: int, error: str) -> None:
         """Record input ``item`` as left out (pack's on_error="skip")."""
@@ -262,10 +273,38 @@ class Writer:
     def flush(self, empty: bool = False) -> None:
         """Commit the samples written so far as one part (what a resume keeps); ``empty``:
         even none (a pack of no samples still records its schema in a part)."""
+        self._commit(empty, wait=True)
+
+    def _commit(self, empty: bool = False, wait: bool = True) -> None:
+        """The pending samples as the next part, written in the commit thread (the part
+        before it finished first: an error there is raised here); ``wait``: until written."""
         self._check_open()
-        if not (self._pending or self.skipped or empty):
-            return
-        records = [r for _, r, _, _ in self._pending]
+        pending, skipped = self._pending, self.skipped
+        self._pending, self._pending_bytes, self.skipped = [], 0, []
+        self._wait_committed()
+        if pending or skipped or empty:
+            if self._committer is None:
+                self._committer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-commit")
+            job = self._committer.submit(
+                self._write_part, self.parts, pending, skipped, self.schema, wait
+            )
+            self._committing = job
+            self.parts += 1
+        if wait:
+            self._wait_committed()
+
+    def _wait_committed(self) -> None:
+        job, self._committing = self._committing, None
+        if job is not None:
+            job.result()
+
+    def _write_part(
+        self, index: int, pending: list, skipped: list, schema, durable: bool = False
+    ) -> None:
+        """Part ``index`` saved (its samples fed to the stream first); ``durable``: with its
+        payload even where the stream could point at it (flush(): committed now, whatever the
+        format's writer still holds)."""
+        records = [r for _, r, _, _ in pending]
         sizes = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
         offsets = np.zeros(len(records) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
@@ -273,18 +312,20 @@ class Writer:
         part = Part(
             payload=np.frombuffer(b"".join(records), dtype=np.uint8),
             offsets=offsets,
-            labels=np.asarray([lab for _, _, lab, _ in self._pending], dtype=np.int64),
-            crc32=np.asarray([c for _, _, _, c in self._pending], dtype=np.uint32),
-            items=np.asarray([i for i, _, _, _ in self._pending], dtype=np.int64),
+            labels=np.asarray([lab for _, _, lab, _ in pending], dtype=np.int64),
+            crc32=np.asarray([c for _, _, _, c in pending], dtype=np.uint32),
+            items=np.asarray([i for i, _, _, _ in pending], dtype=np.int64),
             exts=np.full(n, "rec", dtype="<U8"),
-            skip_items=np.asarray([i for i, _ in self.skipped], dtype=np.int64),
-            skip_errors=np.asarray([e for _, e in self.skipped], dtype=str),
-            spec=SampleSpec("fields", schema=self.schema) if self.schema else None,
+            skip_items=np.asarray([i for i, _ in skipped], dtype=np.int64),
+            skip_errors=np.asarray([e for _, e in skipped], dtype=str),
+            spec=SampleSpec("fields", schema=schema) if schema else None,
         )
-        part.save(part_path(self.partial / PARTS_DIR, self.parts))
-        self._stream.feed(self.parts, part)
-        self.parts += 1
-        self._pending, self._pending_bytes, self.skipped = [], 0, []
+        # a streamed pack's samples are written once, into its shards or data.mdb: the part
+        # keeps their places (gpufeed.write.streamed); the stream first, so a part never
+        # names bytes not yet written
+        where = self._stream.feed(index, part)
+        part.where = where if not durable else None
+        part.save(part_path(self.partial / PARTS_DIR, index), sync=False)
 
     def _check_open(self) -> None:
         if self._lock is None:
@@ -311,11 +352,20 @@ class Writer:
 
     def abandon(self) -> None:
         """Stop without finishing: committed parts stay (resume=True continues)."""
+        self._stop_committer()
         if self._lock is not None:
             self._stream.stop()
         self._release()
 
+    def _stop_committer(self) -> None:
+        """Wait for the part being written (it is kept; its error, if any, is dropped: the
+        writer is being left on another error, or closed after waiting for it)."""
+        if self._committer is not None:
+            self._committer.shutdown(wait=True)
+            self._committer, self._committing = None, None
+
     def _release(self) -> None:
+        self._stop_committer()
         if self._lock is not None:
             self._lock.__exit__(None, None, None)
             self._lock = None
@@ -332,8 +382,24 @@ class Writer:
 
 def encoded(schema: Schema, sample: Mapping[str, Any]) -> tuple[bytes, int, int]:
     """A sample as a part holds it: (record, label, crc32 of the record)."""
-    record = encode_record(schema, sample)
-    return record, label_of(schema, sample), crc32(record)
+    encode, has_label = _encoder(schema)
+    record = encode(sample)
+    label = int(sample["label"]) if has_label else -1
+    return record, label, crc32(record)
+
+
+_ENCODERS: dict[int, tuple[Schema, Any, bool]] = {}  # id(schema): (schema, encoder, label?)
+
+
+def _encoder(schema: Schema) -> tuple[Any, bool]:
+    """The schema's record encoder (made once a schema) and whether it has an int label."""
+    got = _ENCODERS.get(id(schema))
+    if got is None or got[0] is not schema:
+        if len(_ENCODERS) > 64:
+            _ENCODERS.clear()
+        has_label = any(f.name == "label" and f.type == "int" for f in schema.fields)
+        got = _ENCODERS[id(schema)] = (schema, record_encoder(schema), has_label)
+    return got[1], got[2]
 
 
 def label_of(schema: Schema, sample: Mapping[str, Any]) -> int:

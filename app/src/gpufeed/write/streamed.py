@@ -1,0 +1,113 @@
+"""Parts of a streamed pack: each sample written once, into the format's file.
+
+A fresh tar or LMDB pack's samples go into its shards (or data.mdb) as each part is committed
+(gpufeed.write.assemble.Stream), so the part file keeps only the index: each sample's record
+size, label, crc32, input, and its place (Part.where: tar shard, offset, size; or -1, the
+LMDB key's index, -1), not its bytes. Neither the part nor a shard is fsynced before the pack
+is finished (an LMDB transaction is, when committed; records not yet in one are lost with
+the process): after a crash, a resume moves the streamed files aside
+(DEST.partial/streamed/), reads every kept part's records back from them and checks each
+against its crc32; the first part that does not check (torn by a
+power loss, or its shard bytes lost) is redone, with every part after it. The resumed pack is
+assembled from the parts as before (gpufeed.write.assemble), and streamed/ is deleted with
+DEST.partial when it is finished.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.formats.parts import Part
+from gpufeed.formats.record import record_from_members
+from gpufeed.write.guard import OUT_DIR, STREAMED_DIR
+
+__all__ = ["check_part", "keep_streamed", "load_part"]
+
+SHARD_FORMAT = "shard-{:06d}.tar"  # gpufeed.formats.tar's shard names
+
+
+def keep_streamed(partial: Path) -> None:
+    """On resume: the shards the first run streamed, kept aside for its parts (a later
+    resume keeps the same ones: only a fresh pack streams)."""
+    out, kept = partial / OUT_DIR, partial / STREAMED_DIR
+    if out.exists() and not kept.exists():
+        os.rename(out, kept)
+
+
+def load_part(path: Path, partial: Path) -> Part:
+    """The part at ``path``, its payload read back from the streamed shards if it was saved
+    without it (ValueError or OSError when they do not hold it)."""
+    part = Part.load(path)
+    if part.where is None or not len(part):
+        return part
+    if int(part.where[0, 0]) < 0:
+        records = _from_lmdb(part.where[:, 1], partial / STREAMED_DIR)
+    else:
+        records = _from_shards(part.spec.schema, part.where, partial / STREAMED_DIR)
+    if not np.array_equal(np.diff(part.offsets), [len(r) for r in records]):
+        raise ValueError(f"{path}: the shards' records are not the sizes the part recorded")
+    part.payload = np.frombuffer(b"".join(records), dtype=np.uint8)
+    return part
+
+
+def _from_shards(schema, where: np.ndarray, kept: Path) -> list[bytes]:
+    """Records from tar shards: each sample's members at (shard, offset, size)."""
+    fds: dict[int, int] = {}
+    records = []
+    try:
+        for shard, offset, size in where.tolist():
+            if shard not in fds:
+                fds[shard] = os.open(kept / SHARD_FORMAT.format(shard), os.O_RDONLY)
+            span = os.pread(fds[shard], size, offset)
+            if len(span) != size:
+                raise ValueError(f"shard {shard} is cut short")
+            records.append(record_from_members(schema, span))
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return records
+
+
+def _from_lmdb(indices: np.ndarray, kept: Path) -> list[bytes]:
+    """Records from the streamed data.mdb, by key (records of a transaction not committed
+    before the crash are missing: a KeyError)."""
+    import lmdb
+
+    from gpufeed.formats.lmdb import keys
+
+    env = lmdb.open(str(kept), subdir=True, readonly=True, lock=False, readahead=False)
+    try:
+        with env.begin() as txn:
+            records = [txn.get(k) for k in keys(indices)]
+    finally:
+        env.close()
+    if any(r is None for r in records):
+        raise KeyError("a record the part names is not in the streamed data.mdb")
+    return records
+
+
+def check_part(path: Path, partial: Path) -> Part | None:
+    """The part at ``path`` read whole (its payload from the streamed shards if need be) and
+    checked, or None when it is torn: unreadable (a zip member's CRC-32 included), its index
+    arrays of the wrong lengths, or a sample whose crc32 is not the one recorded. What a
+    resume trusts of a part that was not fsynced."""
+    try:
+        part = load_part(path, partial)
+    except Exception:  # noqa: BLE001 - any failure to read it back: the part is torn
+        return None
+    n = len(part.labels)
+    lengths = (len(part.offsets) - 1, len(part.crc32), len(part.items), len(part.exts))
+    if any(k != n for k in lengths) or (n and int(part.offsets[-1]) != len(part.payload)):
+        return None
+    if n and (int(part.offsets[0]) != 0 or bool((np.diff(part.offsets) < 0).any())):
+        return None
+    view = memoryview(part.payload)
+    bounds = part.offsets.tolist()
+    for j, want in enumerate(part.crc32.tolist()):
+        if zlib.crc32(view[bounds[j] : bounds[j + 1]]) != want:
+            return None
+    return part

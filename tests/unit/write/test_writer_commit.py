@@ -1,0 +1,167 @@
+"""The Writer's parts: written in a commit thread and not fsynced, so a resume checks each
+part it keeps (check_part) and redoes a torn one and every part after it; a streamed tar or
+LMDB pack's parts hold no payload (the shard or data.mdb does: read back on resume); the
+record encoder made once a schema gives encode_record's bytes; tar shards hashed as
+written."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gpufeed
+from gpufeed.formats.checksums import sha256_file
+from gpufeed.formats.parts import Part
+from gpufeed.formats.record import encode_record, record_encoder
+from gpufeed.formats.schema import parse_schema
+from gpufeed.write.streamed import check_part, keep_streamed
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_writer import SCHEMA, _pack_files, check, sample  # noqa: E402
+
+
+def _stopped(dest: Path, fmt: str, n: int) -> Path:
+    """A Writer of ``n`` samples in parts of 4, left by an error: its parts folder."""
+    with pytest.raises(RuntimeError), gpufeed.Writer(dest, format=fmt, schema=SCHEMA,
+                                                     part_size=4) as w:  # fmt: skip
+        for i in range(n):
+            w.write(sample(i))
+        raise RuntimeError("stopped")
+    parts = sorted((dest.parent / (dest.name + ".partial") / "parts").glob("part-*.npz"))
+    assert len(parts) == n // 4
+    return parts[0].parent
+
+
+def _tear(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "zeros":  # renamed, its blocks never written (a power loss)
+        data = bytearray(len(data))
+    elif how == "cut":
+        data = data[: len(data) // 2]
+    else:  # one byte of sample 9 changed: the zip CRC or the sample's crc32 says so
+        at = data.find(b"s9")
+        assert at >= 0
+        data[at + 1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["zeros", "cut", "flipped"])
+@pytest.mark.parametrize("fmt", ["tar", "lmdb"])
+def test_a_torn_part_is_redone_with_the_parts_after_it(tmp_path, fmt, how):
+    dest = tmp_path / "p"
+    parts = _stopped(dest, fmt, 20)
+    partial = parts.parent
+    assert Part.load(parts / "part-000002.npz").where is not None  # no payload: out/ has it
+    if how == "flipped":  # sample 9's bytes in the streamed shard or data.mdb
+        _tear(partial / "out" / ("shard-000000.tar" if fmt == "tar" else "data.mdb"), how)
+    else:
+        _tear(parts / "part-000002.npz", how)
+    keep_streamed(partial)
+    assert check_part(parts / "part-000001.npz", partial) is not None
+    assert check_part(parts / "part-000002.npz", partial) is None
+    with gpufeed.Writer(dest, format=fmt, resume=True, part_size=4) as w:
+        assert w.written == 8 and w.inputs_done == 8
+        assert not (parts / "part-000003.npz").exists()  # after the torn one: written again
+        for i in range(w.written, 22):
+            w.write(sample(i))
+    check(dest, 22)
+    fresh = tmp_path / "fresh"
+    with gpufeed.Writer(fresh, format=fmt, schema=SCHEMA, part_size=4) as w:
+        for i in range(22):
+            w.write(sample(i))
+    assert _pack_files(dest) == _pack_files(fresh)
+
+
+def test_pack_fn_resumes_past_a_torn_part(tmp_path):
+    dest = tmp_path / "p"
+    parts = _stopped(dest, "tar", 16)
+    _tear(parts / "part-000003.npz", "zeros")
+    gpufeed.pack(sample, range(30), dest, format="tar", resume=True, workers=0, quiet=True,
+                 part_size=4)  # fmt: skip
+    check(dest, 30)
+
+
+def test_a_commit_that_fails_is_raised_at_the_next_part_and_the_pack_resumes(tmp_path, monkeypatch):
+    from gpufeed.formats import parts as parts_mod
+
+    dest, calls = tmp_path / "p", []
+    save = parts_mod.Part.save
+
+    def failing(self, path, sync=True):
+        calls.append(path.name)
+        if len(calls) == 3:
+            raise OSError("disk said no")
+        save(self, path, sync)
+
+    monkeypatch.setattr(parts_mod.Part, "save", failing)
+    with pytest.raises(OSError, match="disk said no"):
+        with gpufeed.Writer(dest, format="tar", schema=SCHEMA, part_size=4) as w:
+            for i in range(40):
+                w.write(sample(i))
+    monkeypatch.setattr(parts_mod.Part, "save", save)
+    with gpufeed.Writer(dest, format="tar", resume=True, part_size=4) as w:
+        assert w.written == 8  # the two parts before the failed one
+        for i in range(w.written, 40):
+            w.write(sample(i))
+    check(dest, 40)
+
+
+def test_the_record_encoder_gives_encode_records_bytes():
+    schema = parse_schema({"x": "float32[2,3]", "n": "int", "s": "str", "r": "int32[-1]"})
+    enc = record_encoder(schema)
+    samples = [
+        {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "n": 5, "s": "a", "r": [1, 2]},
+        {
+            "x": np.arange(6).reshape(2, 3),
+            "n": np.int64(-3),
+            "s": "",
+            "r": np.zeros(0, np.int16),
+        },  # cast
+        {"x": np.asfortranarray(np.ones((2, 3), np.float32)), "n": 1, "s": "é", "r": [3]},
+        {"x": np.ones((3, 2), np.float32).T, "n": -(1 << 63), "s": "z", "r": [7]},
+    ]
+    for s in samples:
+        assert enc(s) == encode_record(schema, s)
+    for bad in ({"x": np.ones((3, 2), np.float32), "n": 1, "s": "", "r": []},
+                {"x": np.ones((2, 3), np.float32), "n": 1, "s": ""},
+                {"x": np.ones((2, 3), np.float32), "n": 1, "s": "", "r": [], "extra": 1},
+                {"x": np.ones((2, 3), np.float32), "n": 1 << 63, "s": "", "r": []}):  # fmt: skip
+        with pytest.raises(Exception) as want:
+            encode_record(schema, bad)
+        with pytest.raises(type(want.value)):
+            enc(bad)
+
+
+def test_tar_shards_are_hashed_as_written(tmp_path):
+    dest = tmp_path / "p"
+    with gpufeed.Writer(dest, format="tar", schema=SCHEMA, part_size=7, shard_size=10) as w:
+        for i in range(35):
+            w.write(sample(i))
+    files = w.manifest["files"]
+    assert len([n for n in files if n.startswith("shard-")]) == 4
+    for name, entry in files.items():
+        assert entry["sha256"] == sha256_file(dest / name), name
+
+
+def test_a_flushed_part_keeps_its_payload_and_lmdb_records_outlive_the_writer(tmp_path):
+    """flush() commits a part now, with its payload (an LMDB transaction may still hold its
+    records); a writer left by an error commits LMDB's pending records, so the parts that
+    name them are kept by the resume."""
+    dest = tmp_path / "p"
+    with pytest.raises(RuntimeError), gpufeed.Writer(dest, format="lmdb", schema=SCHEMA,
+                                                     part_size=4) as w:  # fmt: skip
+        for i in range(6):
+            w.write(sample(i))
+        w.flush()
+        raise RuntimeError("stopped")
+    parts = tmp_path / "p.partial" / "parts"
+    assert Part.load(parts / "part-000000.npz").where is not None
+    assert Part.load(parts / "part-000001.npz").where is None  # flushed: holds its payload
+    with gpufeed.Writer(dest, format="lmdb", resume=True, part_size=4) as w:
+        assert w.written == 6
+        for i in range(6, 9):
+            w.write(sample(i))
+    check(dest, 9)
