@@ -167,13 +167,20 @@ def test_a_warm_stream_submits_no_read_ahead_job(tar_pack, monkeypatch):
     assert submitted == []
 
 
-def test_a_stream_stopped_early_forgets_its_runs_ahead(tar_pack, monkeypatch):
+def _stream_waiting_on_its_runs_ahead(tar_pack, monkeypatch):
+    """(dataset, its batches after the first, the gate that lets its read-ahead jobs end):
+    a cold stream whose runs ahead are held in the read-ahead threads."""
     gate = threading.Event()
     monkeypatch.setattr(readahead, "looks_cached", lambda *_: False)
     monkeypatch.setattr(readahead, "populate", lambda *_: gate.wait(10))
     ds = stream(tar_pack, shuffle_buffer=0)
     batches = ds.iter_batches(4)
     next(batches)
+    return ds, batches, gate
+
+
+def test_a_stream_stopped_early_forgets_its_runs_ahead(tar_pack, monkeypatch):
+    ds, batches, gate = _stream_waiting_on_its_runs_ahead(tar_pack, monkeypatch)
     assert ds.reader.ahead.pending() > 0
     gate.set()
     batches.close()
@@ -184,12 +191,7 @@ def test_a_stream_stopped_early_forgets_its_runs_ahead(tar_pack, monkeypatch):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
 def test_a_fork_mid_stream_drains_the_read_ahead(tar_pack, monkeypatch):
-    gate = threading.Event()
-    monkeypatch.setattr(readahead, "looks_cached", lambda *_: False)
-    monkeypatch.setattr(readahead, "populate", lambda *_: gate.wait(10))
-    ds = stream(tar_pack, shuffle_buffer=0)
-    batches = ds.iter_batches(4)
-    next(batches)
+    ds, batches, gate = _stream_waiting_on_its_runs_ahead(tar_pack, monkeypatch)
     ahead = ds.reader.ahead
     assert ahead.pending() > 0 and ahead.background._pool is not None
     threading.Timer(0.2, gate.set).start()  # the running job ends; the fork waits for it

@@ -40,13 +40,16 @@ from gpufeed.formats.tar_write import (  # noqa: F401 - the format's names, in o
     INDEX_NAME,
     KEY_FORMAT,
     RECORD,
-    REMOTE_OPEN_SHARDS,
     RUN_BYTES,
     SHARD_FORMAT,
     TarWriter,
     npy_header,
     shard_pattern,
 )
+
+# shards of a remote pack one process keeps open (and pinned in the cache): a streaming
+# reader is on one or two at a time; a map-style one in block-shuffled order on a few
+REMOTE_OPEN_SHARDS = 4
 
 
 class TarReader(Reader):

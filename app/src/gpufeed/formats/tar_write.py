@@ -25,9 +25,6 @@ RECORD = 20 * BLOCK
 RUN_BYTES = 8 << 20
 DEFAULT_SHARD_SIZE = 10_000
 DEFAULT_SHARD_BYTES = 256 << 20
-# shards of a remote pack one process keeps open (and pinned in the cache): a streaming
-# reader is on one or two at a time; a map-style one in block-shuffled order on a few
-REMOTE_OPEN_SHARDS = 4
 KEY_FORMAT = "{:09d}"
 
 

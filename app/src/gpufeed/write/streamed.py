@@ -23,11 +23,10 @@ import numpy as np
 
 from gpufeed.formats.parts import Part
 from gpufeed.formats.record import record_from_members
+from gpufeed.formats.tar_write import SHARD_FORMAT
 from gpufeed.write.guard import OUT_DIR, STREAMED_DIR
 
 __all__ = ["check_part", "keep_streamed", "load_part"]
-
-SHARD_FORMAT = "shard-{:06d}.tar"  # gpufeed.formats.tar's shard names
 
 
 def keep_streamed(partial: Path) -> None:

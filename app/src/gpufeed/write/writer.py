@@ -397,16 +397,19 @@ def _encoder(schema: Schema) -> tuple[Any, bool]:
     if got is None or got[0] is not schema:
         if len(_ENCODERS) > 64:
             _ENCODERS.clear()
-        has_label = any(f.name == "label" and f.type == "int" for f in schema.fields)
-        got = _ENCODERS[id(schema)] = (schema, record_encoder(schema), has_label)
+        got = _ENCODERS[id(schema)] = (schema, record_encoder(schema), _has_label(schema))
     return got[1], got[2]
 
 
 def label_of(schema: Schema, sample: Mapping[str, Any]) -> int:
     """The pack's per-sample label (class-balanced samplers, verify): an int field named
     "label", else -1."""
+    return int(sample["label"]) if _has_label(schema) else -1
+
+
+def _has_label(schema: Schema) -> bool:
+    """Whether the schema has the pack's label: an int field named "label"."""
     try:
-        f = schema["label"]
+        return schema["label"].type == "int"
     except KeyError:
-        return -1
-    return int(sample["label"]) if f.type == "int" else -1
+        return False
