@@ -55,6 +55,7 @@ def ffcv_pass(case, seed: int, cap: float, cold: bool) -> float:
         case, path, shuffle=True, workers=2, batch_size=256, seed=seed
     )
     rate = time_batches(batches, max_samples=case.count, max_seconds=cap).samples_per_s
+    batches.close()
     del batches
     gc.collect()
     return rate

@@ -359,7 +359,7 @@ def make_batches(case, row: str, *, shuffle: bool, workers: int, batch_size: int
         batch_size=batch_size,
         seed=seed,
     )
-    return dl, lambda: None
+    return dl, getattr(dl, "close", lambda: None)
 
 
 def one_pass(case, row, *, shuffle, workers, batch_size, cap_s, seed=0, files=None) -> dict:
