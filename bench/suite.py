@@ -946,6 +946,9 @@ def main(argv=None) -> int:
 
     import torch
 
+    from gpufeed.system.sysinfo import read_ahead_kb
+
+    data_root.mkdir(parents=True, exist_ok=True)
     results = {
         "quick": args.quick,
         "cpus": cpus(),
@@ -953,8 +956,11 @@ def main(argv=None) -> int:
         "batch_size": args.batch_size,
         "runs": runs,
         "cap_s": cap,
+        # how much a page fault through a memory map reads around it (FFCV's cold reads)
+        "read_ahead_kb": read_ahead_kb(data_root.parent),
         "cases": {},
     }
+    log(f"data on a device with read_ahead_kb {results['read_ahead_kb']}")
     all_ran = True
     selected = bdata.cases(data_root, args.quick)
     if args.cases:

@@ -86,3 +86,23 @@ def test_describe_collects_the_limits(tmp_path):
     assert d["memory_limit_bytes"] == 2 << 30
     assert d["shm_total_bytes"] == sysinfo.shm_size_bytes(tmp_path)
     assert sysinfo.describe(**case("none"), shm_path=tmp_path / "x")["shm_free_bytes"] is None
+
+
+@pytest.mark.parametrize("partition", [False, True])
+def test_read_ahead_kb_of_the_device_holding_a_path(tmp_path, partition):
+    dev = os.stat(tmp_path).st_dev
+    disk = tmp_path / "sys" / "devices" / "disk"
+    (disk / "queue").mkdir(parents=True)
+    (disk / "queue" / "read_ahead_kb").write_text("8192\n")
+    target = disk / "part1" if partition else disk
+    target.mkdir(exist_ok=True)
+    links = tmp_path / "sys" / "dev" / "block"
+    links.mkdir(parents=True)
+    (links / f"{os.major(dev)}:{os.minor(dev)}").symlink_to(target)
+    assert sysinfo.read_ahead_kb(tmp_path, sys_root=tmp_path / "sys") == 8192
+    (disk / "queue" / "read_ahead_kb").write_text("none\n")
+    assert sysinfo.read_ahead_kb(tmp_path, sys_root=tmp_path / "sys") is None
+
+
+def test_read_ahead_kb_is_none_without_a_block_device(tmp_path):
+    assert sysinfo.read_ahead_kb(tmp_path, sys_root=tmp_path / "no-sys") is None

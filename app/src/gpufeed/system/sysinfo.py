@@ -326,3 +326,19 @@ def free_bytes(path: str | os.PathLike) -> int:
         p = p.parent
     st = os.statvfs(p)
     return st.f_bavail * st.f_frsize
+
+
+def read_ahead_kb(path: str | os.PathLike, sys_root: str | os.PathLike = "/sys") -> int | None:
+    """The read-ahead window (KiB) of the block device holding `path`, or None where there is
+    none to read (overlay, tmpfs, network filesystems). Through a memory map with the default
+    advice a page fault reads this much around the page, so a few hundred random faults can
+    read a whole file (8 MiB on the machine of docs/benchmarks.md; 128 KiB is the kernel's
+    default)."""
+    dev = os.stat(path).st_dev
+    device = Path(sys_root, "dev", "block", f"{os.major(dev)}:{os.minor(dev)}")
+    # a partition's queue/ is its disk's, one level up
+    for queue in (device / "queue", device / ".." / "queue"):
+        text = _read(queue / "read_ahead_kb")
+        if text is not None and text.isdigit():
+            return int(text)
+    return None
