@@ -139,3 +139,38 @@ def test_strided_rows_survive_a_fork_into_two_loader_workers(tar_pack):
         assert len(xs) == N
         got = sorted(x.tobytes() for x in xs)
         assert got == sorted(w.tobytes() for w in want)
+
+
+def test_blocks_of_a_map_style_order_are_populated_in_their_shards(tar_pack, monkeypatch):
+    """Blocks of 12 (shards of 16): block 12-23 is populated in shard 0 (12-15), the rest
+    (16-23, shard 1) asked for; a batch makes its own blocks resident, none left pending."""
+    from gpufeed.formats import readahead, tar
+
+    populated, asked = [], []
+    monkeypatch.setattr(readahead, "looks_cached", lambda *_: False)
+    monkeypatch.setattr(readahead, "populate", lambda addr, n: populated.append(n))
+    monkeypatch.setattr(tar, "advise_willneed", lambda spans: asked.extend(n for _, n in spans))
+    reader = open_reader(tar_pack)
+    assert reader.reads_ranges_ahead
+    reader.prefetch_ranges([(12, 24), (48, 60)])
+    got = reader.read_batch(np.array([50, 13, 23, 59]))
+    assert reader.ahead.pending() == 0
+    assert sorted(populated) == sorted([reader.run_bytes(12, 16), reader.run_bytes(48, 60)])
+    assert asked == [reader.run_bytes(16, 24)]
+    assert got.tobytes() == one_by_one(reader, [50, 13, 23, 59]).tobytes()
+
+
+def test_make_loader_reads_a_map_style_tar_pack_ahead_by_block(tar_pack, monkeypatch):
+    from gpufeed.formats.tar import TarReader
+
+    announced = []
+    real = TarReader.prefetch_ranges
+    monkeypatch.setattr(
+        TarReader, "prefetch_ranges", lambda self, r: announced.extend(r) or real(self, r)
+    )
+    ds = gpufeed.open_dataset(tar_pack)
+    want = one_by_one(ds.reader, np.arange(N))
+    loader = gpufeed.make_loader(ds, 8, shuffle=True, seed=4, num_workers=0, block_size=4)
+    xs = torch.cat([x for x, _ in loader]).numpy()
+    assert sorted(x.tobytes() for x in xs) == sorted(w.tobytes() for w in want)
+    assert announced and sorted(a for a, _ in announced) == list(range(0, N, 4))

@@ -212,6 +212,43 @@ class TarReader(Reader):
                     os.POSIX_FADV_WILLNEED,
                 )
 
+    @property
+    def reads_ranges_ahead(self) -> bool:
+        """Blocks of a map-style order read ahead, as the mmap reader's, where samples are
+        read as rows (see strides)."""
+        return self.strides is not None
+
+    def prefetch_ranges(self, ranges) -> None:
+        """Each block's span in its first sample's shard populated on the read-ahead
+        threads (BlocksAhead, as the mmap reader's blocks); the rest of a block that runs
+        into the next shard asked for (WILLNEED)."""
+        if self.strides is None:
+            return
+        ranges = [(int(a), min(int(b), self.count)) for a, b in ranges]
+        spans, rest = [], []
+        for a, b in ranges:
+            if b <= a:
+                continue
+            stop = self._shard_end(a, b)
+            spans.append((a, *self._span(a, stop)))
+            while stop < b:  # the block's samples in the shards after (small shards)
+                rest.append(self._span(stop, self._shard_end(stop, b)))
+                stop = self._shard_end(stop, b)
+        self.ahead.announce_blocks(ranges, spans)
+        advise_willneed(rest)
+
+    def _shard_end(self, first: int, stop: int) -> int:
+        """The end of samples first..stop-1 that lie in first's shard."""
+        return min(stop, int(self.shard_start[self.shard[first] + 1]))
+
+    def _span(self, first: int, stop: int) -> tuple[int, int]:
+        """(address, length) of samples first..stop-1 in their shard's map (one shard;
+        clipped to the map)."""
+        data = self._map(int(self.shard[first]))
+        start = int(self.offset[first])
+        end = min(start + self.run_bytes(first, stop), len(data))
+        return data.ctypes.data + start, max(0, end - start)
+
     def run_bytes(self, first: int, stop: int) -> int:
         """The bytes one read of samples first..stop-1 (one shard) spans."""
         return int(self.offset[stop - 1] + self.size[stop - 1] - self.offset[first])
@@ -224,14 +261,7 @@ class TarReader(Reader):
         close when they are unpinned, see _shard_path)."""
         if self.source is not None:
             return
-        spans = []
-        for first, stop in runs:
-            data = self._map(int(self.shard[first]))
-            start = int(self.offset[first])
-            end = min(start + self.run_bytes(first, stop), len(data))
-            if end > start:
-                spans.append((int(first), data.ctypes.data + start, end - start))
-        self.ahead.announce(spans)
+        self.ahead.announce((int(first), *self._span(first, stop)) for first, stop in runs)
 
     def _run_in_one_shard(self, indices: np.ndarray) -> bool:
         """Consecutive samples of one shard (what streaming reads): one read covers them."""
@@ -294,6 +324,7 @@ class TarReader(Reader):
             return self._spans(indices, run)
         if run:
             return self._rows_of_run(indices)
+        self.ahead.ready(indices)  # blocks read ahead (prefetch_ranges): resident first
         rows = self.read_rows(indices)
         if rows is not None:
             return rows
