@@ -15,7 +15,7 @@ from unit_sources import write_arrays
 import gpufeed
 from gpufeed.data import pool as pool_module
 from gpufeed.data import streaming
-from gpufeed.data.pool import SamplePool, SlotPool, make_pool
+from gpufeed.data.pool import RowPool, SamplePool, SlotPool, make_pool
 from gpufeed.formats import open_reader, readahead
 
 N = 60
@@ -68,6 +68,9 @@ def test_pool_kind_follows_the_samples_and_the_buffer_size(monkeypatch):
     assert isinstance(make_pool(rows, 100), SlotPool)
     assert isinstance(make_pool([b"jpeg", b"bytes"], 100), SamplePool)
     assert isinstance(make_pool(rows, 100, shuffled=False), SamplePool)
+    gather = rows.__getitem__
+    assert isinstance(make_pool(rows, 100, gather=gather), RowPool)
+    assert isinstance(make_pool(rows, 100, False, gather), SamplePool)  # runs, copied once
     monkeypatch.setattr(pool_module, "SLOT_POOL_MAX_BYTES", 99 * 192)
     assert isinstance(make_pool(rows, 100), SamplePool)  # too big to copy: references
 
@@ -99,8 +102,37 @@ def test_every_sample_once_per_epoch_through_either_pool(tar_pack, monkeypatch, 
         ref = sorted(range(N), key=lambda j: want[j].tobytes())
         assert all(np.array_equal(x[a].numpy(), want[b]) for a, b in zip(order, ref, strict=True))
         assert torch.equal(torch.sort(y).values, torch.from_numpy(np.sort(reader.labels)))
-    kind = SlotPool if shuffle_buffer > 1 else SamplePool  # unshuffled: copied once, as read
+    # shuffled: gathered from the shards' maps (a local pack, one stride a shard);
+    # unshuffled: copied once, as read
+    kind = RowPool if shuffle_buffer > 1 else SamplePool
     assert made and all(type(p) is kind for p in made)
+
+
+@pytest.mark.parametrize("shuffle_buffer", [10, 200])
+def test_the_row_pool_gives_the_slot_pools_batches(tar_pack, monkeypatch, shuffle_buffer):
+    """The same seed, the same batches in the same order, whichever pool holds them."""
+    fast = stream(tar_pack, shuffle_buffer=shuffle_buffer, seed=7)
+    slow = stream(tar_pack, shuffle_buffer=shuffle_buffer, seed=7)
+    monkeypatch.setattr(slow, "_gather", lambda: None)
+    for epoch in range(2):
+        fast.set_epoch(epoch)
+        slow.set_epoch(epoch)
+        got, want = list(fast.iter_batches(8)), list(slow.iter_batches(8))
+        assert len(got) == len(want)
+        for (x, y), (xs, ys) in zip(got, want, strict=True):
+            assert torch.equal(x, xs) and torch.equal(y, ys)
+
+
+def test_a_row_pool_hands_out_what_its_gather_gives_in_the_order_drawn():
+    data = np.arange(8 * 6, dtype=np.uint8).reshape(8, 6)
+    pool = RowPool(lambda idx: data[idx])
+    pool.put(np.arange(4), None)
+    idx, got = pool.take(np.array([3, 0]))
+    assert idx.tolist() == [3, 0] and np.array_equal(got, data[[3, 0]])
+    pool.put(np.arange(4, 8), None)
+    idx, got = pool.take(np.arange(6))
+    assert idx.tolist() == [1, 2, 4, 5, 6, 7] and np.array_equal(got, data[idx])
+    assert pool.size == 0
 
 
 def test_a_shuffled_stream_is_seeded(tar_pack):

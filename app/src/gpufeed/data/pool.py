@@ -5,6 +5,10 @@ gathered from there: a batch drawn from ~20 runs read through a shard's memory m
 the copy its page faults, from the heap it is one np.take (docs/benchmarks.md, "Issue 16
 phase 7"). Encoded and multi-field samples, and buffers too big to copy
 (``SLOT_POOL_MAX_BYTES``), are held as references to the runs as read (``SamplePool``).
+Where the reader can gather samples in any order from its kept maps (a local tar pack of
+fixed-shape samples at one stride a shard, formats/tar_rows.py), the pool holds only their
+indices (``RowPool``): a batch is gathered once, like the mmap reader's, with no copy into
+slots first.
 """
 
 from __future__ import annotations
@@ -16,17 +20,20 @@ import torch
 
 from gpufeed.formats.readahead import take_rows
 
-__all__ = ["SLOT_POOL_MAX_BYTES", "SamplePool", "SlotPool", "make_pool"]
+__all__ = ["SLOT_POOL_MAX_BYTES", "RowPool", "SamplePool", "SlotPool", "make_pool"]
 
 # the most heap one reading process copies its shuffle buffer into; a bigger buffer (a long
 # shuffle_buffer of large samples) stays as references to the page cache
 SLOT_POOL_MAX_BYTES = 256 << 20
 
 
-def make_pool(payloads, capacity: int, shuffled: bool = True):
+def make_pool(payloads, capacity: int, shuffled: bool = True, gather=None):
     """The pool for a stream whose first run read is ``payloads``, holding up to
-    ``capacity`` samples at once. Unshuffled, batches are runs in storage order: copied
-    straight from the runs as read, once (SamplePool)."""
+    ``capacity`` samples at once. ``gather(indices)``: the reader's own gather of samples
+    in any order (RowPool), where it has one. Unshuffled, batches are runs in storage
+    order: copied straight from the runs as read, once (SamplePool)."""
+    if shuffled and gather is not None and isinstance(payloads, np.ndarray):
+        return RowPool(gather)
     if shuffled and isinstance(payloads, np.ndarray) and payloads.ndim >= 1:
         row_bytes = payloads.dtype.itemsize * int(np.prod(payloads.shape[1:]))
         if capacity * row_bytes <= SLOT_POOL_MAX_BYTES:
@@ -73,6 +80,33 @@ class SlotPool:
         take_rows(self.slots, slots, out)
         self.free = np.concatenate([self.free, np.sort(slots)])
         return self.index[slots], out
+
+
+class RowPool:
+    """The samples read and not yet handed out, held as their indices only (in the order
+    put): ``take`` gathers the drawn ones with ``gather(indices)`` (TarReader.read_rows:
+    one fancy index a shard of its kept maps, whose pages the stream's read of each run
+    made resident). What ``take`` returns is what SlotPool's would: the same samples in
+    the order drawn."""
+
+    def __init__(self, gather):
+        self.gather = gather
+        self.live = np.empty(0, dtype=np.int64)  # indices held, in the order put
+
+    @property
+    def size(self) -> int:
+        return len(self.live)
+
+    def put(self, idx: np.ndarray, payloads) -> None:
+        self.live = np.concatenate([self.live, idx])
+
+    def take(self, positions: np.ndarray):
+        """(indices, samples) at ``positions``, in that order, removed from the pool."""
+        idx = self.live[positions]
+        keep = np.ones(len(self.live), dtype=bool)
+        keep[positions] = False
+        self.live = self.live[keep]
+        return idx, self.gather(idx)
 
 
 class SamplePool:

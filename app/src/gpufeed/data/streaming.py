@@ -205,14 +205,26 @@ class TarShardDataset(SampleReading, IterableDataset):
             return samples, self.reader.labels[idx[kept]], kept
 
         size = max(self.read_size, batch_size)
+        gather = self._gather()
         for idx, payloads in self._chunks(shards, size):
             if pool is None:
-                pool = make_pool(payloads, keep_back + batch_size + size, shuffle)
+                pool = make_pool(payloads, keep_back + batch_size + size, shuffle, gather)
             pool.put(idx, payloads)
             while pool.size >= keep_back + batch_size:
                 yield decoded(*pool.take(draw(batch_size)))
         while pool is not None and (pool.size >= batch_size or (pool.size and not drop_last)):
             yield decoded(*pool.take(draw(min(batch_size, pool.size))))
+
+    def _gather(self):
+        """How a shuffled stream gathers its batches from what it has read: the reader's
+        own gather from its kept shard maps (TarReader.read_batch: read_rows) where the
+        pack's samples sit at one stride a shard (a local pack of fixed-shape samples), so
+        the buffer holds indices only; else None (the buffer copies or references the
+        runs)."""
+        reader = self.reader
+        if getattr(reader, "strides", None) is None:
+            return None
+        return reader.read_batch
 
     def iter_batches(self, batch_size: int, drop_last: bool = False):
         """The fast path: this rank's and worker's samples as Batches of ``batch_size`` (the

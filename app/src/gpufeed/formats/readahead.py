@@ -279,9 +279,15 @@ class BlocksAhead:
     def announce_ranges(self, data: np.ndarray, offsets: np.ndarray | None, ranges) -> None:
         """:meth:`announce` for index ranges ``[start, stop)`` of a mapped array."""
         ranges = list(ranges)
+        self.announce_blocks(ranges, sample_range_spans(data, offsets, ranges))
+
+    def announce_blocks(self, ranges: list, spans: Iterable[tuple[int, int, int]]) -> None:
+        """:meth:`announce` the spans of blocks ``ranges`` (index ranges ``[start, stop)``
+        of one size, each span keyed by its block's start), so that :meth:`ready` finds a
+        batch's blocks by its indices."""
         if ranges and not self._block:
             self._block = int(ranges[0][1]) - int(ranges[0][0])
-        self.announce(sample_range_spans(data, offsets, ranges))
+        self.announce(spans)
 
     def ready(self, indices: np.ndarray) -> None:
         """Make the blocks holding ``indices`` resident before they are copied."""

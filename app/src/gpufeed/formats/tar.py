@@ -27,6 +27,7 @@ import numpy as np
 
 from gpufeed.errors import CorruptSampleError, DataError
 from gpufeed.formats.base import Reader
+from gpufeed.formats.maps import kept_map
 from gpufeed.formats.readahead import (
     PREFETCH_MIN_BYTES,
     BlocksAhead,
@@ -34,6 +35,7 @@ from gpufeed.formats.readahead import (
     is_run,
 )
 from gpufeed.formats.record import record_from_members
+from gpufeed.formats.tar_rows import gather_rows, shard_rows, shard_strides
 from gpufeed.formats.tar_write import (  # noqa: F401 - the format's names, in one place
     DEFAULT_SHARD_BYTES,
     DEFAULT_SHARD_SIZE,
@@ -84,10 +86,51 @@ class TarReader(Reader):
         self.ahead = BlocksAhead()  # a stream's next runs populated ahead (read_runs_ahead)
 
     def _open(self):
-        return {}
+        if self.source is not None:
+            return {}
+        # a local pack's shard maps, kept across readers in this process (one entry a pack,
+        # told apart by every shard's identity): a warm pass finds their pages mapped
+        identity = tuple(self.pinned_identity(name) for name in self.shards)
+        return {"maps": kept_map(self.root / INDEX_NAME, identity, "tar shards", dict)}
+
+    @functools.cached_property
+    def strides(self) -> np.ndarray | None:
+        """Each shard's stride between samples when a local pack's fixed-shape samples sit
+        at one (formats/tar_rows.py), else None: samples are then read one by one."""
+        if self.spec.kind != "array" or self.source is not None:
+            return None
+        return shard_strides(self.shard, self.offset, self.size, self.shard_start, self.spec.nbytes)
+
+    def _rows(self, shard: int) -> np.ndarray | None:
+        """The shard's samples as a strided [count, nbytes] view of its map (see strides)."""
+        views = self.handle.setdefault("rows", {})
+        if shard not in views:
+            first, stop = self.shard_range(shard)
+            views[shard] = shard_rows(
+                self._map(shard),
+                int(self.offset[first]),
+                stop - first,
+                int(self.strides[shard]),
+                self.spec.nbytes,
+            )
+        return views[shard]
+
+    def read_rows(self, indices: np.ndarray) -> np.ndarray | None:
+        """Fixed-shape samples in any order gathered from the shards' maps, one fancy index
+        per shard (a new array); None where the pack's layout does not allow it (strides
+        None, a truncated shard): read_batch then reads them one by one."""
+        if self.strides is None:
+            return None
+        shards = self.shard[indices]
+        rows = indices - self.shard_start[shards]
+        flat = gather_rows(self._rows, shards, rows, self.spec.nbytes)
+        if flat is None:
+            return None
+        return flat.view(self.spec.dtype).reshape(len(indices), *self.spec.shape)
 
     def _close(self, handle) -> None:
         self.ahead.drain()  # no thread may read a map once it can be unmapped
+        handle.pop("rows", None)
         handle.pop("maps", None)  # memory maps close when the last view of them is gone
         for shard in handle.pop("remote", []):
             self.release_file(self.shards[shard])
@@ -169,6 +212,43 @@ class TarReader(Reader):
                     os.POSIX_FADV_WILLNEED,
                 )
 
+    @property
+    def reads_ranges_ahead(self) -> bool:
+        """Blocks of a map-style order read ahead, as the mmap reader's, where samples are
+        read as rows (see strides)."""
+        return self.strides is not None
+
+    def prefetch_ranges(self, ranges) -> None:
+        """Each block's span in its first sample's shard populated on the read-ahead
+        threads (BlocksAhead, as the mmap reader's blocks); the rest of a block that runs
+        into the next shard asked for (WILLNEED)."""
+        if self.strides is None:
+            return
+        ranges = [(int(a), min(int(b), self.count)) for a, b in ranges]
+        spans, rest = [], []
+        for a, b in ranges:
+            if b <= a:
+                continue
+            stop = self._shard_end(a, b)
+            spans.append((a, *self._span(a, stop)))
+            while stop < b:  # the block's samples in the shards after (small shards)
+                rest.append(self._span(stop, self._shard_end(stop, b)))
+                stop = self._shard_end(stop, b)
+        self.ahead.announce_blocks(ranges, spans)
+        advise_willneed(rest)
+
+    def _shard_end(self, first: int, stop: int) -> int:
+        """The end of samples first..stop-1 that lie in first's shard."""
+        return min(stop, int(self.shard_start[self.shard[first] + 1]))
+
+    def _span(self, first: int, stop: int) -> tuple[int, int]:
+        """(address, length) of samples first..stop-1 in their shard's map (one shard;
+        clipped to the map)."""
+        data = self._map(int(self.shard[first]))
+        start = int(self.offset[first])
+        end = min(start + self.run_bytes(first, stop), len(data))
+        return data.ctypes.data + start, max(0, end - start)
+
     def run_bytes(self, first: int, stop: int) -> int:
         """The bytes one read of samples first..stop-1 (one shard) spans."""
         return int(self.offset[stop - 1] + self.size[stop - 1] - self.offset[first])
@@ -181,14 +261,7 @@ class TarReader(Reader):
         close when they are unpinned, see _shard_path)."""
         if self.source is not None:
             return
-        spans = []
-        for first, stop in runs:
-            data = self._map(int(self.shard[first]))
-            start = int(self.offset[first])
-            end = min(start + self.run_bytes(first, stop), len(data))
-            if end > start:
-                spans.append((int(first), data.ctypes.data + start, end - start))
-        self.ahead.announce(spans)
+        self.ahead.announce((int(first), *self._span(first, stop)) for first, stop in runs)
 
     def _run_in_one_shard(self, indices: np.ndarray) -> bool:
         """Consecutive samples of one shard (what streaming reads): one read covers them."""
@@ -251,6 +324,10 @@ class TarReader(Reader):
             return self._spans(indices, run)
         if run:
             return self._rows_of_run(indices)
+        self.ahead.ready(indices)  # blocks read ahead (prefetch_ranges): resident first
+        rows = self.read_rows(indices)
+        if rows is not None:
+            return rows
         out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
         flat = out.reshape(len(indices), -1).view(np.uint8)
         width = self.spec.nbytes
