@@ -35,7 +35,12 @@ def gpufeed_pass(case, fmt: str, workers: int, seed: int, cap: float, cold: bool
         suite.evict(suite.data_files(path))
     opts = {"decode": gpufeed.RandomResizedCrop(case.crop)}
     if fmt == "tar":
-        opts.update(shuffle_buffer=bdata.shuffle_buffer(case), shuffle_shards=True, seed=seed)
+        opts.update(
+            map_style=False,  # streamed whole shards, as the suite's tar row
+            shuffle_buffer=bdata.shuffle_buffer(case),
+            shuffle_shards=True,
+            seed=seed,
+        )
     ds = gpufeed.open_dataset(path, **opts)
     loader = gpufeed.make_loader(ds, 256, shuffle=True, seed=seed, num_workers=workers)
     try:
