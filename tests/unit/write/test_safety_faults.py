@@ -102,8 +102,9 @@ def test_kill_9_of_a_pack_leaves_no_worker_behind(source, tmp_path):
     cmd = gpufeed_cmd("pack", source, tmp_path / "d", "-f", "tar", "-j", "2", "--part-size", "4")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        workers = wait_for(lambda: len(descendants(proc.pid)) >= 3 and descendants(proc.pid), 60)
-        assert len(workers) >= 3, "expected 2 workers and the resource tracker"
+        # the 2 workers (forked; spawned ones come with multiprocessing's resource tracker)
+        workers = wait_for(lambda: len(descendants(proc.pid)) >= 2 and descendants(proc.pid), 60)
+        assert workers and len(workers) >= 2, "expected 2 workers"
         time.sleep(0.5)  # the workers are past their start-up
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
