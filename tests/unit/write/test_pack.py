@@ -270,9 +270,11 @@ def test_default_workers_start_the_pool_only_when_the_probe_says_it_pays(many_ti
     def run():
         return list(pool.ordered_map(paths, opts, 2, measure_total=len(paths)))
 
-    monkeypatch.setattr(pool, "WORKER_START_S", 1e9)  # starting workers never pays
+    for name in ("WORKER_START_S", "FORK_START_S"):  # starting workers never pays
+        monkeypatch.setattr(pool, name, 1e9)
     assert run() == expected and pools == []
-    monkeypatch.setattr(pool, "WORKER_START_S", 0.0)  # always pays, after one item
+    for name in ("WORKER_START_S", "FORK_START_S"):  # always pays, after one item
+        monkeypatch.setattr(pool, name, 0.0)
     monkeypatch.setattr(pool, "PROBE_S", 0.0)
     assert run() == expected and pools == [(2,)]
     # an explicit worker count is obeyed without a probe

@@ -16,6 +16,7 @@ from faults import alive, descendants, gpufeed_cmd, run_gpufeed, small_disk, wai
 from unit_sources import PYTHON_ENV
 
 import gpufeed
+from gpufeed.write.assemble import STREAMED_FORMATS
 
 # 48 arrays of 32 KiB: about 1.5 MiB of samples
 SAMPLES, SAMPLE_BYTES = 48, 32 << 10
@@ -50,26 +51,33 @@ def assert_one_line_disk_full(r, name: str) -> None:
     ],
 )
 def test_a_full_disk_while_writing_the_format_names_the_file(source, tmp_path, fmt, name):
-    # the parts (1.5 MiB) fit, the format's copy of them does not
-    with small_disk(tmp_path / "disk", "2200k") as disk:
-        r = run_gpufeed("pack", source, disk / "d", "-f", fmt, "-j", "1")
+    if fmt in STREAMED_FORMATS:
+        # samples written once, as each part is committed: 6 parts of 256 KiB, 4 fit
+        size, args = "1200k", ["--part-size", "8"]
+    else:
+        size, args = "2200k", []  # the parts (1.5 MiB) fit, the format's copy of them does not
+    with small_disk(tmp_path / "disk", size) as disk:
+        r = run_gpufeed("pack", source, disk / "d", "-f", fmt, "-j", "1", *args)
         assert_one_line_disk_full(r, name)
         assert not (disk / "d").exists()
-        assert len(list((disk / "d.partial" / "parts").glob("*.npz"))) == 1  # kept for --resume
+        assert list((disk / "d.partial" / "parts").glob("*.npz"))  # kept for --resume
 
 
 def test_a_full_disk_while_staging_parts_names_the_part(source, tmp_path):
+    # hdf5: its parts hold the samples (a streamed tar or LMDB pack's hold their places)
     with small_disk(tmp_path / "disk", "600k") as disk:
-        r = run_gpufeed("pack", source, disk / "d", "-f", "tar", "-j", "1", "--part-size", "8")
+        r = run_gpufeed("pack", source, disk / "d", "-f", "hdf5", "-j", "1", "--part-size", "8")
         assert_one_line_disk_full(r, "npz.tmp")
 
 
-def test_a_full_disk_then_resume_on_a_bigger_one_is_complete(source, tmp_path):
-    with small_disk(tmp_path / "disk", "2200k") as disk:
-        r = run_gpufeed("pack", source, disk / "d", "-f", "lmdb", "-j", "1")
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_a_full_disk_then_resume_on_a_bigger_one_is_complete(source, tmp_path, fmt):
+    args = ["-f", fmt, "-j", "1", "--part-size", "8"]
+    with small_disk(tmp_path / "disk", "1200k") as disk:
+        r = run_gpufeed("pack", source, disk / "d", *args)
         assert r.returncode == 1
         subprocess.run(["mount", "-o", "remount,size=8m", str(disk)], check=True)
-        r = run_gpufeed("pack", source, disk / "d", "-f", "lmdb", "-j", "1", "--resume")
+        r = run_gpufeed("pack", source, disk / "d", *args, "--resume")
         assert r.returncode == 0, r.stderr
         assert gpufeed.verify(disk / "d").ok
 
@@ -94,8 +102,9 @@ def test_kill_9_of_a_pack_leaves_no_worker_behind(source, tmp_path):
     cmd = gpufeed_cmd("pack", source, tmp_path / "d", "-f", "tar", "-j", "2", "--part-size", "4")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        workers = wait_for(lambda: len(descendants(proc.pid)) >= 3 and descendants(proc.pid), 60)
-        assert len(workers) >= 3, "expected 2 workers and the resource tracker"
+        # the 2 workers (forked; spawned ones come with multiprocessing's resource tracker)
+        workers = wait_for(lambda: len(descendants(proc.pid)) >= 2 and descendants(proc.pid), 60)
+        assert workers and len(workers) >= 2, "expected 2 workers"
         time.sleep(0.5)  # the workers are past their start-up
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)

@@ -8,17 +8,22 @@ How a pack survives a crash at any point (kill -9 included):
   1. Everything happens under DEST.partial/. state.json records the options and a digest of
      the source listing; a resume with anything different is refused.
   2. Source items are read in fixed ranges of `part_size` items. Each range is committed as
-     one staged file, parts/part-NNNNNN.npz (written to a temporary name, fsynced, renamed),
-     holding the samples' bytes, labels, crc32s and the items skipped in it. --resume keeps
-     every committed part and redoes only the rest, so its output cannot depend on where the
-     previous run stopped.
-  3. When every part is committed, the format writer assembles them into DEST.partial/out/
-     from scratch (HDF5 is not crash-safe while written, so it is only ever written in one
-     pass from committed parts), then the manifest is written last and out/ is renamed to
-     DEST. A DEST without manifest.json never exists. A fresh pack in a streamed format
-     (tar: assemble.STREAMED_FORMATS) writes out/ as each part is committed instead, while
-     the workers read on; a crash leaves out/ half written, and the resume assembles it
-     again from the parts.
+     one staged file, parts/part-NNNNNN.npz (written to a temporary name and renamed),
+     holding the samples' labels, crc32s, the items skipped in it and each source file's
+     size and mtime. --resume keeps the committed parts (a part whose source files changed
+     since is read again) and redoes only the rest, so its output cannot depend on where
+     the previous run stopped.
+  3. A fresh pack in a streamed format (tar, LMDB: assemble.STREAMED_FORMATS) writes each
+     sample once: into DEST.partial/out/ as its part is committed, while the workers read
+     on; the part keeps only where each sample is there (Part.where), and neither is
+     fsynced until the pack is finished. After a crash the resume moves out/ aside and
+     checks every kept part's samples there by their crc32s (gpufeed.write.streamed); a part
+     that does not check (torn by a power loss, its samples lost) is read again. Any other
+     part (HDF5, mmap, a resumed pack's) holds its samples' bytes and is fsynced. When every
+     part is committed, the format writer finishes out/ (a fresh streamed pack) or
+     assembles it from the parts from scratch (HDF5 is not crash-safe while written, so it
+     is only ever written in one pass from committed parts); then the manifest is written
+     last and out/ is renamed to DEST. A DEST without manifest.json never exists.
   4. One pack at a time per DEST: the run holds a lock on DEST.partial (gpufeed.formats.lock) until
      DEST.partial is gone. --overwrite replaces only a pack gpufeed made (gpufeed.write.guard): an
      old DEST is moved into DEST.partial, the new one renamed into place, then DEST.partial
@@ -44,18 +49,21 @@ from gpufeed.write.assemble import Stream, assemble
 from gpufeed.write.guard import (
     PARTS_DIR,
     STATE_NAME,
+    STREAMED_DIR,
     check_removable,
     clear_partial,
     is_pack,
     occupied,
     remove_partial,
+    remove_tree,
     source_clash,
 )
 from gpufeed.write.items import LoadOptions
 from gpufeed.write.options import MANIFEST_OPTIONS, check_options, parse_resize
 from gpufeed.write.remote import pack_to_store
 from gpufeed.write.scan import Source, scan_source
-from gpufeed.write.staging import commit_parts, drop_changed_parts
+from gpufeed.write.staging import commit_parts, drop_changed_parts, drop_torn_parts
+from gpufeed.write.streamed import keep_streamed
 
 __all__ = ["pack", "pack_files"]
 
@@ -200,9 +208,7 @@ def pack_files(
         parts_dir = partial / PARTS_DIR
         load_opts = LoadOptions(encode=encode, resize=resize_hw)
         nparts = max(1, -(-len(src) // state["part_size"]))
-        drop_changed_parts(src, parts_dir, nparts, state["part_size"], say)
-        # a fresh pack's format files are written as its parts are committed
-        stream = Stream(partial, state, src.classes, on=not any(parts_dir.glob("part-*")))
+        stream = _stream(src, partial, nparts, state, say)
         try:
             commit_parts(
                 src, parts_dir, nparts, state["part_size"], load_opts, workers, on_error, quiet,
@@ -214,6 +220,22 @@ def pack_files(
         manifest = assemble(src, dest, partial, nparts, state, quiet, stream)
         remove_partial(partial, lock)
     return manifest
+
+
+def _stream(src: Source, partial: Path, nparts: int, state: dict, say) -> Stream:
+    """The committed parts a resume keeps checked (torn ones, and those whose source files
+    changed, dropped), then the stream: on when no part is kept (a fresh pack's format
+    files are written as its parts are committed), its files from an earlier run kept
+    aside for the parts that name them (gpufeed.write.streamed)."""
+    parts_dir = partial / PARTS_DIR
+    if any(parts_dir.glob("part-*.npz")):
+        keep_streamed(partial)
+        drop_torn_parts(parts_dir, nparts, partial, say)
+        drop_changed_parts(src, parts_dir, nparts, state["part_size"], say)
+    fresh = not any(parts_dir.glob("part-*.npz"))
+    if fresh and (partial / STREAMED_DIR).exists():
+        remove_tree(partial / STREAMED_DIR, "drop output no kept part names")
+    return Stream(partial, state, src.classes, on=fresh)
 
 
 def _check_destination(dest: Path, src: Source, resume: bool, overwrite: bool) -> None:

@@ -27,8 +27,10 @@ MAX_DEFAULT_WORKERS = 8
 # processes only if the rest would outlast starting them
 PROBE_S = 0.25
 # what starting one spawned pack worker (numpy, PIL and torch imported) costs; measured in
-# docs/benchmarks.md
+# docs/benchmarks.md. A forked one (where the platform forks) has them already: 0.05 s to
+# its first result, with torch imported in the parent (1.6 s spawned)
 WORKER_START_S = 2.0
+FORK_START_S = 0.25
 PR_SET_PDEATHSIG = 1
 # a worker chunk carries about this many bytes back, of at most MAX_CHUNK inputs
 CHUNK_BYTES = 1 << 20
@@ -87,7 +89,8 @@ def ordered_map(
             if spent >= PROBE_S:
                 break
         rest_s = spent / max(done, 1) * (measure_total - done)
-        if rest_s * (1 - 1 / workers) <= WORKER_START_S:
+        start_s = FORK_START_S if _start_method() == "fork" else WORKER_START_S
+        if rest_s * (1 - 1 / workers) <= start_s:
             workers = 1
     if workers <= 1:
         for p in it:
@@ -101,10 +104,13 @@ def ordered_map(
     chunks = iter(lambda: list(islice(it, size[0])), [])
     from concurrent.futures.process import BrokenProcessPool
 
-    # spawn: the parent may hold torch threads or h5py state that must not be forked
+    # forked where the platform forks, as gpufeed.pack(fn, inputs)'s workers: a spawned one
+    # imports numpy, PIL and whatever the caller's script imports (torch: 1.6 s) again;
+    # a worker only reads files and returns bytes (no torch threads, CUDA or h5py handles of
+    # the parent's are used), and leaves by os._exit (nothing of the parent's is flushed)
     with ProcessPoolExecutor(
         workers,
-        mp_context=mp.get_context("spawn"),
+        mp_context=mp.get_context(_start_method()),
         initializer=die_with_parent,
         initargs=(os.getpid(),),
     ) as ex:
@@ -115,7 +121,7 @@ def ordered_map(
             except BrokenProcessPool:
                 raise PackWorkerError(
                     "a pack worker process died (killed, out of memory, or it failed to "
-                    "start: workers are spawned, so a script calling gpufeed.pack() needs "
+                    "start: where workers are spawned, a script calling gpufeed.pack() needs "
                     "`if __name__ == '__main__':`); committed parts are kept, rerun with "
                     "--resume (or workers=1 to read in-process)"
                 ) from None
@@ -125,6 +131,12 @@ def ordered_map(
             if nxt is not None:
                 pending.append(ex.submit(_run_chunk, nxt, opts))
             yield from results
+
+
+def _start_method() -> str:
+    import multiprocessing as mp
+
+    return "fork" if "fork" in mp.get_all_start_methods() else "spawn"
 
 
 def chunk_inputs(nbytes: int, count: int) -> int:

@@ -39,6 +39,14 @@ ARRAY_EXTS = frozenset({".npy", ".pt"})
 SUPPORTED_EXTS = IMAGE_EXTS | ARRAY_EXTS
 
 
+def suffix(path: str) -> str:
+    """Path(path).suffix, lower-cased, without making a Path (a listing of 100,000 files
+    made 200,000 of them)."""
+    name = path[path.rfind("/") + 1 :] if os.sep == "/" else Path(path).name
+    i = name.rfind(".")
+    return name[i:].lower() if 0 < i < len(name) - 1 else ""
+
+
 @dataclass
 class Source:
     """A listing of source files: parallel lists, fixed before any is read."""
@@ -93,12 +101,15 @@ class _Walker:
 
     def __init__(self, root: Path, follow_symlinks: bool):
         self.root = root
+        self.prefix = os.path.join(str(root), "")  # every listed path starts with it
         self.follow = follow_symlinks
         self.seen_dirs: dict[tuple[int, int], str] = {}
         self.problems: list[tuple[str, str]] = []
         self.linked_dirs: set[str] = set()
 
     def rel(self, path: str) -> str:
+        if path.startswith(self.prefix):
+            return path[len(self.prefix) :]  # os.path.relpath's answer, at a tenth of its cost
         return os.path.relpath(path, self.root)
 
     def problem(self, path: str, error: str) -> None:
@@ -146,7 +157,7 @@ class _Walker:
 
     def _entry(self, entry: os.DirEntry, real: str, found: list) -> tuple[str, str] | None:
         """Add a sample file to `found`, or return a folder to descend into."""
-        sample = Path(entry.name).suffix.lower() in SUPPORTED_EXTS
+        sample = suffix(entry.name) in SUPPORTED_EXTS
         if entry.is_symlink():
             try:
                 st = os.stat(entry.path)
@@ -295,7 +306,7 @@ def _sidecar_label(path: Path) -> int:
 
 
 def _check_kinds(root: Path, files: list[str]) -> str:
-    images = sum(1 for f in files if Path(f).suffix.lower() in IMAGE_EXTS)
+    images = sum(1 for f in files if suffix(f) in IMAGE_EXTS)
     if images and images != len(files):
         raise UsageError(
             f"{root}: mixes images and .npy/.pt arrays; pack them separately "

@@ -1,8 +1,13 @@
 """Committing parts: the source read in fixed ranges of items, each range saved as one
 staged part (parts/part-NNNNNN.npz, gpufeed.formats.parts) that a resume keeps.
 
-A resume redoes only the parts that are missing, and reads again a part any of whose source
-files changed since it was committed, so the pack cannot depend on where a run stopped.
+A fresh tar or LMDB pack writes each sample once: into the format's files as its part is
+committed (gpufeed.write.assemble.Stream), the part keeping only where each sample is
+(Part.where), not fsynced; a resume checks every such part against the streamed files by its
+crc32s (gpufeed.write.streamed) and redoes the parts that do not check. Other parts hold
+their samples' bytes and are fsynced. A resume redoes the parts that are missing, and reads
+again a part any of whose source files changed since it was committed, so the pack cannot
+depend on where a run stopped.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +27,13 @@ from gpufeed.write import progress
 from gpufeed.write.items import stamp
 from gpufeed.write.pool import default_workers, ordered_map
 from gpufeed.write.scan import Source
+from gpufeed.write.streamed import check_part
 
 __all__ = [
     "PartBuilder",
     "commit_parts",
     "drop_changed_parts",
+    "drop_torn_parts",
     "first_spec",
     "items_of",
     "part_path",
@@ -120,6 +128,22 @@ def items_of(p: int, part_size: int, n: int) -> range:
     return range(p * part_size, min((p + 1) * part_size, n))
 
 
+def drop_torn_parts(parts_dir: Path, nparts: int, partial: Path, say) -> None:
+    """On resume: a kept part that does not read back whole, or whose samples (in the part,
+    or in the streamed files its Part.where names) do not match their crc32s, is redone.
+    Parts are fixed ranges of source items: each one is checked, and redone, on its own."""
+    torn = [
+        p
+        for p in range(nparts)
+        if part_path(parts_dir, p).exists() and check_part(part_path(parts_dir, p), partial) is None
+    ]
+    for p in torn:
+        part_path(parts_dir, p).unlink()
+    if torn:
+        more = f" (and {len(torn) - 1} more)" if len(torn) > 1 else ""
+        say(f"{part_path(parts_dir, torn[0]).name}{more}: torn or its samples lost; reading again")
+
+
 def drop_changed_parts(src: Source, parts_dir: Path, nparts: int, part_size: int, say) -> None:
     """On resume: a committed part any of whose source files changed (size or mtime) since it
     was read is read again, never kept stale. Parts of older gpufeeds (no stamps) are kept."""
@@ -141,8 +165,9 @@ def drop_changed_parts(src: Source, parts_dir: Path, nparts: int, part_size: int
 
 
 def commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error, quiet, stream):
-    """Read every part not committed yet, commit it, and hand it to ``stream``
-    (gpufeed.write.assemble.Stream: the format's files written as the parts come)."""
+    """Read every part not committed yet, hand it to ``stream`` (gpufeed.write.assemble.Stream:
+    the format's files written as the parts come) and commit it, in a thread of its own
+    while the next part's items are read (one part at a time, in order)."""
     for tmp in parts_dir.glob("*.tmp"):
         tmp.unlink()
     todo = [p for p in range(nparts) if not part_path(parts_dir, p).exists()]
@@ -154,7 +179,7 @@ def commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error
     spec = first_spec(parts_dir, nparts)
     auto = workers is None
     workers = default_workers() if auto else max(0, int(workers))
-    todo_count = sum(len(range(p * part_size, min((p + 1) * part_size, len(src)))) for p in todo)
+    todo_count = sum(len(items_of(p, part_size, len(src))) for p in todo)
     slow = float(os.environ.get("GPUFEED_TEST_SLOW_MS", "0") or 0) / 1000.0
 
     def items_in(p):
@@ -168,6 +193,7 @@ def commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error
         measure_total=todo_count if auto else None,
     )
     bar = progress.progress_bar(len(src), done_items, quiet, "pack")
+    committer = _Committer(parts_dir, stream)
     skipped = 0
     try:
         for p in todo:
@@ -184,9 +210,46 @@ def commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error
                     skipped += 1
                     bar.set_postfix(skipped=skipped, refresh=False)
                 bar.update(1)
-            part = builder.build()
-            part.save(part_path(parts_dir, p))
-            stream.feed(p, part)
+            committer.submit(p, builder)
+        committer.wait()
     finally:
+        committer.close()
         bar.close()
         results.close()
+
+
+class _Committer:
+    """Parts built, streamed and saved in one thread, in order, while the next part's items
+    are read; at most one part in it (memory stays bounded). An error there is raised by
+    the next submit or by wait."""
+
+    def __init__(self, parts_dir: Path, stream):
+        self.parts_dir = parts_dir
+        self.stream = stream
+        self.pool: ThreadPoolExecutor | None = None
+        self.job: Future | None = None
+
+    def submit(self, p: int, builder: PartBuilder) -> None:
+        self.wait()
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-commit")
+        self.job = self.pool.submit(self._commit, p, builder)
+
+    def _commit(self, p: int, builder: PartBuilder) -> None:
+        part = builder.build()
+        # the stream first, so a part never names bytes not yet written; a part that says
+        # where its samples are keeps no copy of them and is not fsynced (gpufeed.write.streamed)
+        part.where = self.stream.feed(p, part)
+        part.save(part_path(self.parts_dir, p), sync=part.where is None)
+
+    def wait(self) -> None:
+        job, self.job = self.job, None
+        if job is not None:
+            job.result()
+
+    def close(self) -> None:
+        """Wait for the part being committed (it is kept; its error, if any, is dropped here:
+        the pack is being left on another error, or wait() raised it already)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool, self.job = None, None

@@ -1,14 +1,16 @@
 """Parts of a streamed pack: each sample written once, into the format's file.
 
 A fresh tar or LMDB pack's samples go into its shards (or data.mdb) as each part is committed
-(gpufeed.write.assemble.Stream), so the part file keeps only the index: each sample's record
+(gpufeed.write.assemble.Stream; by gpufeed.write.writer, and by gpufeed.write.staging for a
+source folder), so the part file keeps only the index: each sample's record
 size, label, crc32, input, and its place (Part.where: tar shard, offset, size; or -1, the
 LMDB key's index, -1), not its bytes. Neither the part nor a shard is fsynced before the pack
 is finished (an LMDB transaction is, when committed; records not yet in one are lost with
 the process): after a crash, a resume moves the streamed files aside
 (DEST.partial/streamed/), reads every kept part's records back from them and checks each
-against its crc32; the first part that does not check (torn by a
-power loss, or its shard bytes lost) is redone, with every part after it. The resumed pack is
+against its crc32; a part that does not check (torn by a power loss, or its shard bytes
+lost) is redone: a Writer's first such part with every part after it, a source folder's
+(fixed ranges of items) each on its own. The resumed pack is
 assembled from the parts as before (gpufeed.write.assemble), and streamed/ is deleted with
 DEST.partial when it is finished.
 """
@@ -54,7 +56,8 @@ def load_part(path: Path, partial: Path) -> Part:
 
 
 def _from_shards(schema, where: np.ndarray, kept: Path) -> list[bytes]:
-    """Records from tar shards: each sample's members at (shard, offset, size)."""
+    """Records from tar shards: each sample's members at (shard, offset, size), or (no
+    schema: a folder's files, gpufeed.write.staging) its one member's data there."""
     fds: dict[int, int] = {}
     records = []
     try:
@@ -64,7 +67,7 @@ def _from_shards(schema, where: np.ndarray, kept: Path) -> list[bytes]:
             span = os.pread(fds[shard], size, offset)
             if len(span) != size:
                 raise ValueError(f"shard {shard} is cut short")
-            records.append(record_from_members(schema, span))
+            records.append(record_from_members(schema, span) if schema is not None else span)
     finally:
         for fd in fds.values():
             os.close(fd)
