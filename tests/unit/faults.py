@@ -94,3 +94,19 @@ def wait_for(predicate, timeout: float, interval: float = 0.05):
             return value
         time.sleep(interval)
     return predicate()
+
+
+def tear(path: Path, how: str, marker: bytes, flip_at: int) -> None:
+    """A committed file torn as a crash leaves it: "zeros" (renamed, its blocks never
+    written: a power loss), "cut" (half of it), or "flipped" (one byte ``flip_at`` past the
+    first ``marker`` changed: a sample's crc32, or the zip's CRC, says so)."""
+    data = bytearray(path.read_bytes())
+    if how == "zeros":
+        data = bytearray(len(data))
+    elif how == "cut":
+        data = data[: len(data) // 2]
+    else:
+        at = data.find(marker)
+        assert at >= 0, f"{marker!r} not in {path}"
+        data[at + flip_at] ^= 1
+    path.write_bytes(bytes(data))

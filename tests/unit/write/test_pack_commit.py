@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from faults import tear
 
 import gpufeed
 from gpufeed.errors import SourceError
@@ -49,19 +50,6 @@ def _stopped(src: Path, dest: Path, fmt: str, resume: bool = False) -> Path:
     return partial
 
 
-def _tear(path: Path, how: str, marker: bytes = b"sample-009-") -> None:
-    data = bytearray(path.read_bytes())
-    if how == "zeros":  # renamed, its blocks never written (a power loss)
-        data = bytearray(len(data))
-    elif how == "cut":
-        data = data[: len(data) // 2]
-    else:  # one byte of sample 9 changed in the shard or data.mdb: its crc32 says so
-        at = data.find(marker)
-        assert at >= 0
-        data[at + 3] ^= 1
-    path.write_bytes(bytes(data))
-
-
 @pytest.mark.parametrize("how", ["zeros", "cut", "flipped"])
 @pytest.mark.parametrize("fmt", ["tar", "lmdb"])
 def test_a_torn_part_is_read_again_and_the_pack_is_a_fresh_ones(tmp_path, fmt, how):
@@ -72,9 +60,9 @@ def test_a_torn_part_is_read_again_and_the_pack_is_a_fresh_ones(tmp_path, fmt, h
     part = Part.load(parts / "part-000002.npz")  # items 8-11
     assert part.where is not None and len(part.payload) == 0  # the samples are in out/ only
     if how == "flipped":
-        _tear(partial / "out" / ("shard-000000.tar" if fmt == "tar" else "data.mdb"), how)
+        _torn(partial / "out" / ("shard-000000.tar" if fmt == "tar" else "data.mdb"), how)
     else:
-        _tear(parts / "part-000002.npz", how)
+        _torn(parts / "part-000002.npz", how)
     said: list[str] = []
     gpufeed.pack(src, dest, format=fmt, part_size=4, workers=0, resume=True, log=said.append)
     assert any("part-000002.npz: torn" in line for line in said), said
@@ -122,8 +110,12 @@ def test_a_jpeg_folder_streamed_with_workers_resumes_to_a_fresh_pack(tmp_path):
     bad.write_bytes(good)
     parts = dest.with_name("p.partial") / "parts"
     assert Part.load(parts / "part-000000.npz").where is not None
-    _tear(parts / "part-000001.npz", "zeros")
+    _torn(parts / "part-000001.npz", "zeros")
     gpufeed.pack(src, dest, format="tar", part_size=4, workers=2, resume=True, quiet=True)
     fresh = tmp_path / "fresh"
     gpufeed.pack(src, fresh, format="tar", part_size=4, workers=2, quiet=True)
     assert _files(dest) == _files(fresh)
+
+
+def _torn(path: Path, how: str) -> None:
+    tear(path, how, b"sample-009-", 3)

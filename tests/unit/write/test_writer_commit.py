@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from faults import tear
 
 import gpufeed
 from gpufeed.formats.checksums import sha256_file
@@ -35,19 +36,6 @@ def _stopped(dest: Path, fmt: str, n: int) -> Path:
     return parts[0].parent
 
 
-def _tear(path: Path, how: str) -> None:
-    data = bytearray(path.read_bytes())
-    if how == "zeros":  # renamed, its blocks never written (a power loss)
-        data = bytearray(len(data))
-    elif how == "cut":
-        data = data[: len(data) // 2]
-    else:  # one byte of sample 9 changed: the zip CRC or the sample's crc32 says so
-        at = data.find(b"s9")
-        assert at >= 0
-        data[at + 1] ^= 1
-    path.write_bytes(bytes(data))
-
-
 @pytest.mark.parametrize("how", ["zeros", "cut", "flipped"])
 @pytest.mark.parametrize("fmt", ["tar", "lmdb"])
 def test_a_torn_part_is_redone_with_the_parts_after_it(tmp_path, fmt, how):
@@ -56,9 +44,9 @@ def test_a_torn_part_is_redone_with_the_parts_after_it(tmp_path, fmt, how):
     partial = parts.parent
     assert Part.load(parts / "part-000002.npz").where is not None  # no payload: out/ has it
     if how == "flipped":  # sample 9's bytes in the streamed shard or data.mdb
-        _tear(partial / "out" / ("shard-000000.tar" if fmt == "tar" else "data.mdb"), how)
+        _torn(partial / "out" / ("shard-000000.tar" if fmt == "tar" else "data.mdb"), how)
     else:
-        _tear(parts / "part-000002.npz", how)
+        _torn(parts / "part-000002.npz", how)
     keep_streamed(partial)
     assert check_part(parts / "part-000001.npz", partial) is not None
     assert check_part(parts / "part-000002.npz", partial) is None
@@ -78,7 +66,7 @@ def test_a_torn_part_is_redone_with_the_parts_after_it(tmp_path, fmt, how):
 def test_pack_fn_resumes_past_a_torn_part(tmp_path):
     dest = tmp_path / "p"
     parts = _stopped(dest, "tar", 16)
-    _tear(parts / "part-000003.npz", "zeros")
+    _torn(parts / "part-000003.npz", "zeros")
     gpufeed.pack(sample, range(30), dest, format="tar", resume=True, workers=0, quiet=True,
                  part_size=4)  # fmt: skip
     check(dest, 30)
@@ -165,3 +153,7 @@ def test_a_flushed_part_keeps_its_payload_and_lmdb_records_outlive_the_writer(tm
         for i in range(6, 9):
             w.write(sample(i))
     check(dest, 9)
+
+
+def _torn(path: Path, how: str) -> None:
+    tear(path, how, b"s9", 1)

@@ -72,10 +72,7 @@ class SlotPool:
 
     def take(self, positions: np.ndarray):
         """(indices, samples) at ``positions``, in that order, removed from the pool."""
-        slots = self.live[positions]
-        keep = np.ones(len(self.live), dtype=bool)
-        keep[positions] = False
-        self.live = self.live[keep]
+        slots, self.live = _removed(self.live, positions)
         out = np.empty((len(slots), *self.slots.shape[1:]), dtype=self.slots.dtype)
         take_rows(self.slots, slots, out)
         self.free = np.concatenate([self.free, np.sort(slots)])
@@ -102,11 +99,15 @@ class RowPool:
 
     def take(self, positions: np.ndarray):
         """(indices, samples) at ``positions``, in that order, removed from the pool."""
-        idx = self.live[positions]
-        keep = np.ones(len(self.live), dtype=bool)
-        keep[positions] = False
-        self.live = self.live[keep]
+        idx, self.live = _removed(self.live, positions)
         return idx, self.gather(idx)
+
+
+def _removed(live: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(live[positions] in that order, the rest of live in its order)."""
+    keep = np.ones(len(live), dtype=bool)
+    keep[positions] = False
+    return live[positions], live[keep]
 
 
 class SamplePool:
