@@ -10,10 +10,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from gpufeed.system.thresholds import version_cmp
+from gpufeed.tools import doctor
 from gpufeed.tools.doctor import dataset, diagnose, gpu, probe, thresholds_check
 from gpufeed.tools.doctor.driver import driver_checks
 from gpufeed.tools.doctor.report import FAIL, INFO, OK, WARN
@@ -47,10 +49,18 @@ def sandbox(tmp_path_factory) -> Sandbox:
     return Sandbox.create(root, shm_path=root)
 
 
-def quick(env, **kw):
-    """diagnose() without the dataset probes (they have their own tests)."""
+def quick(env, own_torch_build: bool = False, **kw):
+    """diagnose() without the dataset probes (they have their own tests). Unless
+    ``own_torch_build``, as if the installed torch had no CUDA build (as CI's CPU torch): these
+    scenarios give the image's CUDA in the environment, and a host torch built for another
+    CUDA (cu130 needs driver 580) would add its own verdict (driver_torch_cuda, tested on its
+    own) to every old-driver scenario."""
     kw.setdefault("check_dataset", False)
-    return diagnose(environ=env, **kw)
+    if own_torch_build:
+        return diagnose(environ=env, **kw)
+    real_probe = doctor.torch_probe
+    with mock.patch.object(doctor, "torch_probe", lambda: {**real_probe(), "cuda": None}):
+        return diagnose(environ=env, **kw)
 
 
 # ------------------------------------------------------------------ shared rules
@@ -187,7 +197,7 @@ def test_gpus_listed_with_memory_and_visibility(sandbox, monkeypatch):
 def test_torch_versions_as_torch_reports():
     import torch
 
-    report = quick({**os.environ, "GPUFEED_ALLOW_CPU": "1"})
+    report = quick({**os.environ, "GPUFEED_ALLOW_CPU": "1"}, own_torch_build=True)
     check = report.by_name("torch")
     assert check.data["torch"] == torch.__version__
     build = report.by_name("cuda_build")
