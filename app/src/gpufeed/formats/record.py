@@ -189,6 +189,7 @@ def record_encoder(schema: Schema):
     head, n = struct.Struct(f"<{len(fields)}q"), len(fields)
     int64 = struct.Struct("<q")
     lo, hi = _INT64_RANGE
+    kind_of = {f.name: np.dtype(f.dtype) for f in schema.fields if f.type == "array"}
 
     def encode(sample) -> bytes:
         if type(sample) is not dict or len(sample) != n:
@@ -208,7 +209,6 @@ def record_encoder(schema: Schema):
             stored.append(_stored(f, v))
         return b"".join([head.pack(*map(len, stored)), *stored])
 
-    kind_of = {f.name: np.dtype(f.dtype) for f in schema.fields if f.type == "array"}
     return encode
 
 
