@@ -13,7 +13,7 @@ import torch
 from unit_sources import write_arrays
 
 import gpufeed
-from gpufeed.formats import open_reader, readahead
+from gpufeed.formats import open_reader, readahead, rowcopy
 from gpufeed.formats.readahead import BlocksAhead
 
 
@@ -154,7 +154,7 @@ def test_read_batch_makes_its_blocks_ready_before_the_copy(tmp_path, monkeypatch
     reader = open_reader(dest)
     order = []
     monkeypatch.setattr(reader.ahead, "ready", lambda idx: order.append(("ready", list(idx))))
-    real_take = readahead.take_rows
+    real_take = rowcopy.take_rows
     monkeypatch.setattr(
         "gpufeed.formats.mmap.take_rows",
         lambda *a: (order.append(("copy", None)), real_take(*a))[1],

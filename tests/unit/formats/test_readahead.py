@@ -23,8 +23,8 @@ from gpufeed.formats.readahead import (
     advise_rows,
     looks_cached,
     sample_range_spans,
-    take_rows,
 )
+from gpufeed.formats.rowcopy import take_rows
 
 FORMATS = ["hdf5", "lmdb", "tar", "mmap"]
 ROW = 128 << 10  # one sample: 128 KiB, above PREFETCH_MIN_BYTES
@@ -88,10 +88,31 @@ def test_advise_rows_leaves_small_rows_alone(monkeypatch):
     monkeypatch.setattr(
         "gpufeed.formats.readahead.advise_willneed", lambda regions, *_: calls.append(list(regions))
     )
+    monkeypatch.setattr("gpufeed.formats.readahead.looks_cached", lambda *_: False)
     advise_rows(np.zeros((8, PREFETCH_MIN_BYTES // 2), np.uint8), np.arange(8))
     assert calls == []
     advise_rows(np.zeros((8, PREFETCH_MIN_BYTES), np.uint8), np.array([5, 1]))
     assert [n for _, n in calls[0]] == [PREFETCH_MIN_BYTES] * 2
+
+
+def test_advise_rows_leaves_cached_rows_alone(monkeypatch):
+    calls, asked = [], []
+    monkeypatch.setattr(
+        "gpufeed.formats.readahead.advise_willneed", lambda regions, *_: calls.append(list(regions))
+    )
+
+    def cached(addr, length):
+        asked.append((addr, length))
+        return True
+
+    monkeypatch.setattr("gpufeed.formats.readahead.looks_cached", cached)
+    data = np.zeros((8, PREFETCH_MIN_BYTES), np.uint8)
+    advise_rows(data, np.array([5, 1, 6]))
+    assert calls == []
+    base = data.ctypes.data  # the batch's first and last rows were checked
+    assert asked == [(base + 5 * PREFETCH_MIN_BYTES, PREFETCH_MIN_BYTES)] + [
+        (base + 6 * PREFETCH_MIN_BYTES, PREFETCH_MIN_BYTES)
+    ]
 
 
 def test_lookahead_batches_carry_the_batch_k_later():

@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 import torch
 
-from gpufeed.formats.readahead import take_rows
+from gpufeed.formats.rowcopy import take_rows
 
 __all__ = ["SLOT_POOL_MAX_BYTES", "RowPool", "SamplePool", "SlotPool", "make_pool"]
 

@@ -29,8 +29,8 @@ from gpufeed.formats.readahead import (
     advise_buffers,
     advise_rows,
     advise_samples,
-    take_rows,
 )
+from gpufeed.formats.rowcopy import take_rows
 from gpufeed.formats.spec import SampleSpec
 
 FILE_NAME = "data.h5"

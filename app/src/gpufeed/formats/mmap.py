@@ -28,8 +28,8 @@ from gpufeed.formats.readahead import (
     advise_buffers,
     advise_rows,
     advise_samples,
-    take_rows,
 )
+from gpufeed.formats.rowcopy import take_rows
 from gpufeed.formats.spec import SampleSpec
 
 CONTAINERS = ("npy", "pt")

@@ -1,0 +1,161 @@
+"""formats/rowcopy.py: a batch's large rows copied on several threads, only where that pays."""
+
+import os
+import threading
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+import torch
+
+from gpufeed.formats import rowcopy
+from gpufeed.formats.rowcopy import PARALLEL_COPY_MIN_BYTES, copy_threads, take_rows
+
+ROW = PARALLEL_COPY_MIN_BYTES  # the smallest row copied on several threads
+
+
+@pytest.fixture
+def copiers(monkeypatch):
+    """The threads each part of a copy ran on (its first index): rowcopy._take recorded,
+    with two copy threads whatever this machine has."""
+    seen = []
+    real = rowcopy._take
+
+    def take(data, indices, out):
+        seen.append((int(indices[0]), threading.get_ident()))
+        return real(data, indices, out)
+
+    monkeypatch.setattr(rowcopy, "_take", take)
+    monkeypatch.setattr(rowcopy, "copy_threads", lambda: 2)
+    return seen
+
+
+def rows(n: int, width: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 255, (n, width), dtype=np.uint8)
+
+
+def test_large_rows_in_memory_are_split_between_two_threads(copiers):
+    data = rows(40, ROW)
+    idx = np.array([39, 0, 7, 7, 23, 5, 11], dtype=np.int64)
+    out = np.empty((len(idx), ROW), dtype=np.uint8)
+    assert take_rows(data, idx, out) is out
+    np.testing.assert_array_equal(out, data[idx])
+    assert [first for first, _ in sorted(copiers)] == [7, 39]  # two halves: [:3] and [3:]
+    assert len({thread for _, thread in copiers}) == 2
+
+
+def test_small_rows_are_copied_by_the_calling_thread(copiers):
+    data = rows(40, ROW // 2)
+    idx = np.arange(40)[::-1].copy()
+    out = np.empty((40, ROW // 2), dtype=np.uint8)
+    take_rows(data, idx, out)
+    np.testing.assert_array_equal(out, data[idx])
+    assert copiers == [(39, threading.get_ident())]
+
+
+def test_one_row_is_copied_by_the_calling_thread(copiers):
+    data = rows(4, ROW)
+    out = np.empty((1, ROW), dtype=np.uint8)
+    take_rows(data, np.array([2]), out)
+    np.testing.assert_array_equal(out[0], data[2])
+    assert copiers == [(2, threading.get_ident())]
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
+def test_rows_of_a_mapped_file_not_in_the_page_cache_are_copied_by_one_thread(tmp_path, copiers):
+    path = tmp_path / "rows.bin"
+    want = rows(16, ROW, seed=3)
+    want.tofile(path)
+    os.sync()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    data = np.memmap(path, dtype=np.uint8, mode="r", shape=want.shape).view(np.ndarray)
+    idx = np.array([1, 9, 14, 4])
+    out = np.empty((4, ROW), dtype=np.uint8)
+    take_rows(data, idx, out)
+    np.testing.assert_array_equal(out, want[idx])
+    assert copiers == [(1, threading.get_ident())]
+    copiers.clear()
+    take_rows(data, idx, out)  # now cached: split
+    assert len(copiers) == 2
+
+
+def test_a_part_whose_thread_has_not_started_is_copied_by_the_caller(copiers, monkeypatch):
+    never_started = []
+
+    def submit(fn, *args):
+        never_started.append(Future())  # pending: cancel() succeeds, as for a queued job
+        return never_started[-1]
+
+    monkeypatch.setattr(rowcopy._HELPERS, "submit", submit)
+    data = rows(10, ROW)
+    idx = np.arange(10)[::-1].copy()
+    out = np.empty((10, ROW), dtype=np.uint8)
+    take_rows(data, idx, out)
+    np.testing.assert_array_equal(out, data[idx])
+    assert len(never_started) == 1 and never_started[0].cancelled()
+    assert {thread for _, thread in copiers} == {threading.get_ident()}
+
+
+def test_an_error_in_a_helper_thread_reaches_the_caller(monkeypatch):
+    monkeypatch.setattr(rowcopy, "copy_threads", lambda: 2)
+    real = rowcopy._take
+    caller = threading.get_ident()
+
+    def take(data, indices, out):
+        if threading.get_ident() != caller:
+            raise MemoryError("helper failed")
+        return real(data, indices, out)
+
+    monkeypatch.setattr(rowcopy, "_take", take)
+    data = rows(8, ROW)
+    started = threading.Event()
+    # keep the caller busy until the helper has its part, so that the helper runs it
+    monkeypatch.setattr(
+        rowcopy._HELPERS,
+        "submit",
+        lambda fn, *a, real_submit=rowcopy._HELPERS.submit: _started(real_submit, started, fn, *a),
+    )
+    with pytest.raises(MemoryError, match="helper failed"):
+        take_rows(data, np.arange(8), np.empty((8, ROW), dtype=np.uint8))
+
+
+def _started(submit, event, fn, *args):
+    def run(*a):
+        event.set()
+        return fn(*a)
+
+    future = submit(run, *args)
+    assert event.wait(10)
+    return future
+
+
+def test_copy_threads_bounded_by_the_loaders_cpus(monkeypatch):
+    rowcopy._loader_cpus.cache_clear()
+    monkeypatch.setattr(rowcopy.sysinfo, "loader_cpus", lambda: (64, "test"))
+    assert copy_threads() == rowcopy.COPY_THREADS
+    rowcopy._loader_cpus.cache_clear()
+    monkeypatch.setattr(rowcopy.sysinfo, "loader_cpus", lambda: (1, "test"))
+    assert copy_threads() == 1
+    rowcopy._loader_cpus.cache_clear()
+
+
+class _ThreadsSeen(torch.utils.data.Dataset):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return copy_threads()
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_dataloader_worker_copies_on_its_own_thread(context, monkeypatch):
+    monkeypatch.setattr(rowcopy, "_loader_cpus", lambda pid: 2)  # this process: two
+    assert copy_threads() == 2
+    loader = torch.utils.data.DataLoader(
+        _ThreadsSeen(), batch_size=None, num_workers=1, multiprocessing_context=context
+    )
+    assert list(loader) == [1, 1]
