@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gpufeed.formats import rowcopy
-from gpufeed.formats.rowcopy import PARALLEL_COPY_MIN_BYTES, copy_threads, take_rows
+from gpufeed.formats.rowcopy import PARALLEL_COPY_MIN_BYTES, copy_buffers, copy_threads, take_rows
 
 ROW = PARALLEL_COPY_MIN_BYTES  # the smallest row copied on several threads
 
@@ -27,7 +27,18 @@ def copiers(monkeypatch):
 
     monkeypatch.setattr(rowcopy, "_take", take)
     monkeypatch.setattr(rowcopy, "copy_threads", lambda: 2)
+    _helpers_start_at_once(monkeypatch)
     return seen
+
+
+def _helpers_start_at_once(monkeypatch):
+    """A helper's part is handed over only once the helper runs: else the caller, done with
+    its own part first, copies the part itself (as it should), and which thread copied what
+    would be a race."""
+    real_submit = rowcopy._HELPERS.submit
+    monkeypatch.setattr(
+        rowcopy._HELPERS, "submit", lambda fn, *a: _started(real_submit, threading.Event(), fn, *a)
+    )
 
 
 def rows(n: int, width: int, seed: int = 0) -> np.ndarray:
@@ -112,13 +123,7 @@ def test_an_error_in_a_helper_thread_reaches_the_caller(monkeypatch):
 
     monkeypatch.setattr(rowcopy, "_take", take)
     data = rows(8, ROW)
-    started = threading.Event()
-    # keep the caller busy until the helper has its part, so that the helper runs it
-    monkeypatch.setattr(
-        rowcopy._HELPERS,
-        "submit",
-        lambda fn, *a, real_submit=rowcopy._HELPERS.submit: _started(real_submit, started, fn, *a),
-    )
+    _helpers_start_at_once(monkeypatch)
     with pytest.raises(MemoryError, match="helper failed"):
         take_rows(data, np.arange(8), np.empty((8, ROW), dtype=np.uint8))
 
@@ -159,3 +164,63 @@ def test_a_dataloader_worker_copies_on_its_own_thread(context, monkeypatch):
         _ThreadsSeen(), batch_size=None, num_workers=1, multiprocessing_context=context
     )
     assert list(loader) == [1, 1]
+
+
+def test_copy_buffers_fills_rows_on_two_threads_when_large(copiers_of_buffers):
+    values = [bytes(rows(1, ROW, seed=s)[0]) for s in range(5)]
+    out = np.empty((5, ROW // 4), dtype=np.int32)  # the bytes land whatever the dtype
+    assert copy_buffers(values, out) is out
+    assert out.tobytes() == b"".join(values)
+    assert sorted(first for first, _ in copiers_of_buffers) == [0, 2]
+
+
+def test_copy_buffers_of_small_values_stays_on_the_calling_thread(copiers_of_buffers):
+    values = [bytes([k]) * 100 for k in range(6)]
+    out = np.empty((6, 100), dtype=np.uint8)
+    copy_buffers(values, out)
+    assert out.tobytes() == b"".join(values)
+    assert copiers_of_buffers == [(0, threading.get_ident())]
+
+
+@pytest.fixture
+def copiers_of_buffers(monkeypatch):
+    """The threads each part of copy_buffers ran on (its first position), two copy threads."""
+    seen = []
+    real = rowcopy._assign
+
+    def assign(buffers, a, b, out):
+        seen.append((a, threading.get_ident()))
+        return real(buffers, a, b, out)
+
+    monkeypatch.setattr(rowcopy, "_assign", assign)
+    monkeypatch.setattr(rowcopy, "copy_threads", lambda: 2)
+    _helpers_start_at_once(monkeypatch)
+    return seen
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tar", "mmap", "hdf5"])
+def test_large_samples_read_back_exactly_through_each_format(
+    tmp_path, fmt, copiers, copiers_of_buffers
+):
+    """Samples of 64 KiB: the copy on two threads (tar: rows of its shards' maps; LMDB:
+    its values), in any order, equal what was packed."""
+    from unit_sources import write_arrays
+
+    import gpufeed
+    from gpufeed.formats import open_reader
+    from gpufeed.formats.manifest import read_sources
+
+    paths = write_arrays(tmp_path / "src", {"a": 6, "b": 6}, shape=(4, 128, 128), seed=4)
+    dest = tmp_path / f"ds.{fmt}"
+    shards = {"shard_size": 5} if fmt == "tar" else {}  # tar: a batch across shards
+    gpufeed.pack(tmp_path / "src", dest, format=fmt, workers=1, quiet=True, **shards)
+    reader = open_reader(dest)
+    want = {os.path.relpath(p, tmp_path / "src"): np.load(p) for p in paths}
+    sources = read_sources(dest / "sources.txt")
+    order = np.array([11, 0, 5, 5, 7, 2, 9])
+    got = reader.read_batch(order)
+    assert len(got) == len(order)
+    for j, i in enumerate(order.tolist()):
+        assert np.array_equal(np.asarray(got[j]), want[sources[i]]), (fmt, i)
+    threads = {thread for _, thread in copiers + copiers_of_buffers}
+    assert len(threads) == 2, "the pack was just written (cached): two threads copy"

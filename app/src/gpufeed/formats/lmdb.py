@@ -32,6 +32,7 @@ from gpufeed.formats.readahead import (
     advise_buffers,
     populate_ahead,
 )
+from gpufeed.formats.rowcopy import PARALLEL_COPY_MIN_BYTES, copy_buffers
 from gpufeed.formats.spec import SampleSpec
 
 DATA_FILE = "data.mdb"
@@ -384,7 +385,10 @@ class LMDBReader(Reader):
                     int(indices[j]),
                     f"record is {sizes[j]} bytes, expected {width}",
                 )
-            # one C loop copies every value out of the map into memory the batch owns
-            # (faster than a numpy row assignment per value)
+            if width >= PARALLEL_COPY_MIN_BYTES:  # large values: a copy per value, on threads
+                out = np.empty((len(values), *self.spec.shape), dtype=self.spec.dtype)
+                return copy_buffers(values, out)
+            # small values: one C loop copies every value out of the map into memory the
+            # batch owns (faster than a numpy row assignment per value)
             joined = bytearray().join(values)
         return np.frombuffer(joined, dtype=self.spec.dtype).reshape(len(values), *self.spec.shape)

@@ -86,12 +86,12 @@ _VEC = (ctypes.c_ubyte * 1)()  # mincore's answer for one page
 
 def rows_cached(data: np.ndarray, indices: np.ndarray) -> bool:
     """Whether the first and last of rows ``indices`` of an array look cached
-    (:func:`looks_cached`); True for an array that is not C-contiguous (not a mapped file's
-    rows) and for no rows."""
-    if not data.flags.c_contiguous or len(indices) == 0 or data.ndim == 0:
+    (:func:`looks_cached`); True for no rows and for rows not contiguous in themselves (not
+    a mapped file's rows)."""
+    if data.ndim == 0 or len(indices) == 0 or len(data) == 0 or not data[0].flags.c_contiguous:
         return True
-    row, base = data.strides[0], data.ctypes.data
-    return all(looks_cached(base + int(i) * row, row) for i in (indices[0], indices[-1]))
+    stride, size, base = data.strides[0], data[0].nbytes, data.ctypes.data
+    return all(looks_cached(base + int(i) * stride, size) for i in (indices[0], indices[-1]))
 
 
 @functools.lru_cache(maxsize=1)
@@ -204,12 +204,15 @@ def advise_samples(data: np.ndarray, offsets: np.ndarray | None, indices: np.nda
 
 
 def advise_buffers(buffers: Sequence, sizes: Sequence[int] | None = None) -> None:
-    """WILLNEED for buffers that point into a mapped file (LMDB values, memmap slices)."""
+    """WILLNEED for buffers that point into a mapped file (LMDB values, memmap slices), when
+    they are large and the first and last do not both look cached (see advise_rows)."""
     if len(buffers) < 2:
         return
     if sizes is None:
         sizes = list(map(len, buffers))
     if sum(sizes) < PREFETCH_MIN_BYTES * len(sizes):
+        return
+    if all(looks_cached(address(buffers[j]), sizes[j]) for j in (0, -1) if sizes[j]):
         return
     advise_willneed(
         (np.frombuffer(b, dtype=np.uint8).ctypes.data, n)

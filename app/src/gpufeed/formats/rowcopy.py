@@ -15,13 +15,20 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from gpufeed.formats.readahead import Background, rows_cached
+from gpufeed.formats.readahead import Background, address, looks_cached, rows_cached
 from gpufeed.system import sysinfo
 
-__all__ = ["COPY_THREADS", "PARALLEL_COPY_MIN_BYTES", "copy_threads", "take_rows"]
+__all__ = [
+    "COPY_THREADS",
+    "PARALLEL_COPY_MIN_BYTES",
+    "copy_buffers",
+    "copy_threads",
+    "take_rows",
+]
 
 PARALLEL_COPY_MIN_BYTES = 64 << 10
 # at most: a few threads saturate memory bandwidth, more only wait on it
@@ -31,35 +38,63 @@ _HELPERS = Background(COPY_THREADS - 1)  # the calling thread is the first copie
 
 
 def take_rows(data: np.ndarray, indices: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """out[j] = data[indices[j]], on :func:`copy_threads` threads when rows are large.
+    """out[j] = data[indices[j]], on :func:`copy_threads` threads when rows are large and
+    cached.
 
     numpy's default mode="raise" copies through a buffer when given ``out`` (twice the
     copying, see docs/benchmarks.md); the indices were range-checked by the dataset, so
     "clip" never clips here. numpy releases the GIL while it copies, so the parts run at
-    once. A part whose thread has not started when the caller is done with its own is
-    copied by the caller, so a batch never waits for a helper thread to be scheduled."""
+    once."""
     n = len(indices)
-    parts = 1
-    if n > 1 and out.ndim and out[:1].nbytes >= PARALLEL_COPY_MIN_BYTES:
-        parts = min(n, copy_threads()) if rows_cached(data, indices) else 1
-    if parts == 1:
-        return _take(data, indices, out)
+    large = n > 1 and out.ndim and out[:1].nbytes >= PARALLEL_COPY_MIN_BYTES
+    parts = min(n, copy_threads()) if large and rows_cached(data, indices) else 1
+    _in_parts(n, parts, lambda a, b: _take(data, indices[a:b], out[a:b]))
+    return out
+
+
+def copy_buffers(buffers: Sequence, out: np.ndarray) -> np.ndarray:
+    """out[j] = buffers[j] for buffers of ``out[j].nbytes`` bytes each (LMDB values, rows of
+    a tar shard's map): ``out`` viewed as [len(buffers), row bytes] uint8. On
+    :func:`copy_threads` threads when they are large and the first and last look cached
+    (numpy releases the GIL for each row's copy)."""
+    n = len(buffers)
+    rows = out.reshape(n, -1).view(np.uint8)
+    large = n > 1 and rows.shape[1] >= PARALLEL_COPY_MIN_BYTES
+    parts = min(n, copy_threads()) if large and _buffers_cached(buffers) else 1
+    _in_parts(n, parts, lambda a, b: _assign(buffers, a, b, rows))
+    return out
+
+
+def _in_parts(n: int, parts: int, copy: Callable[[int, int], object]) -> None:
+    """copy(a, b) for ``parts`` consecutive parts of range(n): the first on this thread, the
+    others on helper threads. A part whose thread has not started when this thread is done
+    with its own is copied here, so a batch never waits for a helper to be scheduled."""
+    if parts <= 1:
+        copy(0, n)
+        return
     bounds = np.linspace(0, n, parts + 1).astype(int).tolist()
     jobs = [
-        (_HELPERS.submit(_take, data, indices[a:b], out[a:b]), a, b)
-        for a, b in zip(bounds[1:-1], bounds[2:], strict=True)
+        (_HELPERS.submit(copy, a, b), a, b) for a, b in zip(bounds[1:-1], bounds[2:], strict=True)
     ]
-    _take(data, indices[: bounds[1]], out[: bounds[1]])
+    copy(0, bounds[1])
     for job, a, b in jobs:
         if job.cancel():
-            _take(data, indices[a:b], out[a:b])
+            copy(a, b)
         else:
             job.result()
-    return out
 
 
 def _take(data: np.ndarray, indices: np.ndarray, out: np.ndarray) -> np.ndarray:
     return np.take(data, indices, axis=0, out=out, mode="clip")
+
+
+def _assign(buffers: Sequence, a: int, b: int, rows: np.ndarray) -> None:
+    for j in range(a, b):
+        rows[j] = np.frombuffer(buffers[j], dtype=np.uint8)
+
+
+def _buffers_cached(buffers: Sequence) -> bool:
+    return all(looks_cached(address(b), len(b)) for b in (buffers[0], buffers[-1]))
 
 
 def copy_threads() -> int:

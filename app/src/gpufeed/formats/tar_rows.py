@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from gpufeed.formats.rowcopy import PARALLEL_COPY_MIN_BYTES, copy_buffers
+
 __all__ = ["gather_rows", "shard_rows", "shard_strides"]
 
 
@@ -72,6 +74,13 @@ def gather_rows(
     one across shards, each shard's part placed after); None when a shard has no rows view."""
     if len(rows) == 0:
         return np.empty((0, width), dtype=np.uint8)
+    if width >= PARALLEL_COPY_MIN_BYTES:  # large rows: a copy per row, on threads
+        views = {s: rows_of(s) for s in np.unique(shards).tolist()}
+        if any(v is None for v in views.values()):
+            return None
+        out = np.empty((len(rows), width), dtype=np.uint8)
+        pairs = zip(shards.tolist(), rows.tolist(), strict=True)
+        return copy_buffers([views[s][r] for s, r in pairs], out)
     first = int(shards[0])
     if int(shards.min()) == int(shards.max()):
         view = rows_of(first)
