@@ -175,8 +175,33 @@ def test_someone_elses_hdf5_file_read_given_its_dataset_names(other_h5):
         gpufeed.open_dataset(other_h5, datasets={"x": "nope"})
     with pytest.raises(DataError, match="different numbers of rows"):
         gpufeed.open_dataset(other_h5, datasets=["names", "short"])
-    with pytest.raises(NotPackedError, match="not a gpufeed dataset"):
-        gpufeed.open_dataset(other_h5)  # without dataset names it is not read
+    # without dataset names it is not read: the error says how, and what the file holds
+    with pytest.raises(NotPackedError, match=r"name its datasets") as err:
+        gpufeed.open_dataset(other_h5)
+    assert "/data/images float32[10, 2, 3]" in str(err.value)
+    assert "/tok object[10]" in str(err.value)
+
+
+def test_an_hdf5_file_without_dataset_names_is_refused_by_pack_saying_how(
+    other_h5, tmp_path, capsys
+):
+    dest = tmp_path / "p"
+    with pytest.raises(UsageError, match=r"--datasets image=/images.*it has: /data/images"):
+        gpufeed.pack(other_h5, dest, format="tar")
+    assert not dest.exists() and not (tmp_path / "p.partial").exists()
+    # the CLI said "list file is not UTF-8 text": the file was taken for a list of paths
+    assert main(["pack", str(other_h5), str(dest), "-f", "lmdb"]) == 2
+    assert main(["inspect", str(other_h5)]) != 0
+    assert "it has: /data/images" in capsys.readouterr().err
+
+
+def test_a_file_inside_a_pack_is_pointed_at_its_pack(tmp_path, make_arrays):
+    dest = tmp_path / "pack"
+    make_arrays(tmp_path / "src", {"a": 2, "b": 2})
+    gpufeed.pack(tmp_path / "src", dest, format="hdf5")
+    (inner,) = [p for p in dest.iterdir() if p.suffix == ".h5"]
+    with pytest.raises(NotPackedError, match=f"a file of the gpufeed pack {dest}"):
+        gpufeed.open_dataset(inner)
 
 
 def test_gpufeed_pack_converts_an_hdf5_file_from_the_cli(other_h5, tmp_path, capsys):

@@ -20,11 +20,12 @@ import numpy as np
 
 from gpufeed.errors import DataError, UsageError
 from gpufeed.formats.base import Reader
+from gpufeed.formats.manifest import MANIFEST_NAME
 from gpufeed.formats.record import encode_value, join_record
 from gpufeed.formats.schema import Field, Schema
 from gpufeed.formats.webdataset import WebDatasetReader, is_webdataset
 
-__all__ = ["HDF5FileReader", "open_in_place"]
+__all__ = ["HDF5FileReader", "hdf5_needs_datasets", "is_hdf5_file", "open_in_place"]
 
 
 def open_in_place(path: str | os.PathLike, **options: Any) -> Reader | None:
@@ -35,6 +36,40 @@ def open_in_place(path: str | os.PathLike, **options: Any) -> Reader | None:
     if is_webdataset(path):
         return WebDatasetReader(path, **options)
     return None
+
+
+def is_hdf5_file(path: str | os.PathLike) -> bool:
+    """A local file with HDF5's signature (h5py.is_hdf5: the superblock, not the suffix)."""
+    try:
+        return os.path.isfile(path) and bool(h5py.is_hdf5(path))
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def _dataset_names(f: h5py.File) -> list[str]:
+    names: list[str] = []
+    f.visititems(lambda k, v: names.append(k) if isinstance(v, h5py.Dataset) else None)
+    return names
+
+
+def hdf5_needs_datasets(path: str | os.PathLike) -> str:
+    """What to do with an HDF5 file without a gpufeed manifest: name its datasets (a file of
+    someone else's is read only given them: which ones hold a row per sample is not ours to
+    guess)."""
+    pack = Path(path).parent
+    if (pack / MANIFEST_NAME).is_file():
+        return f"{path}: a file of the gpufeed pack {pack}; use the pack's folder: {pack}"
+    try:
+        with h5py.File(path, "r") as f:
+            have = [f"/{k} {f[k].dtype}{list(f[k].shape)}" for k in _dataset_names(f)[:20]]
+    except OSError as e:
+        return f"{path}: an HDF5 file without a gpufeed manifest, and not readable: {e}"
+    return (
+        f"{path}: an HDF5 file without a gpufeed manifest; to read it in place name its "
+        "datasets that hold one row per sample: open_dataset(PATH, datasets={'image': "
+        "'/images', 'label': '/labels'}), or `gpufeed pack PATH DEST -f FORMAT --datasets "
+        f"image=/images,label=/labels`; it has: {', '.join(have) or 'no datasets'}"
+    )
 
 
 def _field(name: str, ds: h5py.Dataset) -> Field:
@@ -83,11 +118,8 @@ class HDF5FileReader(Reader):
                 found = {n: f[p] for n, p in self.names.items() if p in f}
                 missing = [p for n, p in self.names.items() if n not in found]
                 if missing:
-                    have = []
-                    f.visititems(
-                        lambda k, v: have.append(k) if isinstance(v, h5py.Dataset) else None
-                    )
-                    raise DataError(f"{self.path}: no dataset {missing}; it has {have[:20]}")
+                    have = _dataset_names(f)[:20]
+                    raise DataError(f"{self.path}: no dataset {missing}; it has {have}")
                 fields = tuple(_field(n, d) for n, d in found.items())
                 counts = {n: d.shape[0] if d.ndim else None for n, d in found.items()}
                 labels = (

@@ -113,6 +113,14 @@ def manifest_path(dest: str | Path) -> Path:
     return Path(dest) / MANIFEST_NAME
 
 
+def _not_a_pack(dest: Path) -> str:
+    from gpufeed.formats.inplace import hdf5_needs_datasets, is_hdf5_file  # it reads manifests
+
+    if is_hdf5_file(dest):  # someone else's HDF5 file, or a file inside a pack
+        return hdf5_needs_datasets(dest)
+    return f"{dest}: no {MANIFEST_NAME}; not a gpufeed dataset (make one with `gpufeed pack`)"
+
+
 def read_manifest(dest: str | Path) -> dict[str, Any]:
     """The manifest of a finished pack, or NotPackedError saying why DEST is not one."""
     dest = Path(dest)
@@ -136,9 +144,7 @@ def read_manifest(dest: str | Path) -> dict[str, Any]:
             )
         if not dest.exists():
             raise NotPackedError(f"{dest}: does not exist")
-        raise NotPackedError(
-            f"{dest}: no {MANIFEST_NAME}; not a gpufeed dataset (make one with `gpufeed pack`)"
-        )
+        raise NotPackedError(_not_a_pack(dest))
     try:
         manifest = json.loads(pack_file(dest, MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:

@@ -93,8 +93,11 @@ def pack(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
 
         _local_only(args[0] if args else kwargs.get("dest"), kwargs, "pack(fn, inputs, DEST)")
         return pack_function(source, dest, *args, **kwargs)
+    from gpufeed.formats.inplace import hdf5_needs_datasets, is_hdf5_file
     from gpufeed.formats.webdataset import is_webdataset
 
+    if kwargs.get("datasets") is None and is_hdf5_file(source):
+        raise UsageError(hdf5_needs_datasets(source))
     if kwargs.get("datasets") is not None or is_webdataset(source):
         from gpufeed.write.convert import pack_in_place
 
