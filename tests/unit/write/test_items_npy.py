@@ -55,3 +55,46 @@ def test_a_file_cut_short_is_the_error_np_load_gives(tmp_path):
     with pytest.raises(ValueError) as e:
         np.load(cut, allow_pickle=False)
     assert res[0] == "error" and str(e.value).splitlines()[0] in res[2]
+
+
+def test_a_scalar_keeps_its_shape_not_1(tmp_path):
+    for i, value in enumerate((np.float32(2.5), np.array(7, dtype=np.int64), np.array(5.0))):
+        path = tmp_path / f"s{i}.npy"
+        np.save(path, value)
+        res = load_item(str(path), LoadOptions())
+        assert res[0] == "ok" and res[3]["shape"] == list(np.load(path).shape) == []
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "lmdb", "tar", "mmap"])
+def test_scalars_come_back_as_0_d_tensors_and_batch_to_1_d(tmp_path, fmt):
+    import torch
+
+    import gpufeed
+
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    for i in range(5):
+        np.save(src / f"{i}.npy", np.float32(i) / 4)
+    gpufeed.pack(src.parent, tmp_path / "p", format=fmt, quiet=True)
+    ds = gpufeed.open_dataset(tmp_path / "p")
+    x, label = ds[3]
+    assert x.shape == () and x.dtype == torch.float32 and x.item() == 0.75 and label == 0
+    batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=5)))
+    assert batch[0].tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def test_a_scalar_tar_member_is_a_0_d_npy_for_plain_readers(tmp_path):
+    import io
+    import tarfile
+
+    import gpufeed
+
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", np.float32(1.5))
+    gpufeed.pack(src, tmp_path / "p", format="tar", quiet=True)
+    (shard,) = (tmp_path / "p").glob("*.tar")
+    with tarfile.open(shard) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".npy"))
+        value = np.load(io.BytesIO(tar.extractfile(member).read()))
+    assert value.shape == () and value == np.float32(1.5)

@@ -15,7 +15,7 @@ __all__ = ["NPY_HEADER_MAX", "npy_bytes", "npy_from_bytes", "npy_header", "npy_s
 def npy_bytes(arr: np.ndarray) -> bytes:
     """An array as the bytes of a .npy file (what np.save would write)."""
     b = io.BytesIO()
-    np.save(b, np.ascontiguousarray(arr), allow_pickle=False)
+    np.save(b, np.require(arr, requirements="C"), allow_pickle=False)  # 0-d stays 0-d
     return b.getvalue()
 
 

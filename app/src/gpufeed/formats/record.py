@@ -95,7 +95,7 @@ def _as_array(field: Field, value: Any) -> np.ndarray:
             f"field {field.name!r}: shape {list(arr.shape)}, the schema says "
             f"{field.describe()} (-1/* varies); declare varying sizes with -1"
         )
-    return np.ascontiguousarray(arr)
+    return np.require(arr, requirements="C")  # np.ascontiguousarray makes 0-d 1-d
 
 
 def _encode_plain(field: Field, value: Any) -> bytes:

@@ -146,9 +146,8 @@ def _npy_header(header: bytes) -> tuple[dict, int] | None:
         shape, fortran, dtype = read[npy_format.read_magic(f)](f)
     except Exception:  # noqa: BLE001 - np.load reads the file (version 3 too), says what is wrong
         return None
-    # np.load's own way for the rest: a 0-d array is stored as shape [1], a sub-array dtype
-    # widens the shape
-    if fortran or dtype.hasobject or dtype.subdtype is not None or not shape:
+    # np.load's own way for the rest: a sub-array dtype widens the shape
+    if fortran or dtype.hasobject or dtype.subdtype is not None:
         return None
     spec = {"kind": "array", "dtype": dtype.str, "shape": list(shape)}
     return spec, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -166,6 +165,7 @@ def _load_pt(path: str) -> np.ndarray:
 def _array_payload(arr: np.ndarray):
     if arr.dtype.hasobject:
         raise ValueError("object arrays cannot be packed")
-    arr = np.ascontiguousarray(arr)
+    # np.ascontiguousarray makes a 0-d array 1-d: a scalar must come back with shape []
+    arr = arr if arr.flags.c_contiguous else np.array(arr, order="C")
     spec = {"kind": "array", "dtype": arr.dtype.str, "shape": list(arr.shape)}
     return arr.tobytes(), spec
