@@ -31,13 +31,13 @@ import numpy as np
 
 from gpufeed.errors import PackWorkerError, SourceError, UsageError
 from gpufeed.formats.checksums import crc32
-from gpufeed.formats.schema import Schema, infer_schema
+from gpufeed.formats.schema import Schema, infer_schema, sniff_image
 from gpufeed.write import progress
 from gpufeed.write.options import ON_ERROR
 from gpufeed.write.pool import chunk_inputs, default_workers, die_with_parent
 from gpufeed.write.writer import PART_BYTES, Writer, encoded
 
-__all__ = ["pack_function", "pack_in_place"]
+__all__ = ["as_sample", "pack_function", "pack_in_place"]
 
 CHUNK = 32  # inputs in each of the first chunks a worker converts
 _JOB: dict[str, Any] = {}  # in a worker: fn, inputs, schema (set by _start_worker)
@@ -50,6 +50,37 @@ def _samples(out: Any) -> list[Mapping]:
     if out is None or isinstance(out, (str, bytes)):
         raise UsageError(f"fn returned {type(out).__name__}; return a sample dict or yield dicts")
     return list(out)
+
+
+def as_sample(obj: Any) -> Mapping:
+    """A sample given as itself (``gpufeed.pack(samples, DEST)``): a dict of fields as it
+    is; an array or tensor as field ``x``; a pair (array, tensor or image bytes; int) as
+    ``x`` (or ``image``) and ``label``. Anything else: say how to name its fields."""
+    if isinstance(obj, Mapping):
+        return obj
+    if _is_array(obj):
+        return {"x": obj}
+    if isinstance(obj, tuple) and len(obj) == 2 and _is_label(obj[1]):
+        value, label = obj
+        if _is_array(value):
+            return {"x": value, "label": int(label)}
+        if isinstance(value, (bytes, bytearray, memoryview)) and sniff_image(bytes(value[:16])):
+            return {"image": bytes(value), "label": int(label)}
+    raise UsageError(
+        f"a sample is a dict of named fields (or an array, or an (array, int label) pair), "
+        f"got {type(obj).__name__}: e.g. gpufeed.pack([{{'image': jpeg_bytes, 'caption': "
+        "text}, ...], DEST)"
+    )
+
+
+def _is_array(obj: Any) -> bool:
+    import torch
+
+    return isinstance(obj, (np.ndarray, np.generic, torch.Tensor))
+
+
+def _is_label(obj: Any) -> bool:
+    return isinstance(obj, (int, np.integer)) and not isinstance(obj, bool)
 
 
 def _convert(fn, item, schema: Schema) -> tuple:

@@ -84,6 +84,11 @@ def pack(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
     dict (or yields several) for each input, run in N worker processes, written in input
     order; see :func:`gpufeed.write.convert.pack_function`.
 
+    ``pack(samples, DEST, format="hdf5", ...)``: samples you hold (a list, a generator, an
+    array of rows), each a dict of fields, an array (field ``x``) or an (array, int label)
+    pair (fields ``x``, ``label``): :func:`gpufeed.write.convert.as_sample`, written
+    in-process unless ``workers=`` says otherwise.
+
     ``pack(SHARDS, DEST, ...)`` (WebDataset tar shards) or ``pack(FILE.h5, DEST,
     datasets={"image": "/images", "label": "/labels"})``: data gpufeed reads in place, copied
     into a pack (:func:`gpufeed.write.convert.pack_in_place`).
@@ -93,6 +98,12 @@ def pack(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
 
         _local_only(args[0] if args else kwargs.get("dest"), kwargs, "pack(fn, inputs, DEST)")
         return pack_function(source, dest, *args, **kwargs)
+    if _is_samples(source):
+        from gpufeed.write.convert import as_sample, pack_function
+
+        _local_only(dest, kwargs, "pack(samples, DEST)")
+        kwargs.setdefault("workers", 0)  # in memory already: encoding is a copy
+        return pack_function(as_sample, source, dest, *args, **kwargs)
     from gpufeed.formats.inplace import hdf5_needs_datasets, is_hdf5_file
     from gpufeed.formats.webdataset import is_webdataset
 
@@ -106,6 +117,13 @@ def pack(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
     kwargs.pop("datasets", None)
     kwargs.pop("index_dir", None)
     return pack_files(source, dest, *args, **kwargs)
+
+
+def _is_samples(source: Any) -> bool:
+    """Samples given as Python objects (a list, a generator, an array of rows), not a path."""
+    if isinstance(source, (str, bytes, os.PathLike)):
+        return False
+    return hasattr(source, "__iter__")
 
 
 def _local_only(dest, kwargs: dict[str, Any], what: str) -> None:
