@@ -344,3 +344,14 @@ def test_resume_after_finished_pack_only_cleans_up(array_folder, tmp_path):
     (tmp_path / "d.partial").mkdir()  # as if killed between the rename and the cleanup
     again = gpufeed.pack(array_folder, dest, format="tar", workers=1, quiet=True, resume=True)
     assert again == m and not (tmp_path / "d.partial").exists()
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "lmdb", "tar", "mmap"])
+def test_a_source_whose_only_entry_is_skipped_makes_an_empty_pack(tmp_path, fmt, make_images):
+    make_images(tmp_path / "elsewhere" / "a", {"": 1})
+    (tmp_path / "src").mkdir()
+    os.symlink(tmp_path / "elsewhere" / "a", tmp_path / "src" / "cls")  # not followed
+    m = gpufeed.pack(tmp_path / "src", tmp_path / "p", format=fmt, on_error="skip", quiet=True)
+    assert m["count"] == 0 and [s["path"] for s in m["skipped"]] == ["cls"]
+    assert len(gpufeed.open_dataset(tmp_path / "p")) == 0  # tar: an IndexError while writing
+    assert gpufeed.verify(tmp_path / "p").problems == []

@@ -117,6 +117,8 @@ class TarWriter(Writer):
     _INDEX = ("shard", "offset", "size", "labels", "crcs")
 
     def add(self, part: Part) -> None:
+        if not len(part):  # a part of skipped items only: no member to write
+            return
         make_room(self, self._INDEX, self.n + len(part))
         first = self.n
         if self.spec.kind == "fields":
