@@ -159,7 +159,10 @@ def _load_pt(path: str) -> np.ndarray:
 
     obj = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(obj, torch.Tensor):
-        raise ValueError(f"holds a {type(obj).__name__}, expected one tensor")
+        raise ValueError(
+            f"holds a {type(obj).__name__}, expected one tensor (the folder's first .pt held "
+            "one; a folder of .pt dicts is packed as fields: pack each kind separately)"
+        )
     return obj.detach().contiguous().numpy()
 
 

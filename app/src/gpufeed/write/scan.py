@@ -1,7 +1,8 @@
 """Listing a pack's source: which files, in which order, with which labels.
 
-Sources: an image-folder tree (class subfolders), a folder of .npy/.pt files (class subfolders,
-or flat with optional NAME.cls label sidecars), or a list file of `path label` lines.
+Sources: a folder of images, of .npy/.pt files, of .txt files or of .wav files (class
+subfolders, or flat with optional NAME.cls label sidecars; one kind of file a folder), or a list
+file of `path label` lines (a label is an integer class, or any number: a float target).
 
 Nothing is dropped silently. Every folder that cannot be read, every symbolic link that is not
 followed, every second way to the same file or folder and every file name sources.txt cannot
@@ -36,7 +37,11 @@ from gpufeed.errors import SourceError, UsageError
 
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"})
 ARRAY_EXTS = frozenset({".npy", ".pt"})
-SUPPORTED_EXTS = IMAGE_EXTS | ARRAY_EXTS
+TEXT_EXTS = frozenset({".txt"})
+AUDIO_EXTS = frozenset({".wav"})
+SUPPORTED_EXTS = IMAGE_EXTS | ARRAY_EXTS | TEXT_EXTS | AUDIO_EXTS
+# a source file's kind, by its extension; a folder holds one kind
+KINDS = {"images": IMAGE_EXTS, "arrays": ARRAY_EXTS, "text": TEXT_EXTS, "audio": AUDIO_EXTS}
 
 
 def suffix(path: str) -> str:
@@ -47,12 +52,18 @@ def suffix(path: str) -> str:
     return name[i:].lower() if 0 < i < len(name) - 1 else ""
 
 
+def file_kind(path: str) -> str | None:
+    """images | arrays | text | audio, by the file's extension; None for any other."""
+    ext = suffix(path)
+    return next((kind for kind, exts in KINDS.items() if ext in exts), None)
+
+
 @dataclass
 class Source:
     """A listing of source files: parallel lists, fixed before any is read."""
 
     path: Path
-    kind: str  # imagefolder | arrays | listfile
+    kind: str  # imagefolder | arrays | text | audio | listfile
     paths: list[str]  # absolute
     rel: list[str]  # as reported (relative to the source root)
     labels: np.ndarray  # int64, -1 when unknown
@@ -61,6 +72,8 @@ class Source:
     problems: list[tuple[str, str]] = field(default_factory=list)
     # real folders whose files the listing reaches through symbolic links
     linked_dirs: set[str] = field(default_factory=set)
+    # float64 targets: a list file whose labels are not all integers (labels are then -1)
+    targets: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -72,6 +85,8 @@ class Source:
             h.update(f"{rel}\t{label}\n".encode("utf-8", "surrogateescape"))
         for rel, error in self.problems:
             h.update(f"!{rel}\t{error}\n".encode("utf-8", "surrogateescape"))
+        if self.targets is not None:
+            h.update(self.targets.astype("<f8").tobytes())
         return h.hexdigest()
 
     def real_dirs(self) -> set[str]:
@@ -305,19 +320,33 @@ def _sidecar_label(path: Path) -> int:
         raise SourceError(f"{side}: label sidecar holds {text!r}, expected an integer") from None
 
 
+def first_of_each_kind(files: list[str]) -> dict[str | None, str]:
+    """kind -> the first file of that kind (None: files of no known kind)."""
+    first: dict[str | None, str] = {}
+    for f in files:
+        first.setdefault(file_kind(f), f)
+    return first
+
+
+def mixed_kinds_message(where: Path, first: dict[str | None, str], base: Path) -> str:
+    shown = " and ".join(
+        f"{kind or 'other'} ({os.path.relpath(f, base)})" for kind, f in first.items()
+    )
+    hint = " or list them in a list file" if set(first) == {"images", "arrays"} else ""
+    return f"{where}: mixes kinds of files: {shown}; pack each kind separately{hint}"
+
+
 def _check_kinds(root: Path, files: list[str]) -> str:
-    images = sum(1 for f in files if suffix(f) in IMAGE_EXTS)
-    if images and images != len(files):
-        raise UsageError(
-            f"{root}: mixes images and .npy/.pt arrays; pack them separately "
-            "or list them in a list file"
-        )
-    return "imagefolder" if images or not files else "arrays"
+    first = first_of_each_kind(files)
+    if len(first) > 1:
+        raise UsageError(mixed_kinds_message(root, first, root))
+    kind = next(iter(first), "images")
+    return "imagefolder" if kind == "images" else kind
 
 
 def _scan_list_file(path: Path) -> Source:
     base = path.parent
-    paths, rel, labels = [], [], []
+    paths, rel, labels, lines = [], [], [], []
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -329,15 +358,40 @@ def _scan_list_file(path: Path) -> Source:
             continue
         name, sep, label = line.rpartition(" ")
         if not sep:
-            name, label = label, "-1"
-        try:
-            labels.append(int(label))
-        except ValueError:
-            raise UsageError(f"{path}:{lineno}: expected `path label`, found {line!r}") from None
+            name, label = label, None
+        labels.append(_list_label(path, lineno, line, label))
+        lines.append(lineno)
         name = name.strip()
         p = Path(name)
         paths.append(str(p if p.is_absolute() else base / p))
         rel.append(name)
     if not paths:
         raise UsageError(f"{path}: list file has no `path label` lines")
-    return Source(path, "listfile", paths, rel, np.asarray(labels, dtype=np.int64), None)
+    if all(v is None or isinstance(v, int) for v in labels):
+        ints = np.asarray([-1 if v is None else v for v in labels], dtype=np.int64)
+        return Source(path, "listfile", paths, rel, ints, None)
+    if None in labels:  # a float target for some lines, none for this one
+        lineno = lines[labels.index(None)]
+        raise UsageError(
+            f"{path}:{lineno}: has no label, and other lines have number targets; give every "
+            "line one"
+        )
+    targets = np.asarray(labels, dtype=np.float64)
+    unknown = np.full(len(paths), -1, dtype=np.int64)
+    return Source(path, "listfile", paths, rel, unknown, None, targets=targets)
+
+
+def _list_label(path: Path, lineno: int, line: str, label: str | None) -> int | float | None:
+    """A line's label: an int (a class), a float (a target: 0.5, 1e-3), or None (none)."""
+    if label is None:
+        return None
+    try:
+        return int(label)
+    except ValueError:
+        pass
+    try:
+        return float(label)
+    except ValueError:
+        raise UsageError(
+            f"{path}:{lineno}: expected `path label` (an integer class or a number), found {line!r}"
+        ) from None
