@@ -200,7 +200,8 @@ def _take(w: Writer, i: int, result: tuple, inputs: Sequence, on_error: str) -> 
         if on_error == "stop":
             raise SourceError(
                 f"input {i} ({_name(inputs[i], i)}): {result[1]}; the inputs before it are "
-                "committed: fix it and rerun with resume=True, or pass on_error='skip'"
+                "committed: fix it and rerun with resume=True (gpufeed pack: --resume), or "
+                "pass on_error='skip' (--on-error skip)"
             )
         w.skip(i, result[1])
         return

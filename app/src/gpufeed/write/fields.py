@@ -66,7 +66,8 @@ def read_wav(path: str) -> tuple[np.ndarray, int]:
             frames = w.getnframes()
             raw = w.readframes(frames)
     except (wave.Error, EOFError) as e:
-        msg = f"not a WAV file gpufeed reads ({e}); supported: {WAV_SUPPORTED}"
+        why = str(e) or "the file ends early"
+        msg = f"not a WAV file gpufeed reads ({why}); supported: {WAV_SUPPORTED}"
         raise ValueError(msg) from None
     if width not in WAV_DTYPES or channels < 1:
         raise ValueError(f"{width * 8}-bit samples; supported: {WAV_SUPPORTED}")
@@ -83,9 +84,23 @@ def read_wav(path: str) -> tuple[np.ndarray, int]:
 
 
 def _load_pt(path: str) -> Any:
+    """torch.load(weights_only=True), numpy arrays and scalars allowed too (their rebuilding
+    only: an object array still needs globals weights_only refuses)."""
     import torch
 
-    return torch.load(path, map_location="cpu", weights_only=True)
+    allow = getattr(torch.serialization, "safe_globals", None)
+    if allow is None:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    with allow(_numpy_globals()):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _numpy_globals() -> list:
+    import numpy.dtypes
+
+    core = getattr(np, "_core", None) or np.core
+    dtypes = [getattr(numpy.dtypes, n) for n in dir(numpy.dtypes) if n.endswith("DType")]
+    return [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype, *dtypes]
 
 
 def _as_value(value: Any) -> Any:
@@ -125,7 +140,7 @@ def _read_image(path: str) -> bytes:
 
 
 # --------------------------------------------------------------------------- the samples
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FileSamples:
     """``fn`` for gpufeed.pack(fn, range(len(source))): item i -> the sample dict of the
     source's i-th file (a plain object: it pickles where workers are spawned)."""
@@ -182,6 +197,8 @@ def plan_fields(
     schema: fields whose type replaces the one taken from the first file (an array that
     varies: 'int64[-1]')."""
     first = first_of_each_kind(src.paths)
+    if not first:  # every file a problem: nothing to route
+        return None
     fields_kinds = {"text", "audio"} & set(first)
     if len(first) > 1 and (fields_kinds or src.targets is not None):
         raise UsageError(mixed_kinds_message(src.path, first, src.path.parent))

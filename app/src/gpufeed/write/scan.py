@@ -1,8 +1,9 @@
 """Listing a pack's source: which files, in which order, with which labels.
 
 Sources: a folder of images, of .npy/.pt files, of .txt files or of .wav files (class
-subfolders, or flat with optional NAME.cls label sidecars; one kind of file a folder), or a list
-file of `path label` lines (a label is an integer class, or any number: a float target).
+subfolders, or flat with optional NAME.cls label sidecars; one kind of file a folder; a .txt
+file beside class subfolders is a note such as README.txt, not a sample), or a list file of
+`path label` lines (a label is an integer class, or any number: a float target).
 
 Nothing is dropped silently. Every folder that cannot be read, every symbolic link that is not
 followed, every second way to the same file or folder and every file name sources.txt cannot
@@ -274,6 +275,8 @@ def scan_source(source: str | os.PathLike, follow_symlinks: bool = False) -> Sou
             classes.append(entry.name)
             found += files
             labels += [len(classes) - 1] * len(files)
+    if classes:  # a .txt beside class folders is a note (README.txt), as it always was
+        top = [t for t in top if suffix(t[0]) not in TEXT_EXTS]
     if top and classes:
         raise UsageError(
             f"{root}: has files at the top level ({os.path.basename(top[0][0])}) and class "
