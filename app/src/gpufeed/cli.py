@@ -145,15 +145,6 @@ def _add_pack(sub, common) -> None:
         help="bad source file: stop naming it (default), or skip it and list it in the manifest",
     )
     p.add_argument(
-        "--schema",
-        metavar="FIELD=TYPE",
-        type=cliargs.schema_field,
-        action="append",
-        help="multi-field samples (.txt, .wav, .pt dicts, list-file number targets): a field's "
-        "type instead of the one taken from the first file, e.g. x=int64[-1] for an array "
-        "whose size varies (repeat for more fields)",
-    )
-    p.add_argument(
         "--part-size",
         type=cliargs.integer(1, 10**7, "--part-size"),
         help="source items per committed part (crash-safety granularity, default 1024)",
@@ -162,6 +153,15 @@ def _add_pack(sub, common) -> None:
 
 
 def _add_pack_sources_and_urls(p) -> None:
+    p.add_argument(
+        "--schema",
+        metavar="FIELD=TYPE",
+        type=cliargs.schema_field,
+        action="append",
+        help="multi-field samples (.txt, .wav, .pt dicts, list-file number targets): a field's "
+        "type instead of the one taken from the first file, e.g. x=int64[-1] for an array "
+        "whose size varies (repeat for more fields)",
+    )
     p.add_argument(
         "--datasets",
         type=cliargs.datasets,

@@ -28,6 +28,7 @@ import numpy as np
 
 from gpufeed.errors import UsageError
 from gpufeed.formats.schema import Schema, infer_schema, parse_schema
+from gpufeed.write.items import encoded_image
 from gpufeed.write.scan import (
     IMAGE_EXTS,
     Source,
@@ -132,13 +133,6 @@ def _read_array(path: str) -> np.ndarray:
     return _as_value(obj)
 
 
-def _read_image(path: str) -> bytes:
-    from gpufeed.write.items import LoadOptions, _load_image
-
-    data, _, _ = _load_image(path, suffix(path), LoadOptions())  # checked as the classic pack
-    return data
-
-
 # --------------------------------------------------------------------------- the samples
 @dataclass(frozen=True, eq=False)
 class FileSamples:
@@ -184,7 +178,7 @@ class FileSamples:
                 raise ValueError("a .npy array among .pt dicts of fields; pack them separately")
             return _pt_fields(_load_pt(path))
         if self.route == "images":
-            return {"image": _read_image(path)}
+            return {"image": encoded_image(path)}
         return {"x": _read_array(path)}
 
 
