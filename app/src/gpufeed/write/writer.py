@@ -120,6 +120,8 @@ class Writer:
     (gpufeed.formats.schema), or None to take it from the first sample (arrays then have a
     fixed shape: declare ragged ones). compression, shard_size, shard_bytes, container: as
     for ``gpufeed.pack``. part_size: samples per committed part (what a crash can lose).
+    listing: the listed files the samples come from (a :class:`Listing`; gpufeed.pack of a
+    folder of .txt, .wav or .pt dicts passes it): recorded in the manifest, checked on resume.
     """
 
     def __init__(
