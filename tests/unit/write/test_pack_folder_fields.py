@@ -228,14 +228,32 @@ def test_list_file_number_target_missing_on_a_line_is_refused(tmp_path):
 def test_folder_mixing_kinds_is_refused_naming_a_file_of_each(tmp_path, make_images):
     make_images(tmp_path / "src", {"a": 1}, ext=".jpg")
     (tmp_path / "src" / "b").mkdir()
-    (tmp_path / "src" / "b" / "note.txt").write_text("hi")
-    with pytest.raises(UsageError, match=r"mixes kinds of files: images \(.*\.jpg\) and text "
-                       r"\(b/note\.txt\); pack each kind separately"):  # fmt: skip
+    _write_wav(tmp_path / "src" / "b" / "clip.wav", np.zeros((4, 1), np.int16))
+    with pytest.raises(UsageError, match=r"mixes kinds of files: images \(.*\.jpg\) and audio "
+                       r"\(b/clip\.wav\); pack each kind separately"):  # fmt: skip
         gpufeed.pack(tmp_path / "src", tmp_path / "out", format="tar")
     paths = make_images(tmp_path / "img", {"a": 1}, ext=".jpg")
-    (tmp_path / "list.txt").write_text(f"{paths[0]} 0\n{tmp_path / 'src/b/note.txt'} 1\n")
+    (tmp_path / "note.txt").write_text("hi")
+    (tmp_path / "list.txt").write_text(f"{paths[0]} 0\n{tmp_path / 'note.txt'} 1\n")
     with pytest.raises(UsageError, match=r"mixes kinds of files: images .* and text"):
         gpufeed.pack(tmp_path / "list.txt", tmp_path / "out", format="tar")
+
+
+def test_txt_notes_in_an_image_folder_stay_notes_as_before(tmp_path, make_images):
+    make_images(tmp_path / "src", {"a": 2, "b": 3}, ext=".jpg")
+    (tmp_path / "src" / "a" / "labels.txt").write_text("a note, not a sample")
+    (tmp_path / "src" / "meta").mkdir()
+    (tmp_path / "src" / "meta" / "README.txt").write_text("a folder of notes is no class")
+    (tmp_path / "src" / "README.txt").write_text("top-level note")
+    manifest = gpufeed.pack(tmp_path / "src", tmp_path / "out", format="lmdb")
+    assert manifest["count"] == 5 and manifest["classes"] == ["a", "b"]
+    assert gpufeed.open_dataset(tmp_path / "src", index_dir=tmp_path / "idx").labels.tolist() == [
+        0,
+        0,
+        1,
+        1,
+        1,
+    ]
 
 
 def test_non_utf8_text_stops_naming_it_or_is_skipped(tmp_path):

@@ -115,8 +115,9 @@ class _Walker:
     """Depth-first listing in sorted order (a folder's files, then its subfolders), as
     os.walk(topdown) with sorted names gives, with the symlink policy above."""
 
-    def __init__(self, root: Path, follow_symlinks: bool):
+    def __init__(self, root: Path, follow_symlinks: bool, exts: frozenset[str]):
         self.root = root
+        self.exts = exts
         self.prefix = os.path.join(str(root), "")  # every listed path starts with it
         self.follow = follow_symlinks
         self.seen_dirs: dict[tuple[int, int], str] = {}
@@ -173,7 +174,7 @@ class _Walker:
 
     def _entry(self, entry: os.DirEntry, real: str, found: list) -> tuple[str, str] | None:
         """Add a sample file to `found`, or return a folder to descend into."""
-        sample = suffix(entry.name) in SUPPORTED_EXTS
+        sample = suffix(entry.name) in self.exts
         if entry.is_symlink():
             try:
                 st = os.stat(entry.path)
@@ -253,7 +254,22 @@ def scan_source(source: str | os.PathLike, follow_symlinks: bool = False) -> Sou
         return _scan_list_file(root)
     if not root.is_dir():
         raise UsageError(f"{root}: source is not a folder or a list file")
-    walker = _Walker(root, follow_symlinks)
+    # .txt files are samples only in a folder of nothing else: beside images, arrays or
+    # audio they are notes (README.txt, labels.txt), never listed, as they always were
+    src = _scan_folder(root, follow_symlinks, SUPPORTED_EXTS - TEXT_EXTS)
+    if not src.paths:
+        text = _scan_folder(root, follow_symlinks, TEXT_EXTS)
+        src = text if text.paths or not src.problems else src
+    if not src.paths and not src.problems:
+        raise UsageError(
+            f"{root}: no source files found (looked for {', '.join(sorted(SUPPORTED_EXTS))})"
+        )
+    return src
+
+
+def _scan_folder(root: Path, follow_symlinks: bool, exts: frozenset[str]) -> Source:
+    """The listing of the files with these extensions (and the problems met)."""
+    walker = _Walker(root, follow_symlinks, exts)
     real_root = os.path.realpath(root)
     try:
         with os.scandir(root) as it:
@@ -289,10 +305,6 @@ def scan_source(source: str | os.PathLike, follow_symlinks: bool = False) -> Sou
         keep = walker.drop_duplicates(top)
         found = [top[i] for i in keep]
         labels = [_sidecar_label(Path(p)) for p, _, _ in found]
-    if not found and not walker.problems:
-        raise UsageError(
-            f"{root}: no source files found (looked for {', '.join(sorted(SUPPORTED_EXTS))})"
-        )
     paths = [p for p, _, _ in found]
     kind = _check_kinds(root, paths)
     rel = [walker.rel(p) for p in paths]
