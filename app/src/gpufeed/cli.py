@@ -76,13 +76,15 @@ def _add_pack(sub, common) -> None:
     p = sub.add_parser(
         "pack",
         parents=[common],
-        help="pack an image folder, .npy/.pt files, a list file, WebDataset shards or HDF5",
+        help="pack an image folder, .npy/.pt, .txt or .wav files, a list file, WebDataset shards "
+        "or HDF5",
         description="Pack SOURCE (image-folder tree with class subfolders, a folder of .npy/.pt "
-        "files, a list file of `path label` lines, WebDataset tar shards, or an HDF5 file "
-        "with --datasets) into DEST. The pack is written under "
-        "DEST.partial and renamed to DEST when complete; an interrupted pack continues with "
-        "--resume. DEST may be a URL (s3://bucket/prefix): the pack is made in a local staging "
-        "folder, then uploaded with its manifest last.",
+        "files, of .txt or .wav files (class subfolders or flat), a list file of `path label` "
+        "lines, WebDataset tar shards, or an HDF5 file with --datasets) into DEST. Text, "
+        "audio, .pt dicts and list files with number labels make multi-field samples. The "
+        "pack is written under DEST.partial and renamed to DEST when complete; an interrupted "
+        "pack continues with --resume. DEST may be a URL (s3://bucket/prefix): the pack is "
+        "made in a local staging folder, then uploaded with its manifest last.",
     )
     p.add_argument("source", metavar="SOURCE", type=existing_path)
     p.add_argument("dest", metavar="DEST", help="a folder or a URL")
@@ -151,6 +153,15 @@ def _add_pack(sub, common) -> None:
 
 
 def _add_pack_sources_and_urls(p) -> None:
+    p.add_argument(
+        "--schema",
+        metavar="FIELD=TYPE",
+        type=cliargs.schema_field,
+        action="append",
+        help="multi-field samples (.txt, .wav, .pt dicts, list-file number targets): a field's "
+        "type instead of the one taken from the first file, e.g. x=int64[-1] for an array "
+        "whose size varies (repeat for more fields)",
+    )
     p.add_argument(
         "--datasets",
         type=cliargs.datasets,
@@ -227,6 +238,7 @@ def _cmd_pack(args) -> int:
         datasets=args.datasets,
         staging_dir=args.staging_dir,
         keep_staging=args.keep_staging,
+        **({"schema": dict(args.schema)} if args.schema else {}),
     )
     if args.json:
         print(json.dumps(manifest, indent=2, default=str))

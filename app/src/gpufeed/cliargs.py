@@ -172,6 +172,21 @@ def datasets(text: str) -> dict[str, str] | list[str]:
     return items
 
 
+def schema_field(text: str) -> tuple[str, str]:
+    """--schema FIELD=TYPE (int64[-1], float32[-1,4], str, ...): one field's type, checked."""
+    from gpufeed.errors import UsageError
+    from gpufeed.formats.schema import parse_schema
+
+    name, sep, kind = text.partition("=")
+    if not sep:
+        raise Error(f"--schema {text!r}: expected FIELD=TYPE, e.g. x=int64[-1]")
+    try:
+        parse_schema({name.strip(): kind.strip()})
+    except UsageError as e:
+        raise Error(f"--schema: {e}") from None
+    return name.strip(), kind.strip()
+
+
 def resize(text: str) -> tuple[int, int]:
     from gpufeed.errors import UsageError
     from gpufeed.write.options import parse_resize

@@ -91,11 +91,21 @@ def _as_array(field: Field, value: Any) -> np.ndarray:
     if len(arr.shape) != len(field.shape) or any(
         want_n >= 0 and n != want_n for n, want_n in zip(arr.shape, field.shape, strict=True)
     ):
-        raise UsageError(
-            f"field {field.name!r}: shape {list(arr.shape)}, the schema says "
-            f"{field.describe()} (-1/* varies); declare varying sizes with -1"
-        )
+        raise _shape_error(field, arr, want)
     return np.require(arr, requirements="C")  # np.ascontiguousarray makes 0-d 1-d
+
+
+def _shape_error(field: Field, arr: np.ndarray, want: np.dtype) -> UsageError:
+    """The shape does not fit the schema's: how to declare the sizes that vary."""
+    said = f"field {field.name!r}: shape {list(arr.shape)}, the schema says {field.describe()}"
+    if len(arr.shape) != len(field.shape):
+        return UsageError(f"{said}: another number of dimensions (every sample has the same)")
+    dims = ",".join("-1" if n != w else str(n) for n, w in zip(arr.shape, field.shape, strict=True))
+    return UsageError(
+        f"{said} (-1/* varies); declare varying sizes with -1, e.g. "
+        f"schema={{{field.name!r}: '{want.name}[{dims}]'}} "
+        f"(gpufeed pack --schema {field.name}={want.name}[{dims}])"
+    )
 
 
 def _encode_plain(field: Field, value: Any) -> bytes:

@@ -171,29 +171,34 @@ def pack_function(
     resume: bool = False,
     overwrite: bool = False,
     quiet: bool = False,
+    names: Sequence[str] | None = None,
     **writer_options: Any,
 ) -> dict[str, Any]:
     """Pack ``fn(input)`` for every input into DEST (see the module docstring); returns the
     manifest. schema: as for Writer (None: from the first sample). workers: processes (None:
-    default_workers(); 0 or 1: in-process). writer_options: compression, shard_size,
-    shard_bytes, container, part_size (as Writer takes them)."""
+    default_workers(); 0 or 1: in-process). names: what sources.txt, errors and skipped
+    entries call each input (default: the input if it is a path, else '#i').
+    writer_options: compression, shard_size, shard_bytes, container, part_size (as Writer
+    takes them)."""
     if on_error not in ON_ERROR:
         raise UsageError(f"unknown on_error {on_error!r}; use stop or skip")
     inputs = inputs if isinstance(inputs, Sequence) else list(inputs)
     workers = default_workers() if workers is None else max(0, int(workers))
+    if names is not None and len(names) != len(inputs):
+        raise UsageError(f"names: {len(names)} for {len(inputs)} inputs")
     w = Writer(
         dest, format, schema, resume=resume, overwrite=overwrite, quiet=quiet, **writer_options
     )
-    w.item_names = [_name(x, i) for i, x in enumerate(inputs)]
+    w.item_names = [_name(x, i) for i, x in enumerate(inputs)] if names is None else list(names)
     bar = progress.progress_bar(len(inputs), w.inputs_done, quiet, "pack", unit="input")
     with _writing(w, bar):
         start = w.inputs_done
         while w.schema is None and start < len(inputs):  # the first sample says the schema
-            _take(w, start, _first(fn, inputs[start]), inputs, on_error)
+            _take(w, start, _first(fn, inputs[start]), w.item_names, on_error)
             bar.update(1)
             start += 1
         for i, result in _results(fn, inputs, start, w.schema, workers, w.state["part_size"]):
-            _take(w, i, result, inputs, on_error)
+            _take(w, i, result, w.item_names, on_error)
             bar.update(1)
         return w.close()
 
@@ -226,7 +231,8 @@ def _take(w: Writer, i: int, result: tuple, inputs: Sequence, on_error: str) -> 
         if on_error == "stop":
             raise SourceError(
                 f"input {i} ({_name(inputs[i], i)}): {result[1]}; the inputs before it are "
-                "committed: fix it and rerun with resume=True, or pass on_error='skip'"
+                "committed: fix it and rerun with resume=True (gpufeed pack: --resume), or "
+                "pass on_error='skip' (--on-error skip)"
             )
         w.skip(i, result[1])
         return

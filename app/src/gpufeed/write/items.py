@@ -17,7 +17,7 @@ from gpufeed.pixels import to_8bit
 from gpufeed.system.native import jpeg_module
 from gpufeed.write.scan import IMAGE_EXTS, suffix
 
-__all__ = ["LoadOptions", "jpeg_decodes", "load_item", "stamp"]
+__all__ = ["LoadOptions", "encoded_image", "jpeg_decodes", "load_item", "stamp"]
 
 
 # --------------------------------------------------------------------------- reading items
@@ -78,6 +78,12 @@ def jpeg_decodes(data: bytes) -> bool:
     out = np.empty((1, max(1, h // 8), max(1, w // 8), 3), np.uint8)
     box = np.array([[0, 0, h, w]], np.int64)
     return not native.decode_crops([data], box, np.zeros(1, bool), out, 1, True)
+
+
+def encoded_image(path: str) -> bytes:
+    """An image file's bytes, checked as a pack that keeps them checks them (a file that
+    does not decode raises)."""
+    return _load_image(path, suffix(path), LoadOptions())[0]
 
 
 def _load_image(path: str, ext: str, opts: LoadOptions):
@@ -158,7 +164,10 @@ def _load_pt(path: str) -> np.ndarray:
 
     obj = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(obj, torch.Tensor):
-        raise ValueError(f"holds a {type(obj).__name__}, expected one tensor")
+        raise ValueError(
+            f"holds a {type(obj).__name__}, expected one tensor (the folder's first .pt held "
+            "one; a folder of .pt dicts is packed as fields: pack each kind separately)"
+        )
     return obj.detach().contiguous().numpy()
 
 

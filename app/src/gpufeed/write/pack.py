@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from gpufeed.formats.lock import PackLock
 from gpufeed.formats.manifest import PARTIAL_SUFFIX, read_manifest
 from gpufeed.storage.urls import RemoteURL, parse_location
 from gpufeed.write.assemble import Stream, assemble
+from gpufeed.write.fields import plan_fields
 from gpufeed.write.guard import (
     PARTS_DIR,
     STATE_NAME,
@@ -64,13 +65,14 @@ from gpufeed.write.remote import pack_to_store
 from gpufeed.write.scan import Source, scan_source
 from gpufeed.write.staging import commit_parts, drop_changed_parts, drop_torn_parts
 from gpufeed.write.streamed import keep_streamed
+from gpufeed.write.writer import Listing
 
 __all__ = ["pack", "pack_files"]
 
 # what a pack into a URL hands on to the pack into its staging folder
 _LOCAL_OPTIONS = (
     "source", "format", "workers", "shard_size", "shard_bytes", "compression", "encode",
-    "resize", "container", "on_error", "quiet", "part_size", "log", "follow_symlinks",
+    "resize", "container", "on_error", "quiet", "part_size", "log", "follow_symlinks", "schema",
 )  # fmt: skip
 
 
@@ -78,7 +80,9 @@ def pack(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Make a pack; returns its manifest. Two ways:
 
     ``pack(SOURCE, DEST, format="hdf5", ...)``: files (an image folder, a folder of .npy/.pt
-    arrays, a list file) -> a pack of (image, label) samples; see :func:`pack_files`.
+    arrays, a list file) -> a pack of (image, label) samples; .txt, .wav, .pt dicts and list
+    files of number targets -> multi-field samples (gpufeed.write.fields); see
+    :func:`pack_files`.
 
     ``pack(fn, inputs, DEST, format="hdf5", workers=N, ...)``: ``fn(input)`` returns a sample
     dict (or yields several) for each input, run in N worker processes, written in input
@@ -112,6 +116,8 @@ def pack(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
     if kwargs.get("datasets") is not None or is_webdataset(source):
         from gpufeed.write.convert import pack_in_place
 
+        if kwargs.pop("schema", None) is not None:
+            raise UsageError("schema= applies to folders and list files, not to shards or HDF5")
         _local_only(dest, kwargs, "packing data read in place")
         return pack_in_place(source, dest, *args, **kwargs)
     kwargs.pop("datasets", None)
@@ -161,6 +167,7 @@ def pack_files(
     follow_symlinks: bool = False,
     staging_dir: str | os.PathLike | None = None,
     keep_staging: bool = False,
+    schema: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Pack SOURCE into DEST (a folder, or a URL: s3://bucket/prefix, gs://, az://) in
     `format`; returns the manifest.
@@ -181,6 +188,9 @@ def pack_files(
     staging/<scheme>/<bucket>/<prefix>, where resume=True finds it), then uploaded with the
     manifest last (gpufeed.write.remote), and the staged copy removed unless keep_staging.
     overwrite then replaces a pack at the URL.
+    A source of .txt or .wav files, of .pt dicts, or a list file with number targets is
+    packed as multi-field samples (gpufeed.write.fields); schema: types for some of their
+    fields, replacing those taken from the first file (``{"x": "int64[-1]"}``: varies).
     """
     loc = parse_location(dest)  # a URL is never a local folder (s3://b/x is not ./s3:/b/x)
     if isinstance(loc, RemoteURL):
@@ -208,6 +218,15 @@ def pack_files(
     say = log or (lambda msg: None if quiet else print(msg, file=sys.stderr))
     _check_destination(dest, src, resume, overwrite)
     src.check(on_error)
+    plan = plan_fields(src, schema)
+    if plan is not None:
+        if encode != "keep" or resize_hw is not None:
+            raise UsageError(
+                f"{src.path}: packed as multi-field samples ({src.kind}); --encode raw and "
+                "--resize apply to (image, label) packs"
+            )
+        fields_opts = dict(workers=workers, on_error=on_error, quiet=quiet, say=say)
+        return _pack_fields(src, plan, dest, partial, format, opts, resume, overwrite, fields_opts)
     state = {
         "gpufeed": __version__,
         "source": str(src.path),
@@ -241,6 +260,29 @@ def pack_files(
         manifest = assemble(src, dest, partial, nparts, state, quiet, stream)
         remove_partial(partial, lock)
     return manifest
+
+
+def _pack_fields(src, plan, dest, partial, fmt, opts, resume, overwrite, fields_opts) -> dict:
+    """The source's samples through gpufeed.pack(fn, inputs), one input a listed file; a
+    resume finds a pack an earlier run finished as the classic pack does."""
+    from gpufeed.write.convert import pack_function
+
+    listing = Listing(str(src.path), src.kind, src.classes, src.digest(), list(src.problems))
+    say = fields_opts.pop("say")
+    if resume and occupied(dest):
+        state = {"source_digest": listing.digest, "format": fmt, "items": len(src), **opts}
+        with PackLock(dest, partial) as lock:
+            finished = _finished_pack(dest, state, resume, overwrite, say)
+            if finished is not None:
+                remove_partial(partial, lock)
+                return finished
+    fn, schema = plan
+    return pack_function(
+        fn, range(len(src)), dest, fmt, schema=schema, resume=resume, overwrite=overwrite,
+        names=src.rel, listing=listing, compression=opts["compression"],
+        shard_size=opts["shard_size"], shard_bytes=opts["shard_bytes"],
+        container=opts["container"] or "npy", part_size=opts["part_size"], **fields_opts,
+    )  # fmt: skip
 
 
 def _stream(src: Source, partial: Path, nparts: int, state: dict, say) -> Stream:

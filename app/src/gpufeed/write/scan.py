@@ -1,7 +1,9 @@
 """Listing a pack's source: which files, in which order, with which labels.
 
-Sources: an image-folder tree (class subfolders), a folder of .npy/.pt files (class subfolders,
-or flat with optional NAME.cls label sidecars), or a list file of `path label` lines.
+Sources: a folder of images, of .npy/.pt files, of .txt files or of .wav files (class
+subfolders, or flat with optional NAME.cls label sidecars; one kind of file a folder; a .txt
+file beside class subfolders is a note such as README.txt, not a sample), or a list file of
+`path label` lines (a label is an integer class, or any number: a float target).
 
 Nothing is dropped silently. Every folder that cannot be read, every symbolic link that is not
 followed, every second way to the same file or folder and every file name sources.txt cannot
@@ -36,7 +38,11 @@ from gpufeed.errors import SourceError, UsageError
 
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"})
 ARRAY_EXTS = frozenset({".npy", ".pt"})
-SUPPORTED_EXTS = IMAGE_EXTS | ARRAY_EXTS
+TEXT_EXTS = frozenset({".txt"})
+AUDIO_EXTS = frozenset({".wav"})
+SUPPORTED_EXTS = IMAGE_EXTS | ARRAY_EXTS | TEXT_EXTS | AUDIO_EXTS
+# a source file's kind, by its extension; a folder holds one kind
+KINDS = {"images": IMAGE_EXTS, "arrays": ARRAY_EXTS, "text": TEXT_EXTS, "audio": AUDIO_EXTS}
 
 
 def suffix(path: str) -> str:
@@ -47,12 +53,18 @@ def suffix(path: str) -> str:
     return name[i:].lower() if 0 < i < len(name) - 1 else ""
 
 
+def file_kind(path: str) -> str | None:
+    """images | arrays | text | audio, by the file's extension; None for any other."""
+    ext = suffix(path)
+    return next((kind for kind, exts in KINDS.items() if ext in exts), None)
+
+
 @dataclass
 class Source:
     """A listing of source files: parallel lists, fixed before any is read."""
 
     path: Path
-    kind: str  # imagefolder | arrays | listfile
+    kind: str  # imagefolder | arrays | text | audio | listfile
     paths: list[str]  # absolute
     rel: list[str]  # as reported (relative to the source root)
     labels: np.ndarray  # int64, -1 when unknown
@@ -61,6 +73,8 @@ class Source:
     problems: list[tuple[str, str]] = field(default_factory=list)
     # real folders whose files the listing reaches through symbolic links
     linked_dirs: set[str] = field(default_factory=set)
+    # float64 targets: a list file whose labels are not all integers (labels are then -1)
+    targets: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -72,6 +86,8 @@ class Source:
             h.update(f"{rel}\t{label}\n".encode("utf-8", "surrogateescape"))
         for rel, error in self.problems:
             h.update(f"!{rel}\t{error}\n".encode("utf-8", "surrogateescape"))
+        if self.targets is not None:
+            h.update(self.targets.astype("<f8").tobytes())
         return h.hexdigest()
 
     def real_dirs(self) -> set[str]:
@@ -99,8 +115,9 @@ class _Walker:
     """Depth-first listing in sorted order (a folder's files, then its subfolders), as
     os.walk(topdown) with sorted names gives, with the symlink policy above."""
 
-    def __init__(self, root: Path, follow_symlinks: bool):
+    def __init__(self, root: Path, follow_symlinks: bool, exts: frozenset[str]):
         self.root = root
+        self.exts = exts
         self.prefix = os.path.join(str(root), "")  # every listed path starts with it
         self.follow = follow_symlinks
         self.seen_dirs: dict[tuple[int, int], str] = {}
@@ -157,7 +174,7 @@ class _Walker:
 
     def _entry(self, entry: os.DirEntry, real: str, found: list) -> tuple[str, str] | None:
         """Add a sample file to `found`, or return a folder to descend into."""
-        sample = suffix(entry.name) in SUPPORTED_EXTS
+        sample = suffix(entry.name) in self.exts
         if entry.is_symlink():
             try:
                 st = os.stat(entry.path)
@@ -237,7 +254,22 @@ def scan_source(source: str | os.PathLike, follow_symlinks: bool = False) -> Sou
         return _scan_list_file(root)
     if not root.is_dir():
         raise UsageError(f"{root}: source is not a folder or a list file")
-    walker = _Walker(root, follow_symlinks)
+    # .txt files are samples only in a folder of nothing else: beside images, arrays or
+    # audio they are notes (README.txt, labels.txt), never listed, as they always were
+    src = _scan_folder(root, follow_symlinks, SUPPORTED_EXTS - TEXT_EXTS)
+    if not src.paths:
+        text = _scan_folder(root, follow_symlinks, TEXT_EXTS)
+        src = text if text.paths or not src.problems else src
+    if not src.paths and not src.problems:
+        raise UsageError(
+            f"{root}: no source files found (looked for {', '.join(sorted(SUPPORTED_EXTS))})"
+        )
+    return src
+
+
+def _scan_folder(root: Path, follow_symlinks: bool, exts: frozenset[str]) -> Source:
+    """The listing of the files with these extensions (and the problems met)."""
+    walker = _Walker(root, follow_symlinks, exts)
     real_root = os.path.realpath(root)
     try:
         with os.scandir(root) as it:
@@ -259,6 +291,8 @@ def scan_source(source: str | os.PathLike, follow_symlinks: bool = False) -> Sou
             classes.append(entry.name)
             found += files
             labels += [len(classes) - 1] * len(files)
+    if classes:  # a .txt beside class folders is a note (README.txt), as it always was
+        top = [t for t in top if suffix(t[0]) not in TEXT_EXTS]
     if top and classes:
         raise UsageError(
             f"{root}: has files at the top level ({os.path.basename(top[0][0])}) and class "
@@ -271,10 +305,6 @@ def scan_source(source: str | os.PathLike, follow_symlinks: bool = False) -> Sou
         keep = walker.drop_duplicates(top)
         found = [top[i] for i in keep]
         labels = [_sidecar_label(Path(p)) for p, _, _ in found]
-    if not found and not walker.problems:
-        raise UsageError(
-            f"{root}: no source files found (looked for {', '.join(sorted(SUPPORTED_EXTS))})"
-        )
     paths = [p for p, _, _ in found]
     kind = _check_kinds(root, paths)
     rel = [walker.rel(p) for p in paths]
@@ -305,19 +335,33 @@ def _sidecar_label(path: Path) -> int:
         raise SourceError(f"{side}: label sidecar holds {text!r}, expected an integer") from None
 
 
+def first_of_each_kind(files: list[str]) -> dict[str | None, str]:
+    """kind -> the first file of that kind (None: files of no known kind)."""
+    first: dict[str | None, str] = {}
+    for f in files:
+        first.setdefault(file_kind(f), f)
+    return first
+
+
+def mixed_kinds_message(where: Path, first: dict[str | None, str], base: Path) -> str:
+    shown = " and ".join(
+        f"{kind or 'other'} ({os.path.relpath(f, base)})" for kind, f in first.items()
+    )
+    hint = " or list them in a list file" if set(first) == {"images", "arrays"} else ""
+    return f"{where}: mixes kinds of files: {shown}; pack each kind separately{hint}"
+
+
 def _check_kinds(root: Path, files: list[str]) -> str:
-    images = sum(1 for f in files if suffix(f) in IMAGE_EXTS)
-    if images and images != len(files):
-        raise UsageError(
-            f"{root}: mixes images and .npy/.pt arrays; pack them separately "
-            "or list them in a list file"
-        )
-    return "imagefolder" if images or not files else "arrays"
+    first = first_of_each_kind(files)
+    if len(first) > 1:
+        raise UsageError(mixed_kinds_message(root, first, root))
+    kind = next(iter(first), "images")
+    return "imagefolder" if kind == "images" else kind
 
 
 def _scan_list_file(path: Path) -> Source:
     base = path.parent
-    paths, rel, labels = [], [], []
+    paths, rel, labels, lines = [], [], [], []
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -329,15 +373,40 @@ def _scan_list_file(path: Path) -> Source:
             continue
         name, sep, label = line.rpartition(" ")
         if not sep:
-            name, label = label, "-1"
-        try:
-            labels.append(int(label))
-        except ValueError:
-            raise UsageError(f"{path}:{lineno}: expected `path label`, found {line!r}") from None
+            name, label = label, None
+        labels.append(_list_label(path, lineno, line, label))
+        lines.append(lineno)
         name = name.strip()
         p = Path(name)
         paths.append(str(p if p.is_absolute() else base / p))
         rel.append(name)
     if not paths:
         raise UsageError(f"{path}: list file has no `path label` lines")
-    return Source(path, "listfile", paths, rel, np.asarray(labels, dtype=np.int64), None)
+    if all(v is None or isinstance(v, int) for v in labels):
+        ints = np.asarray([-1 if v is None else v for v in labels], dtype=np.int64)
+        return Source(path, "listfile", paths, rel, ints, None)
+    if None in labels:  # a float target for some lines, none for this one
+        lineno = lines[labels.index(None)]
+        raise UsageError(
+            f"{path}:{lineno}: has no label, and other lines have number targets; give every "
+            "line one"
+        )
+    targets = np.asarray(labels, dtype=np.float64)
+    unknown = np.full(len(paths), -1, dtype=np.int64)
+    return Source(path, "listfile", paths, rel, unknown, None, targets=targets)
+
+
+def _list_label(path: Path, lineno: int, line: str, label: str | None) -> int | float | None:
+    """A line's label: an int (a class), a float (a target: 0.5, 1e-3), or None (none)."""
+    if label is None:
+        return None
+    try:
+        return int(label)
+    except ValueError:
+        pass
+    try:
+        return float(label)
+    except ValueError:
+        raise UsageError(
+            f"{path}:{lineno}: expected `path label` (an integer class or a number), found {line!r}"
+        ) from None

@@ -58,7 +58,7 @@ from gpufeed.write.options import check_options
 from gpufeed.write.staging import part_path
 from gpufeed.write.streamed import check_part, keep_streamed
 
-__all__ = ["PART_BYTES", "WrittenSource", "Writer", "encoded", "label_of"]
+__all__ = ["PART_BYTES", "Listing", "WrittenSource", "Writer", "encoded", "label_of"]
 
 # a part is committed every part_size samples or PART_BYTES bytes, whichever comes first
 PART_BYTES = 64 << 20
@@ -84,9 +84,9 @@ class WrittenSource:
     count: int
     names: list[str] | None = None
     problems: list = field(default_factory=list)
-    path: None = None
+    path: str | None = None
     kind: str = WRITER_KIND
-    classes: None = None
+    classes: list[str] | None = None
 
     def __len__(self) -> int:
         return self.count
@@ -99,6 +99,20 @@ class WrittenSource:
         return set()
 
 
+@dataclass(frozen=True)
+class Listing:
+    """The listed files a Writer's samples come from (gpufeed.pack of a folder or list file
+    as multi-field samples, gpufeed.write.fields): the manifest records it as `gpufeed pack`
+    records its source (path, kind, classes, digest; its problems as skipped), and a resume
+    with another listing is refused."""
+
+    path: str
+    kind: str
+    classes: list[str] | None
+    digest: str
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+
 class Writer:
     """Write sample dicts into a new pack at ``path`` (see the module docstring).
 
@@ -106,6 +120,8 @@ class Writer:
     (gpufeed.formats.schema), or None to take it from the first sample (arrays then have a
     fixed shape: declare ragged ones). compression, shard_size, shard_bytes, container: as
     for ``gpufeed.pack``. part_size: samples per committed part (what a crash can lose).
+    listing: the listed files the samples come from (a :class:`Listing`; gpufeed.pack of a
+    folder of .txt, .wav or .pt dicts passes it): recorded in the manifest, checked on resume.
     """
 
     def __init__(
@@ -122,6 +138,7 @@ class Writer:
         resume: bool = False,
         overwrite: bool = False,
         quiet: bool = True,
+        listing: Listing | None = None,
     ):
         require_local(path, "write into a local folder, then gpufeed.storage.upload_pack(it, URL)")
         opts = check_options(
@@ -138,7 +155,9 @@ class Writer:
             "format": format,
             "on_error": "stop",
             **opts,
+            **({"listing": listing.digest} if listing is not None else {}),
         }
+        self.listing = listing
         self._lock: PackLock | None = None
         self._open(resume, overwrite)
 
@@ -176,7 +195,8 @@ class Writer:
         self._committing: Future | None = None
         # a fresh pack's format files are written as its parts are committed; a resumed one
         # assembles them from every part when it closes
-        self._stream = Stream(self.partial, self.state, None, on=not resume)
+        classes = self.listing.classes if self.listing is not None else None
+        self._stream = Stream(self.partial, self.state, classes, on=not resume)
         if state_path.exists() and resume:
             self._resume(json.loads(state_path.read_text()))
             return
@@ -192,7 +212,11 @@ class Writer:
     def _save_state(self) -> None:
         schema = self.schema.to_json() if self.schema else None
         self.state["schema"] = schema
-        self.state["source_digest"] = hashlib.sha256(json.dumps(schema).encode()).hexdigest()
+        self.state["source_digest"] = (
+            self.listing.digest
+            if self.listing is not None
+            else hashlib.sha256(json.dumps(schema).encode()).hexdigest()
+        )
         atomic_write_json(self.partial / STATE_NAME, self.state)
 
     def _resume(self, old: dict) -> None:
@@ -343,6 +367,9 @@ class Writer:
         if self.parts == 0:
             self.flush(empty=True)
         src = WrittenSource(count=self._items, names=self.item_names)
+        if self.listing is not None:
+            src.path, src.kind = self.listing.path, self.listing.kind
+            src.classes, src.problems = self.listing.classes, list(self.listing.problems)
         self.manifest = assemble(
             src, self.dest, self.partial, self.parts, self.state, self.quiet, self._stream
         )
