@@ -14,7 +14,7 @@ import torch
 
 import gpufeed
 from gpufeed.cli import main
-from gpufeed.errors import SourceError, UsageError
+from gpufeed.errors import NotPackedError, SourceError, UsageError
 
 
 def _text_tree(root, classes=("neg", "pos"), n=3) -> dict[str, tuple[str, int]]:
@@ -298,6 +298,8 @@ def test_resume_after_an_interrupted_pack_gives_the_same_samples(tmp_path, monke
     with pytest.raises(SourceError, match=r"pos/2\.txt.*resume=True"):
         gpufeed.pack(tmp_path / "src", dest, format="tar", workers=1, quiet=True, part_size=2)
     assert (tmp_path / "out.partial" / "parts" / "part-000002.npz").exists()
+    with pytest.raises(NotPackedError, match=rf"gpufeed pack {tmp_path / 'src'} {dest} --resume"):
+        gpufeed.open_dataset(dest)
     (tmp_path / "src" / "pos" / "2.txt").write_bytes(good)  # fixed: same size, another mtime
     from gpufeed.write import fields
 

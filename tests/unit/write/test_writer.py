@@ -91,7 +91,8 @@ def test_an_exception_inside_with_leaves_a_resumable_partial(tmp_path):
                 w.write(sample(i))
             raise RuntimeError("boom")
     assert not dest.exists()
-    with pytest.raises(NotPackedError, match="not closed"):
+    said = r"written from Python and not finished.*gpufeed.Writer\(.*resume=True\)"
+    with pytest.raises(NotPackedError, match=said):
         gpufeed.open_dataset(dest)
     with gpufeed.Writer(dest, format="lmdb", schema=SCHEMA, part_size=4, resume=True) as w:
         assert w.written == 8  # two parts committed; the 2 pending samples were lost

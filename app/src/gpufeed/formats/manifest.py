@@ -163,18 +163,21 @@ def read_manifest(dest: str | Path) -> dict[str, Any]:
 
 
 def _how_to_finish(partial: Path, dest: Path) -> str:
-    """A Writer's unfinished pack is finished by a Writer, a pack's by `gpufeed pack`."""
+    """A pack of a source (a folder, a list file) is finished by `gpufeed pack --resume`;
+    one written from Python by the call that wrote it, with resume=True."""
     try:
-        writer = json.loads((partial / "state.json").read_text()).get("writer")
+        state = json.loads((partial / "state.json").read_text())
+        writer, source = state.get("writer"), state.get("source")
     except (OSError, ValueError, AttributeError):
-        writer = False
-    if writer:
+        writer, source = False, None
+    if writer and not source:
         return (
-            "it was written by gpufeed.Writer and not closed (the writer stopped or crashed): "
-            f"continue it with gpufeed.Writer({str(dest)!r}, ..., resume=True) and write from "
-            "sample `written` on, or start over with overwrite=True"
+            "it was written from Python and not finished (the writer stopped or crashed): "
+            f"continue it with gpufeed.pack(fn, inputs, {str(dest)!r}, resume=True) or "
+            f"gpufeed.Writer({str(dest)!r}, ..., resume=True) (write from sample `written` on), "
+            "or start over with overwrite=True"
         )
-    return f"finish it with `gpufeed pack SOURCE {dest} --resume`"
+    return f"finish it with `gpufeed pack {source or 'SOURCE'} {dest} --resume`"
 
 
 def write_manifest(dest: str | Path, manifest: dict[str, Any]) -> None:

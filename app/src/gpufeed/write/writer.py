@@ -155,7 +155,7 @@ class Writer:
             "format": format,
             "on_error": "stop",
             **opts,
-            **({"listing": listing.digest} if listing is not None else {}),
+            **({"listing": listing.digest, "source": listing.path} if listing else {}),
         }
         self.listing = listing
         self._lock: PackLock | None = None
