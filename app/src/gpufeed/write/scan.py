@@ -1,8 +1,8 @@
 """Listing a pack's source: which files, in which order, with which labels.
 
 Sources: a folder of images, of .npy/.pt files, of .txt files or of .wav files (class
-subfolders, or flat with optional NAME.cls label sidecars; one kind of file a folder; a .txt
-file beside class subfolders is a note such as README.txt, not a sample), or a list file of
+subfolders, or flat with optional NAME.cls label sidecars; one kind of file a folder; .txt
+files are samples only where nothing else is: beside others they are notes), or a list file of
 `path label` lines (a label is an integer class, or any number: a float target).
 
 Nothing is dropped silently. Every folder that cannot be read, every symbolic link that is not
