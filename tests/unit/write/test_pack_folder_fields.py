@@ -317,6 +317,27 @@ def test_resume_after_an_interrupted_pack_gives_the_same_samples(tmp_path, monke
     assert again == m  # finished by the earlier run
 
 
+def test_a_file_changed_before_the_resume_is_read_again_never_kept_stale(tmp_path, monkeypatch):
+    _text_tree(tmp_path / "src", n=4)
+    (tmp_path / "src" / "pos" / "2.txt").write_bytes(b"\xff")  # stops the pack at item 6
+    dest = tmp_path / "out"
+    with pytest.raises(SourceError):
+        gpufeed.pack(tmp_path / "src", dest, format="lmdb", workers=1, quiet=True, part_size=2)
+    (tmp_path / "src" / "pos" / "2.txt").write_text("fixed")
+    (tmp_path / "src" / "neg" / "3.txt").write_text("edited after it was packed")  # part 1
+    from gpufeed.write import fields
+
+    read = []
+    real = fields.FileSamples.__call__
+    monkeypatch.setattr(fields.FileSamples, "__call__", lambda s, i: read.append(i) or real(s, i))
+    gpufeed.pack(
+        tmp_path / "src", dest, format="lmdb", workers=1, quiet=True, part_size=2, resume=True
+    )
+    assert read == [0, 2, 3, 4, 5, 6, 7]  # part 0 kept; part 1 (item 3 changed) and on read again
+    texts = [s["text"] for s in _samples(dest)]
+    assert texts[3] == "edited after it was packed" and texts[6] == "fixed"
+
+
 def test_resume_with_another_listing_is_refused(tmp_path):
     _text_tree(tmp_path / "src")
     (tmp_path / "src" / "pos" / "1.txt").write_bytes(b"\xff")

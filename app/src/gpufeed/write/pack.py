@@ -267,7 +267,9 @@ def _pack_fields(src, plan, dest, partial, fmt, opts, resume, overwrite, fields_
     resume finds a pack an earlier run finished as the classic pack does."""
     from gpufeed.write.convert import pack_function
 
-    listing = Listing(str(src.path), src.kind, src.classes, src.digest(), list(src.problems))
+    listing = Listing(
+        str(src.path), src.kind, src.classes, src.digest(), list(src.problems), src.paths
+    )
     say = fields_opts.pop("say")
     if resume and occupied(dest):
         state = {"source_digest": listing.digest, "format": fmt, "items": len(src), **opts}

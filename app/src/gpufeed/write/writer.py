@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ from gpufeed.write.guard import (
     occupied,
     remove_partial,
 )
+from gpufeed.write.items import stamp
 from gpufeed.write.options import check_options
 from gpufeed.write.staging import part_path
 from gpufeed.write.streamed import check_part, keep_streamed
@@ -111,6 +113,9 @@ class Listing:
     classes: list[str] | None
     digest: str
     problems: list[tuple[str, str]] = field(default_factory=list)
+    # the listed files, input i the i-th: a committed part records their (size, mtime_ns),
+    # and a resume reads again from the first part whose files changed since
+    paths: list[str] | None = None
 
 
 class Writer:
@@ -187,6 +192,7 @@ class Writer:
         # what each input was (sources.txt); gpufeed.pack(fn, inputs) sets it
         self.item_names: list[str] | None = None
         self._pending: list[tuple[int, bytes, int, int]] = []  # item, record, label, crc32
+        self._stamps: dict[int, tuple[int, int]] = {}  # item -> its listed file's stamp
         self._pending_bytes = 0
         self._items = 0  # inputs done: gpufeed.pack(fn, inputs) goes on from here
         # parts are written (and fed to the stream) in one thread while the next part's
@@ -243,6 +249,11 @@ class Writer:
             part = check_part(part_path(parts_dir, self.parts), self.partial)
             if part is None:  # torn (not fsynced, then a power loss): redone, as those after
                 break
+            changed = self._changed(part)
+            if changed is not None:  # never kept stale: redone, as those after
+                if not self.quiet:
+                    print(f"{changed}: changed since it was read; reading again", file=sys.stderr)
+                break
             self.written += len(part)
             items = np.concatenate([part.items, part.skip_items])
             self._items = max(self._items, int(items.max()) + 1 if len(items) else 0)
@@ -280,6 +291,7 @@ class Writer:
         """Encoded samples of input ``item``: (record, label, crc32) each (add_item's
         work, done in a worker process by gpufeed.pack(fn, inputs))."""
         self._check_open()
+        self._stamp(item)
         for record, label, crc in records:
             self._pending.append((item, record, label, crc))
             self._pending_bytes += len(record)
@@ -291,8 +303,33 @@ class Writer:
     def skip(self, item: int, error: str) -> None:
         """Record input ``item`` as left out (pack's on_error="skip")."""
         self._check_open()
+        self._stamp(item)
         self.skipped.append((item, error))
         self._items = max(self._items, item + 1)
+
+    def _stamp(self, item: int) -> None:
+        """The listed file's (size, mtime_ns), taken as its samples arrive (just after the
+        read: a change inside that moment is not seen; one before a resume is)."""
+        if self.listing is not None and self.listing.paths is not None:
+            self._stamps.setdefault(item, stamp(self.listing.paths[item]))
+
+    def _part_stamps(self, pending: list, skipped: list) -> np.ndarray | None:
+        """int64 [items, 2]: the stamps of a part's items (written and skipped), in item
+        order; None where the samples come from no listed files."""
+        if self.listing is None or self.listing.paths is None:
+            return None
+        items = sorted({i for i, *_ in pending} | {i for i, _ in skipped})
+        return np.asarray([self._stamps.pop(i) for i in items], np.int64).reshape(-1, 2)
+
+    def _changed(self, part: Part) -> str | None:
+        """The first listed file of a committed part that changed since it was read."""
+        if self.listing is None or self.listing.paths is None or part.stamps is None:
+            return None
+        items = sorted(set(part.items.tolist()) | set(part.skip_items.tolist()))
+        for i, was in zip(items, part.stamps.tolist(), strict=False):
+            if stamp(self.listing.paths[i]) != tuple(was):
+                return self.listing.paths[i]
+        return None
 
     def flush(self, empty: bool = False) -> None:
         """Commit the samples written so far as one part (what a resume keeps); ``empty``:
@@ -309,8 +346,9 @@ class Writer:
         if pending or skipped or empty:
             if self._committer is None:
                 self._committer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-commit")
+            stamps = self._part_stamps(pending, skipped)
             job = self._committer.submit(
-                self._write_part, self.parts, pending, skipped, self.schema, wait
+                self._write_part, self.parts, pending, skipped, self.schema, wait, stamps
             )
             self._committing = job
             self.parts += 1
@@ -323,7 +361,7 @@ class Writer:
             job.result()
 
     def _write_part(
-        self, index: int, pending: list, skipped: list, schema, durable: bool = False
+        self, index: int, pending: list, skipped: list, schema, durable: bool = False, stamps=None
     ) -> None:
         """Part ``index`` saved (its samples fed to the stream first); ``durable``: with its
         payload even where the stream could point at it (flush(): committed now, whatever the
@@ -343,6 +381,7 @@ class Writer:
             skip_items=np.asarray([i for i, _ in skipped], dtype=np.int64),
             skip_errors=np.asarray([e for _, e in skipped], dtype=str),
             spec=SampleSpec("fields", schema=schema) if schema else None,
+            stamps=stamps,
         )
         # a streamed pack's samples are written once, into its shards or data.mdb: the part
         # keeps their places (gpufeed.write.streamed); the stream first, so a part never
