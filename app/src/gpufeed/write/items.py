@@ -174,7 +174,6 @@ def _load_pt(path: str) -> np.ndarray:
 def _array_payload(arr: np.ndarray):
     if arr.dtype.hasobject:
         raise ValueError("object arrays cannot be packed")
-    # np.ascontiguousarray makes a 0-d array 1-d: a scalar must come back with shape []
-    arr = arr if arr.flags.c_contiguous else np.array(arr, order="C")
+    arr = np.require(arr, requirements="C")  # np.ascontiguousarray makes 0-d 1-d
     spec = {"kind": "array", "dtype": arr.dtype.str, "shape": list(arr.shape)}
     return arr.tobytes(), spec

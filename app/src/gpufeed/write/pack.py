@@ -225,8 +225,10 @@ def pack_files(
                 f"{src.path}: packed as multi-field samples ({src.kind}); --encode raw and "
                 "--resize apply to (image, label) packs"
             )
-        fields_opts = dict(workers=workers, on_error=on_error, quiet=quiet, say=say)
-        return _pack_fields(src, plan, dest, partial, format, opts, resume, overwrite, fields_opts)
+        fields_opts = dict(workers=workers, on_error=on_error, quiet=quiet)
+        return _pack_fields(
+            src, plan, dest, partial, format, opts, resume, overwrite, say, fields_opts
+        )
     state = {
         "gpufeed": __version__,
         "source": str(src.path),
@@ -262,7 +264,7 @@ def pack_files(
     return manifest
 
 
-def _pack_fields(src, plan, dest, partial, fmt, opts, resume, overwrite, fields_opts) -> dict:
+def _pack_fields(src, plan, dest, partial, fmt, opts, resume, overwrite, say, fields_opts) -> dict:
     """The source's samples through gpufeed.pack(fn, inputs), one input a listed file; a
     resume finds a pack an earlier run finished as the classic pack does."""
     from gpufeed.write.convert import pack_function
@@ -270,7 +272,6 @@ def _pack_fields(src, plan, dest, partial, fmt, opts, resume, overwrite, fields_
     listing = Listing(
         str(src.path), src.kind, src.classes, src.digest(), list(src.problems), src.paths
     )
-    say = fields_opts.pop("say")
     if resume and occupied(dest):
         state = {"source_digest": listing.digest, "format": fmt, "items": len(src), **opts}
         with PackLock(dest, partial) as lock:

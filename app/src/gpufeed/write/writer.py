@@ -307,28 +307,36 @@ class Writer:
         self.skipped.append((item, error))
         self._items = max(self._items, item + 1)
 
+    @property
+    def _listed(self) -> list[str] | None:
+        """The listed files input i comes from (None: samples from Python objects)."""
+        return self.listing.paths if self.listing is not None else None
+
     def _stamp(self, item: int) -> None:
         """The listed file's (size, mtime_ns), taken as its samples arrive (just after the
         read: a change inside that moment is not seen; one before a resume is)."""
-        if self.listing is not None and self.listing.paths is not None:
-            self._stamps.setdefault(item, stamp(self.listing.paths[item]))
+        if self._listed is not None:
+            self._stamps.setdefault(item, stamp(self._listed[item]))
 
     def _part_stamps(self, pending: list, skipped: list) -> np.ndarray | None:
         """int64 [items, 2]: the stamps of a part's items (written and skipped), in item
         order; None where the samples come from no listed files."""
-        if self.listing is None or self.listing.paths is None:
+        if self._listed is None:
             return None
         items = sorted({i for i, *_ in pending} | {i for i, _ in skipped})
         return np.asarray([self._stamps.pop(i) for i in items], np.int64).reshape(-1, 2)
 
     def _changed(self, part: Part) -> str | None:
-        """The first listed file of a committed part that changed since it was read."""
-        if self.listing is None or self.listing.paths is None or part.stamps is None:
+        """The first listed file of a committed part that changed since it was read (a
+        part whose stamps do not match its items is taken as changed: read again)."""
+        if self._listed is None or part.stamps is None:
             return None
         items = sorted(set(part.items.tolist()) | set(part.skip_items.tolist()))
-        for i, was in zip(items, part.stamps.tolist(), strict=False):
-            if stamp(self.listing.paths[i]) != tuple(was):
-                return self.listing.paths[i]
+        if len(items) != len(part.stamps):
+            return self._listed[items[0]] if items else None
+        for i, was in zip(items, part.stamps.tolist(), strict=True):
+            if stamp(self._listed[i]) != tuple(was):
+                return self._listed[i]
         return None
 
     def flush(self, empty: bool = False) -> None:
