@@ -196,6 +196,45 @@ def test_suite_evict_and_disk_bytes(suite, tmp_path):
     assert suite.data_files(tmp_path / "d") == [str(f)]
 
 
+def test_suite_read_bound_fills_a_batch_sized_buffer(suite, tmp_path, monkeypatch):
+    """A loader writes each batch to memory the CPU caches do not hold: the bound's reads
+    walk through a buffer of one batch's bytes instead of refilling one 8 MiB buffer."""
+    import ctypes
+    from types import SimpleNamespace
+
+    store = tmp_path / "gpufeed-mmap"
+    store.mkdir()
+    size = (20 << 20) + 12345  # 2.x reads of 8 MiB, the last one short
+    (store / "samples.npy").write_bytes(os.urandom(size))
+    case = SimpleNamespace(kind="raw", count=100, root=tmp_path, sample_bytes=lambda: 1 << 20)
+    reads = []  # (where, how many bytes) of each read
+    real_open = open
+
+    class Spy:  # the file the bound reads, recording where each read lands
+        def __init__(self, *args, **kw):
+            self.f = real_open(*args, **kw)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def readinto(self, view):
+            reads.append((ctypes.addressof(ctypes.c_char.from_buffer(view)), len(view)))
+            return self.f.readinto(view)
+
+    monkeypatch.setattr(suite, "open", Spy, raising=False)
+    bound = suite.read_bound(case, drop_caches=False, runs=1, batch_size=64)
+    first_pass = reads[:4]  # 3 reads of the file, then the one that finds its end
+    assert [n for _, n in first_pass] == [8 << 20] * 4
+    assert [at - first_pass[0][0] for at, _ in first_pass] == [0, 8 << 20, 16 << 20, 24 << 20]
+    for cache in ("cold", "warm"):
+        per_sample = bound[cache]["MBps"] * 1e6 / bound[cache]["samples_per_s"]
+        assert per_sample == pytest.approx(size / case.count)
+    assert bound["warm"]["warm_small_buffer_MBps"] > 0
+
+
 def test_suite_checks_that_an_eviction_left_nothing_cached(suite, tmp_path):
     f = tmp_path / "x.bin"
     f.write_bytes(os.urandom(1 << 20))
