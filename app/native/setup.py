@@ -12,7 +12,7 @@ setup(
     ext_modules=[
         Pybind11Extension(
             "gpufeed_jpeg",
-            ["src/module.cpp", "src/decode.cpp", "src/resize.cpp"],
+            ["src/module.cpp", "src/decode.cpp", "src/header.cpp", "src/resize.cpp"],
             include_dirs=["src"],
             libraries=["jpeg"],
             cxx_std=17,

@@ -47,3 +47,14 @@ def make_images():
 def make_arrays():
     """write_arrays(root, {class: count} | None, count=, shape=, seed=, dtype=, ext=) -> paths."""
     return write_arrays
+
+
+@pytest.fixture(autouse=True)
+def _loader_cpus_read_afresh():
+    """sysinfo.process_loader_cpus reads the CPUs once per process: a test that patches the
+    budget gets its own reading, and leaves none behind for the next test."""
+    from gpufeed.system import sysinfo
+
+    sysinfo._process_loader_cpus.cache_clear()
+    yield
+    sysinfo._process_loader_cpus.cache_clear()

@@ -233,10 +233,13 @@ def test_native_threads_share_the_loader_cpus_among_its_processes(monkeypatch):
     assert [crop.threads_for(n) for n in (0, 1, 3, 16)] == [8, 8, 2, 1]
     assert crop.decoder_threads() == 8  # this process is no DataLoader worker
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks on this node: half each
+    assert crop.threads_for(0) == 8  # the CPUs are read once per process
+    sysinfo._process_loader_cpus.cache_clear()  # as a rank started with it reads them
     assert crop.threads_for(0) == 4
     assert RandomResizedCrop(4, backend="native", threads=3).threads_for(2) == 3
     assert RandomResizedCrop(4, backend="opencv").threads_for(0) == 1  # one image at a time
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    sysinfo._process_loader_cpus.cache_clear()
 
     class Threads(torch.utils.data.Dataset):  # what the decoder sizes itself to in a worker
         def __len__(self):

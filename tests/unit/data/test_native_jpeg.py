@@ -221,6 +221,56 @@ def test_a_box_outside_the_image_is_that_samples_error():
     assert [i for i, _ in failed] == [1] and "not inside the 17x23 image" in failed[0][1]
 
 
+def _header_variants(data: bytes, rng) -> list[bytes]:
+    """`data` cut short anywhere in its header, with header bytes garbled, and with the
+    markers a plain header does not have (fill bytes, a 12-bit frame, a lossless frame, a
+    16-bit table, an EOI before the scan, its scan's components out of order)."""
+    sos = data.index(b"\xff\xda")
+    sof = next(data.index(m) for m in (b"\xff\xc0", b"\xff\xc2") if m in data)
+    out = [data[:k] for k in range(sos + 16)]
+    for _ in range(400):
+        b = bytearray(data)
+        for pos in rng.integers(0, sos + 14, rng.integers(1, 3)):
+            b[pos] = rng.integers(0, 256) if rng.random() < 0.7 else b[pos] ^ 1 << rng.integers(8)
+        out.append(bytes(b))
+    dqt = data.index(b"\xff\xdb")
+    out += [
+        data[:2] + b"\xff\xff" + data[2:],  # a fill byte
+        data[:2] + b"\x00" + data[2:],  # a stray byte
+        data[: sof + 4] + b"\x0c" + data[sof + 5 :],  # 12-bit
+        data[: sof + 1] + b"\xc3" + data[sof + 2 :],  # lossless
+        data[: dqt + 4] + bytes([data[dqt + 4] | 0x10]) + data[dqt + 5 :],  # 16-bit table
+        data[:sos] + b"\xff\xd9" + data[sos:],  # EOI before the scan
+    ]
+    n = data[sos + 4]
+    if n > 1:  # the scan names its components last to first
+        comps = [data[sos + 5 + 2 * i : sos + 7 + 2 * i] for i in range(n)]
+        out.append(data[: sos + 5] + b"".join(reversed(comps)) + data[sos + 5 + 2 * n :])
+    return out
+
+
+@pytest.mark.skipif(
+    not hasattr(gj, "scan_sizes") and not os.environ.get("CI"),
+    reason="this gpufeed_jpeg predates the header walk: rebuild app/native",
+)
+def test_the_marker_scan_reads_libjpegs_sizes():
+    """image_sizes walks the markers of a plain header itself and asks libjpeg's
+    jpeg_read_header only about the rest: each size it reads must be libjpeg's, and every
+    answer (size or problem) the same as libjpeg's alone."""
+    assert (gj.scan_sizes(list(CORPUS.values())) >= 1).all()  # it reads every plain header
+    rng = np.random.default_rng(5)
+    payloads = [v for data in CORPUS.values() for v in _header_variants(data, rng)]
+    scanned = gj.scan_sizes(payloads)
+    libjpeg, problems = gj.image_sizes(payloads, scan=False)
+    read = scanned[:, 0] >= 0
+    assert 0.3 < read.mean() < 0.9  # the variants take both ways
+    assert np.array_equal(scanned[read], libjpeg[read])
+    assert not read[[i for i, _ in problems]].any()
+    for threads in (1, 3):
+        sizes, found = gj.image_sizes(payloads, threads)
+        assert np.array_equal(sizes, libjpeg) and found == problems
+
+
 def test_thread_counts_give_identical_batches():
     rng = np.random.default_rng(3)
     payloads = [CORPUS[k] for k in CORPUS for _ in range(6)]

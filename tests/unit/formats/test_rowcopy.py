@@ -139,13 +139,12 @@ def _started(submit, event, fn, *args):
 
 
 def test_copy_threads_bounded_by_the_loaders_cpus(monkeypatch):
-    rowcopy._loader_cpus.cache_clear()
     monkeypatch.setattr(rowcopy.sysinfo, "loader_cpus", lambda: (64, "test"))
     assert copy_threads() == rowcopy.COPY_THREADS
-    rowcopy._loader_cpus.cache_clear()
     monkeypatch.setattr(rowcopy.sysinfo, "loader_cpus", lambda: (1, "test"))
+    assert copy_threads() == rowcopy.COPY_THREADS  # read once per process
+    rowcopy.sysinfo._process_loader_cpus.cache_clear()
     assert copy_threads() == 1
-    rowcopy._loader_cpus.cache_clear()
 
 
 class _ThreadsSeen(torch.utils.data.Dataset):
@@ -158,7 +157,7 @@ class _ThreadsSeen(torch.utils.data.Dataset):
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_a_dataloader_worker_copies_on_its_own_thread(context, monkeypatch):
-    monkeypatch.setattr(rowcopy, "_loader_cpus", lambda pid: 2)  # this process: two
+    monkeypatch.setattr(rowcopy.sysinfo, "process_loader_cpus", lambda: 2)  # this process: two
     assert copy_threads() == 2
     loader = torch.utils.data.DataLoader(
         _ThreadsSeen(), batch_size=None, num_workers=1, multiprocessing_context=context

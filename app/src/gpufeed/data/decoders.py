@@ -210,11 +210,12 @@ class RandomResizedCrop:
     - ``"native"``: gpufeed-jpeg (``gpufeed.data.native_jpeg``, the images carry it), one call
       per batch on ``threads`` threads without the GIL, each JPEG decoded only where its box
       lies; for the same box torchvision's pixels (docs/jpeg.md). ``threads=None`` sizes the
-      pool from the loader's CPUs (:func:`gpufeed.system.sysinfo.loader_cpus`) shared by the
-      DataLoader workers of this process's loader: all of them in-process, ``cpus //
-      num_workers`` in a worker. ``dct_scaling=True`` lets libjpeg-turbo shrink a box that
-      is at least 2x the output inside the IDCT first: faster on large pictures, but other
-      pixels than torchvision's (docs/jpeg.md measures how far); off by default.
+      pool from the loader's CPUs (:func:`gpufeed.system.sysinfo.loader_cpus`, read once per
+      process) shared by the DataLoader workers of this process's loader: all of them
+      in-process, ``cpus // num_workers`` in a worker. ``dct_scaling=True`` lets
+      libjpeg-turbo shrink a box that is at least 2x the output inside the IDCT first: faster
+      on large pictures, but other pixels than torchvision's (docs/jpeg.md measures how far);
+      off by default.
     - ``"opencv"`` (when cv2 and simplejpeg import): libjpeg-turbo through simplejpeg (CMYK
       JPEGs the general way, for torchvision's colours), then the box resized straight into
       the batch: by ``cv2.resize`` bilinear when it is enlarged (torchvision's antialiased
@@ -292,7 +293,7 @@ class RandomResizedCrop:
             return 1
         if self.threads is not None or self.loader_threads is not None:
             return self.threads or self.loader_threads
-        return max(1, sysinfo.loader_cpus()[0] // max(1, num_workers))
+        return max(1, sysinfo.process_loader_cpus() // max(1, num_workers))
 
     def decoder_threads(self) -> int:
         """:meth:`threads_for` this process: a DataLoader worker shares the CPUs with its

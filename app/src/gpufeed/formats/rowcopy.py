@@ -12,8 +12,6 @@ are the parallelism.
 
 from __future__ import annotations
 
-import functools
-import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -99,15 +97,10 @@ def _buffers_cached(buffers: Sequence) -> bool:
 
 def copy_threads() -> int:
     """Threads a batch's copy may use in this process: 1 in a DataLoader worker, else the
-    loader's CPUs (sysinfo.loader_cpus), at most ``COPY_THREADS``."""
+    loader's CPUs (sysinfo.process_loader_cpus), at most ``COPY_THREADS``."""
     if _in_dataloader_worker():
         return 1
-    return _loader_cpus(os.getpid())
-
-
-@functools.lru_cache(maxsize=4)
-def _loader_cpus(pid: int) -> int:  # once a process: it reads the cgroup files
-    return max(1, min(COPY_THREADS, sysinfo.loader_cpus()[0]))
+    return max(1, min(COPY_THREADS, sysinfo.process_loader_cpus()))
 
 
 def _in_dataloader_worker() -> bool:
