@@ -226,11 +226,11 @@ def _first(fn, item) -> tuple:
     return "ok", [encoded(schema, s) for s in samples], schema
 
 
-def _take(w: Writer, i: int, result: tuple, inputs: Sequence, on_error: str) -> None:
+def _take(w: Writer, i: int, result: tuple, names: Sequence[str], on_error: str) -> None:
     if result[0] == "error":
         if on_error == "stop":
             raise SourceError(
-                f"input {i} ({_name(inputs[i], i)}): {result[1]}; the inputs before it are "
+                f"input {i} ({names[i]}): {result[1]}; the inputs before it are "
                 "committed: fix it and rerun with resume=True (gpufeed pack: --resume), or "
                 "pass on_error='skip' (--on-error skip)"
             )
