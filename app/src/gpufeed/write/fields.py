@@ -28,7 +28,7 @@ import numpy as np
 
 from gpufeed.errors import UsageError
 from gpufeed.formats.schema import Schema, infer_schema, parse_schema
-from gpufeed.write.items import encoded_image
+from gpufeed.write.items import encoded_image, load_pt_array
 from gpufeed.write.scan import (
     IMAGE_EXTS,
     Source,
@@ -84,7 +84,7 @@ def read_wav(path: str) -> tuple[np.ndarray, int]:
     return samples.reshape(-1, channels), rate
 
 
-def _load_pt(path: str) -> Any:
+def _load_pt_fields(path: str) -> Any:
     """torch.load(weights_only=True), numpy arrays and scalars allowed too (their rebuilding
     only: an object array still needs globals weights_only refuses)."""
     import torch
@@ -127,10 +127,7 @@ def _pt_fields(obj: Any) -> dict[str, Any]:
 def _read_array(path: str) -> np.ndarray:
     if suffix(path) == ".npy":
         return np.load(path, allow_pickle=False)
-    obj = _load_pt(path)
-    if not hasattr(obj, "numpy"):
-        raise ValueError(f"holds a {type(obj).__name__}, expected one tensor")
-    return _as_value(obj)
+    return load_pt_array(path)  # one tensor, as the (array, label) pack reads a .pt
 
 
 # --------------------------------------------------------------------------- the samples
@@ -176,7 +173,7 @@ class FileSamples:
         if self.route == "ptdict":
             if suffix(path) != ".pt":
                 raise ValueError("a .npy array among .pt dicts of fields; pack them separately")
-            return _pt_fields(_load_pt(path))
+            return _pt_fields(_load_pt_fields(path))
         if self.route == "images":
             return {"image": encoded_image(path)}
         return {"x": _read_array(path)}
@@ -237,7 +234,7 @@ def _first_pt_dict(src: Source) -> Mapping | None:
         if suffix(path) != ".pt":
             continue
         try:
-            obj = _load_pt(path)
+            obj = _load_pt_fields(path)
         except Exception:  # noqa: BLE001, S112 - reported by the pack, naming the file
             continue
         if not isinstance(obj, Mapping):

@@ -17,7 +17,7 @@ from gpufeed.pixels import to_8bit
 from gpufeed.system.native import jpeg_module
 from gpufeed.write.scan import IMAGE_EXTS, suffix
 
-__all__ = ["LoadOptions", "encoded_image", "jpeg_decodes", "load_item", "stamp"]
+__all__ = ["LoadOptions", "encoded_image", "jpeg_decodes", "load_item", "load_pt_array", "stamp"]
 
 
 # --------------------------------------------------------------------------- reading items
@@ -52,7 +52,7 @@ def load_item(path: str, opts: LoadOptions) -> tuple:
         elif ext == ".npy":
             payload, spec = _load_npy(path)
         elif ext == ".pt":
-            payload, spec = _array_payload(_load_pt(path))
+            payload, spec = _array_payload(load_pt_array(path))
             ext = ".npy"
         else:
             return ("error", before, f"unsupported file type {ext!r}")
@@ -159,7 +159,8 @@ def _npy_header(header: bytes) -> tuple[dict, int] | None:
     return spec, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
 
-def _load_pt(path: str) -> np.ndarray:
+def load_pt_array(path: str) -> np.ndarray:
+    """The one tensor a .pt file holds, as a numpy array (anything else is that file's error)."""
     import torch
 
     obj = torch.load(path, map_location="cpu", weights_only=True)
