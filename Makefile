@@ -126,6 +126,9 @@ BENCH_IMAGE ?= $(IMAGE_NAME)-bench:$(TAG)
 BENCH_DATA ?= /tmp/gpufeed-bench
 BENCH_OUT ?= bench/results
 QUICK ?= 0
+# A memory limit for the bench container (e.g. 1200m): its page cache counts against it, so
+# packs larger than it are read cold all the way through, as a dataset larger than RAM is.
+BENCH_MEMORY ?=
 # Where `make smoke-gpu` writes smoke-gpu.json, smoke-gpu.md, bench.txt and bench.json.
 SMOKE_OUT ?= smoke-gpu-results
 
@@ -135,6 +138,7 @@ bench-image: $(BASE_DEPENDENCY) ## build the bench image (runtime + WebDataset, 
 bench: bench-image ## comparison suite vs per-file loading and the peers (QUICK=1: a tenth of the data)
 	mkdir -p $(BENCH_DATA) $(BENCH_OUT)
 	docker run --rm --shm-size=4g --user "$$(id -u):$$(id -g)" -e HOME=/tmp -e QUICK=$(QUICK) \
+		$(if $(BENCH_MEMORY),--memory=$(BENCH_MEMORY) --memory-swap=$(BENCH_MEMORY)) \
 		-e GPUFEED_ALLOW_CPU=1 -e GPUFEED_PREFLIGHT_QUIET=1 -e PYTHONPATH=/src:/src/app/src \
 		-v "$(CURDIR):/src:ro" -v "$(abspath $(BENCH_DATA)):/bench-data" \
 		-v "$(abspath $(BENCH_OUT)):/bench-out" -w /src $(BENCH_IMAGE) \

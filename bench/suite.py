@@ -958,7 +958,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from gpufeed.system.sysinfo import read_ahead_kb
+    from gpufeed.system.sysinfo import cgroup_memory_limit, read_ahead_kb
 
     data_root.mkdir(parents=True, exist_ok=True)
     results = {
@@ -970,9 +970,15 @@ def main(argv=None) -> int:
         "cap_s": cap,
         # how much a page fault through a memory map reads around it (FFCV's cold reads)
         "read_ahead_kb": read_ahead_kb(data_root.parent),
+        # the container's memory limit (make bench BENCH_MEMORY=...): page cache and processes
+        # together, so a pack larger than it cannot be cached before a first batch
+        "memory_limit_bytes": cgroup_memory_limit(),
         "cases": {},
     }
     log(f"data on a device with read_ahead_kb {results['read_ahead_kb']}")
+    if results["memory_limit_bytes"]:
+        limit_mib = results["memory_limit_bytes"] / 2**20
+        log(f"memory limited to {limit_mib:,.0f} MiB, the page cache included")
     all_ran = True
     selected = bdata.cases(data_root, args.quick)
     if args.cases:
