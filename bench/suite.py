@@ -64,6 +64,7 @@ CONDITIONS = {
     "jpeg": [("cold", "shuffled"), ("warm", "shuffled")],
     "large": [("cold", "shuffled"), ("warm", "shuffled")],
     "fields": [("cold", "shuffled"), ("warm", "shuffled")],
+    "bigraw": [("cold", "shuffled"), ("cold", "sequential")],
 }
 # QUICK: every row, fewer conditions, one timed pass each (a check that all runs, not numbers)
 QUICK_CONDITIONS = {
@@ -71,6 +72,7 @@ QUICK_CONDITIONS = {
     "jpeg": [("warm", "shuffled")],
     "large": [("cold", "shuffled")],
     "fields": [("cold", "shuffled"), ("warm", "shuffled")],
+    "bigraw": [("cold", "shuffled")],
 }
 # a store runs once per data folder; the full JPEG case through every writer takes minutes
 STORE_TIMEOUT_S = 3600
@@ -93,6 +95,16 @@ def rows() -> list[tuple[str, str]]:
     out += [(f"gpufeed {f}", f"gpufeed:{f}") for f in FORMATS]
     out += [(name, f"peer:{name}") for name in bpeers.PEERS]
     return out
+
+
+def selected_cases(data_root: Path, quick: bool, names: str | None) -> list:
+    """The cases named (comma-separated), or every case but the opt-in ones."""
+    want = set(names.split(",")) if names else None
+    return [
+        c
+        for c in bdata.cases(data_root, quick)
+        if (c.name in want if want else c.name not in bdata.OPT_IN)
+    ]
 
 
 def row_applies(case, row: str) -> bool:
@@ -980,11 +992,7 @@ def main(argv=None) -> int:
         limit_mib = results["memory_limit_bytes"] / 2**20
         log(f"memory limited to {limit_mib:,.0f} MiB, the page cache included")
     all_ran = True
-    selected = bdata.cases(data_root, args.quick)
-    if args.cases:
-        want = set(args.cases.split(","))
-        selected = [c for c in selected if c.name in want]
-    for case in selected:
+    for case in selected_cases(data_root, args.quick, args.cases):
         log(f"case {case.name}: {case.count} samples {case.kind} {list(case.shape)}")
         bdata.generate(case)
         conditions = (QUICK_CONDITIONS if args.quick else CONDITIONS)[case.name]
