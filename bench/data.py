@@ -6,12 +6,12 @@ Cases (full size; QUICK=1 takes a tenth):
 - ``jpeg``:  100,000 JPEGs of 64x64 (smooth pictures with detail, ~2-3 KiB), read with
   decode + RandomResizedCrop(56) + horizontal flip per sample, as ImageNet training does;
 - ``large``: 1,000 uint8 tensors 3x384x384 (432 KiB each);
-- ``bigraw``: 400,000 tensors as in ``raw`` (4.9 GB), run only when named (``--cases
-  bigraw``): with ``make bench BENCH_MEMORY=...`` below the pack's size, a cold pass cannot
-  be served from a page cache filled before its first batch, as with a dataset larger than RAM;
 - ``fields``: 100,000 multi-field samples, a JPEG as in ``jpeg`` + a 32-token caption (int32
   token ids, ``tokens.npy``) + the class: read with the JPEG decoded + RandomResizedCrop(56)
-  + flip and the captions batched as int32 [B, 32].
+  + flip and the captions batched as int32 [B, 32];
+- ``bigraw``: 400,000 tensors as in ``raw`` (4.9 GB), run only when named (``--cases
+  bigraw``): with ``make bench BENCH_MEMORY=...`` below the pack's size, a cold pass cannot
+  be served from a page cache filled before its first batch, as with a dataset larger than RAM.
 
 The per-file layout (``class/NNNNNNN.pt`` or ``.jpg``) is what the tutorial baseline reads
 and what ``gpufeed pack`` and the peers' writers start from.

@@ -926,7 +926,12 @@ def main(argv=None) -> int:
         help="results.json, results.md and benchmarks.png go here",
     )
     ap.add_argument("--rows", default=None, help="only rows whose key matches this regex")
-    ap.add_argument("--cases", default=None, help="only these cases (comma-separated)")
+    ap.add_argument(
+        "--cases",
+        default=None,
+        help="only these cases, comma-separated (by default all but "
+        f"{', '.join(sorted(bdata.OPT_IN))}, which run only when named)",
+    )
     ap.add_argument(
         "--runs",
         type=int,

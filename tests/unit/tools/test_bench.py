@@ -192,7 +192,7 @@ def test_suite_runs_opt_in_cases_only_when_named(suite, tmp_path):
     assert "bigraw" not in default and {"raw", "jpeg", "large"} <= set(default)
     named = suite.selected_cases(tmp_path, False, "bigraw,raw")
     assert [c.name for c in named] == ["raw", "bigraw"]
-    assert named[1].count == 4 * named[0].count  # a pack four times raw's, the same samples
+    assert named[1].count == 4 * named[0].count  # four times raw's samples, of raw's shape
 
 
 def test_suite_evict_and_disk_bytes(suite, tmp_path):
