@@ -35,7 +35,9 @@ def value_spans(reader) -> list[tuple[int, int]]:
 
 def asked_spans(reader, monkeypatch, ranges) -> list[tuple[int, int]]:
     spans: list = []
-    monkeypatch.setattr(lmdb_format, "populate_ahead", lambda bg, regions: spans.extend(regions))
+    monkeypatch.setattr(
+        lmdb_format, "populate_ahead", lambda bg, regions, *_: spans.extend(regions)
+    )
     reader.prefetch_ranges(ranges)
     return spans
 
@@ -99,7 +101,9 @@ def test_an_evicted_block_is_read_in_by_the_threads_and_reads_the_same(raw_pack,
     asked: list = []
     real = lmdb_format.populate_ahead
     monkeypatch.setattr(
-        lmdb_format, "populate_ahead", lambda bg, spans: (asked.extend(spans), real(bg, spans))
+        lmdb_format,
+        "populate_ahead",
+        lambda bg, spans, *rest: (asked.extend(spans), real(bg, spans, *rest)),
     )
     reader.prefetch_ranges([(32, 48)])  # the line's anchors: records 0, 32 and 63
     reader.ahead.drain()  # waits for the threads' reads

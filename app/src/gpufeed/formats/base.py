@@ -18,6 +18,7 @@ from gpufeed.errors import DataError, StalePackError
 from gpufeed.formats.files import file_identity
 from gpufeed.formats.manifest import MANIFEST_NAME, SOURCES_NAME, pack_file, read_sources
 from gpufeed.formats.parts import Part
+from gpufeed.formats.readahead import cache_probe
 from gpufeed.formats.spec import SampleSpec
 
 __all__ = ["ContiguousWriter", "Reader", "Writer", "make_room"]
@@ -35,6 +36,9 @@ class Reader:
     # a remote pack's files (gpufeed.storage.packs.RemoteFiles: fetch(name) -> a pinned,
     # verified local copy; release(name)); None: the files are under root
     source = None
+    # how reads ahead tell a cached range of this reader's map: None, mincore
+    # (readahead.looks_cached); a readahead.FileProbe where mincore cannot see the file
+    cached = None
 
     @classmethod
     def with_source(cls, source, root: str | os.PathLike, manifest: dict[str, Any], **options):
@@ -132,6 +136,17 @@ class Reader:
                 f"{int(expected):,}; the pack is inconsistent (re-pack it)"
             )
 
+    def see_cache(self, path: str | os.PathLike, addr: int) -> None:
+        """How this process tells which pages of file ``path``, mapped at ``addr``, are
+        cached (``cached``, the reader's ``ahead`` too): mincore, unless it cannot see them
+        (readahead.cache_probe)."""
+        if self.cached is not None:
+            self.cached.close()
+        self.cached = cache_probe(path, addr)
+        ahead = getattr(self, "ahead", None)
+        if hasattr(ahead, "cached"):
+            ahead.cached = self.cached
+
     # -- handle management -------------------------------------------------------------
     def _open(self):
         raise NotImplementedError
@@ -154,6 +169,8 @@ class Reader:
     def close(self) -> None:
         if self._h is not None and self._pid == os.getpid():
             self._close(self._h)
+        if self.cached is not None:
+            self.cached.close()
         self._h = None
         self._pid = None
 

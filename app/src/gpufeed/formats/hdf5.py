@@ -159,7 +159,7 @@ class HDF5Reader(Reader):
                 shape, dtype = (int(self.offsets[-1]),), np.uint8
             if shape[0] == 0:
                 return np.empty(shape, dtype)
-            return kept_map(  # kept for the next reader of this file (formats/maps.py)
+            data = kept_map(  # kept for the next reader of this file (formats/maps.py)
                 self.path,
                 self.pinned_identity(FILE_NAME),
                 (np.dtype(dtype).str, self.mmap_offset, shape),
@@ -167,6 +167,8 @@ class HDF5Reader(Reader):
                     self.path, dtype=dtype, mode="r", offset=self.mmap_offset, shape=shape
                 ),
             )
+            self.see_cache(self.path, data.ctypes.data)
+            return data
         f = h5py.File(self.path, "r", rdcc_nbytes=self.rdcc_nbytes)
         return f[self.data_name]
 
@@ -181,7 +183,7 @@ class HDF5Reader(Reader):
     def prefetch(self, indices: np.ndarray) -> None:
         data = self.handle
         if isinstance(data, np.ndarray):  # chunked or compressed: h5py reads through its cache
-            advise_samples(data, self.offsets, indices)
+            advise_samples(data, self.offsets, indices, self.cached)
 
     reads_ranges_ahead = True
 
@@ -197,7 +199,7 @@ class HDF5Reader(Reader):
         if self.spec.kind == "array":
             out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
             if isinstance(data, np.ndarray):
-                advise_rows(data, indices)
+                advise_rows(data, indices, self.cached)
                 take_rows(data, indices, out)
             else:
                 _h5_take(data, indices, out)
@@ -206,7 +208,7 @@ class HDF5Reader(Reader):
         # memmap slices are views of the page cache; h5py slices are fresh arrays.
         views = [data[offs[i] : offs[i + 1]] for i in indices]
         if isinstance(data, np.ndarray):
-            advise_buffers(views)
+            advise_buffers(views, cached=self.cached)
         return views
 
 

@@ -328,7 +328,12 @@ class LMDBReader(Reader):
 
     def _open(self):
         self.check_pinned(DATA_FILE)
-        return _acquire_env(self.env_key, self.readahead)
+        env = _acquire_env(self.env_key, self.readahead)
+        with env.begin(buffers=True) as txn:
+            labels = txn.get(LABELS_KEY)  # a value in the map: where the map lies
+            if labels is not None and len(labels):
+                self.see_cache(Path(self.root) / DATA_FILE, address(labels))
+        return env
 
     def _close(self, handle) -> None:
         self.ahead.drain()  # no thread may read the map once it can be closed
@@ -346,7 +351,8 @@ class LMDBReader(Reader):
         # the values' pages are not touched until copied: look them up, then advise
         with self.handle.begin(buffers=True) as txn:
             get = txn.get
-            advise_buffers([v for v in map(get, keys(indices)) if v is not None])
+            values = [v for v in map(get, keys(indices)) if v is not None]
+            advise_buffers(values, cached=self.cached)
 
     @property
     def reads_ranges_ahead(self) -> bool:
@@ -364,7 +370,7 @@ class LMDBReader(Reader):
         line = self._line[1]
         if line is None:
             return
-        populate_ahead(self.ahead, line_spans(line, ranges, self.count))
+        populate_ahead(self.ahead, line_spans(line, ranges, self.count), self.cached)
 
     def read_batch(self, indices: np.ndarray):
         with self.handle.begin(buffers=True) as txn:
@@ -374,7 +380,7 @@ class LMDBReader(Reader):
                 missing = indices[values.index(None)]
                 raise CorruptSampleError(self.location(missing), int(missing), "record missing")
             sizes = list(map(len, values))
-            advise_buffers(values, sizes)
+            advise_buffers(values, sizes, self.cached)
             if self.spec.kind != "array":
                 return [bytes(v) for v in values]
             width = self.spec.nbytes

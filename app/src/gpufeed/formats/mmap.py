@@ -202,15 +202,20 @@ class MmapReader(Reader):
         if self.container == "pt":
             rows = kept_map(self.data_path, identity, "pt", lambda: pt.map_pt(self.data_path))
             self.check_count("samples.pt", rows.shape[0])
+            if rows.size:
+                self.see_cache(self.data_path, rows.ctypes.data)
             return rows
         # a plain ndarray over the map: np.memmap's slicing costs more than the copy itself;
         # the map is kept for the next reader of this file in this process (formats/maps.py)
-        return kept_map(
+        rows = kept_map(
             self.data_path,
             identity,
             "npy",
             lambda: np.load(self.data_path, mmap_mode="r").view(np.ndarray),
         )
+        if rows.size:
+            self.see_cache(self.data_path, rows.ctypes.data)
+        return rows
 
     def _close(self, handle) -> None:
         self.ahead.drain()  # no thread may read the map once it can be unmapped
@@ -220,7 +225,7 @@ class MmapReader(Reader):
 
     def prefetch(self, indices: np.ndarray) -> None:
         if self._landed:  # while it downloads, the reads ahead are the download itself
-            advise_samples(self.handle, self.offsets, indices)
+            advise_samples(self.handle, self.offsets, indices, self.cached)
 
     reads_ranges_ahead = True
 
@@ -237,11 +242,11 @@ class MmapReader(Reader):
         data = self.handle
         self.ahead.ready(indices)  # its blocks resident: the copy faults nothing in
         if self.spec.kind == "array":
-            advise_rows(data, indices)
+            advise_rows(data, indices, self.cached)
             out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
             take_rows(data, indices, out)
             return out
         starts, ends = self.offsets[indices].tolist(), self.offsets[indices + 1].tolist()
         views = [data[a:b] for a, b in zip(starts, ends, strict=True)]
-        advise_buffers(views)
+        advise_buffers(views, cached=self.cached)
         return views

@@ -39,6 +39,9 @@ __all__ = [
     "sample_range_spans",
     "is_run",
     "looks_cached",
+    "mincore_sees",
+    "cache_probe",
+    "FileProbe",
     "populate",
     "populate_ahead",
     "rows_cached",
@@ -67,6 +70,23 @@ def _mincore():
     return _libc_function("mincore", ctypes.c_void_p)
 
 
+def mincore_sees(path: str | os.PathLike) -> bool:
+    """Whether mincore tells this process which pages of file ``path`` are cached. For a file
+    it neither owns nor may open for writing, the kernel answers "every page resident"
+    (mm/mincore.c, can_do_mincore: no page-cache side channel), so a cold pack looks warm
+    and nothing would be read ahead: a dataset owned by another user, or mounted read-only,
+    read by a container running as a non-root user (ours do). Root is taken to have
+    CAP_FOWNER. True when ``path`` cannot be looked at (nothing is known to be wrong)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return True
+    euid = os.geteuid()
+    if euid in (0, st.st_uid):
+        return True
+    return os.access(path, os.W_OK, effective_ids=os.access in os.supports_effective_ids)
+
+
 def looks_cached(addr: int, length: int) -> bool:
     """Whether the first, middle and last page of a mapped range are in the page cache
     (mincore on three pages: a whole range's check costs as much as the advice it saves).
@@ -83,15 +103,89 @@ def looks_cached(addr: int, length: int) -> bool:
 
 _VEC = (ctypes.c_ubyte * 1)()  # mincore's answer for one page
 
+# how a reader tells whether an (address, length) range of its map is cached
+Cached = Callable[[int, int], bool]
+_PROBE_BYTE = bytearray(1)  # where a probe's one byte lands (its value is never used)
 
-def rows_cached(data: np.ndarray, indices: np.ndarray) -> bool:
-    """Whether the first and last of rows ``indices`` of an array look cached
-    (:func:`looks_cached`); True for no rows and for rows not contiguous in themselves (not
-    a mapped file's rows)."""
+
+class FileProbe:
+    """Whether a range of a map of a file that mincore cannot see (:func:`mincore_sees`) is
+    cached, asked of the file itself: a one-byte preadv2(RWF_NOWAIT) fails with EAGAIN
+    where the page is not in the page cache, without waiting for the disk (RWF_NOWAIT
+    implies IOCB_NOIO: a probe of a cold MiB left at most 4 pages cached in tests). First,
+    middle and last page, as :func:`looks_cached`. For one map: a file
+    offset is the address plus ``delta``. False when it cannot tell (the range is then
+    read ahead). Its descriptor is this process's (pickled without it)."""
+
+    def __init__(self, path: str | os.PathLike, delta: int):
+        self.path, self.delta = str(path), int(delta)
+        self._fd: int | None = None
+        self._pid: int | None = None
+
+    def __call__(self, addr: int, length: int) -> bool:
+        fd = self._own_fd()
+        if fd is None or length <= 0:
+            return False
+        at = addr + self.delta
+        for offset in (at, at + length // 2, at + length - 1):
+            try:
+                os.preadv(fd, [_PROBE_BYTE], offset, os.RWF_NOWAIT)
+            except OSError:  # EAGAIN: not cached; EOPNOTSUPP: this filesystem cannot say
+                return False
+        return True
+
+    def _own_fd(self) -> int | None:
+        if self._pid != os.getpid():
+            self._fd, self._pid = None, os.getpid()  # an inherited descriptor is the parent's
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+        return self._fd
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None and self._pid == os.getpid():
+            os.close(fd)
+
+    def __getstate__(self):
+        return {"path": self.path, "delta": self.delta, "_fd": None, "_pid": None}
+
+
+def cache_probe(path: str | os.PathLike, addr: int) -> FileProbe | None:
+    """How to tell which ranges are cached of a map of file ``path`` holding address
+    ``addr``: None where mincore sees the file (:func:`looks_cached` does), else a
+    :class:`FileProbe` placed by the map's line in /proc/self/maps. None too where that
+    cannot be found or RWF_NOWAIT does not exist (mincore's answer stands)."""
+    if not hasattr(os, "RWF_NOWAIT") or mincore_sees(path):
+        return None
+    delta = _map_delta(addr)
+    return None if delta is None else FileProbe(path, delta)
+
+
+def _map_delta(addr: int, maps: str | os.PathLike = "/proc/self/maps") -> int | None:
+    """File offset minus address in the file mapping holding ``addr``, None where none does."""
+    try:
+        with open(maps) as f:
+            for line in f:
+                fields = line.split()
+                start, _, end = fields[0].partition("-")
+                if int(start, 16) <= addr < int(end, 16) and len(fields) >= 6:
+                    return int(fields[2], 16) - int(start, 16)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def rows_cached(data: np.ndarray, indices: np.ndarray, cached: Cached | None = None) -> bool:
+    """Whether the first and last of rows ``indices`` of an array look cached (``cached``,
+    :func:`looks_cached` by default); True for no rows and for rows not contiguous in
+    themselves (not a mapped file's rows)."""
     if data.ndim == 0 or len(indices) == 0 or len(data) == 0 or not data[0].flags.c_contiguous:
         return True
     stride, size, base = data.strides[0], data[0].nbytes, data.ctypes.data
-    return all(looks_cached(base + int(i) * stride, size) for i in (indices[0], indices[-1]))
+    cached = cached or looks_cached
+    return all(cached(base + int(i) * stride, size) for i in (indices[0], indices[-1]))
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,29 +236,32 @@ def populate(addr: int, length: int) -> None:
             fn(start, length, _MADV_WILLNEED)
 
 
-def populate_ahead(background: Background, regions: Iterable[tuple[int, int]]) -> None:
+def populate_ahead(
+    background: Background, regions: Iterable[tuple[int, int]], cached: Cached | None = None
+) -> None:
     """Populate (address, length) ranges on ``background``'s threads, one job a range,
-    leaving out those that :func:`looks_cached` (so a warm pass wakes no thread)."""
+    leaving out those that look cached (``cached``, :func:`looks_cached` by default), so a
+    warm pass wakes no thread."""
     for addr, length in regions:
-        _populate_job(background, addr, length)
+        _populate_job(background, addr, length, cached)
 
 
-def _populate_job(background: Background, addr: int, length: int):
+def _populate_job(background: Background, addr: int, length: int, cached: Cached | None = None):
     """The job populating a range on ``background``'s threads, or None for a range that is
-    empty or :func:`looks_cached`."""
-    if length > 0 and not looks_cached(addr, length):
+    empty or looks cached (``cached``, :func:`looks_cached` by default)."""
+    if length > 0 and not (cached or looks_cached)(addr, length):
         return background.submit(populate, addr, length)
     return None
 
 
-def advise_rows(data: np.ndarray, indices: np.ndarray) -> None:
+def advise_rows(data: np.ndarray, indices: np.ndarray, cached: Cached | None = None) -> None:
     """WILLNEED for rows ``indices`` of a C-contiguous mapped array, when rows are large and
     not already cached (:func:`rows_cached`: the advice walks every page it names, 11% of a
     warm batch's copy of 432 KiB rows)."""
     row = data.strides[0] if data.ndim else 0
     if row < PREFETCH_MIN_BYTES or not data.flags.c_contiguous or len(indices) < 2:
         return
-    if rows_cached(data, indices):
+    if rows_cached(data, indices, cached):
         return
     base = data.ctypes.data
     advise_willneed((base + int(i) * row, row) for i in np.sort(indices))
@@ -194,16 +291,20 @@ def sample_range_spans(data: np.ndarray, offsets: np.ndarray | None, ranges):
                 yield a, base + lo, hi - lo
 
 
-def advise_samples(data: np.ndarray, offsets: np.ndarray | None, indices: np.ndarray) -> None:
+def advise_samples(
+    data: np.ndarray, offsets: np.ndarray | None, indices: np.ndarray, cached: Cached | None = None
+) -> None:
     """WILLNEED for samples ``indices`` of a mapped array: rows of fixed-shape samples
     (``offsets`` None), else the encoded spans ``data[offsets[i]:offsets[i + 1]]``."""
     if offsets is None:
-        advise_rows(data, indices)
+        advise_rows(data, indices, cached)
     else:
-        advise_buffers([data[offsets[i] : offsets[i + 1]] for i in indices])
+        advise_buffers([data[offsets[i] : offsets[i + 1]] for i in indices], cached=cached)
 
 
-def advise_buffers(buffers: Sequence, sizes: Sequence[int] | None = None) -> None:
+def advise_buffers(
+    buffers: Sequence, sizes: Sequence[int] | None = None, cached: Cached | None = None
+) -> None:
     """WILLNEED for buffers that point into a mapped file (LMDB values, memmap slices), when
     they are large and the first and last do not both look cached (see advise_rows)."""
     if len(buffers) < 2:
@@ -212,7 +313,8 @@ def advise_buffers(buffers: Sequence, sizes: Sequence[int] | None = None) -> Non
         sizes = list(map(len, buffers))
     if sum(sizes) < PREFETCH_MIN_BYTES * len(sizes):
         return
-    if all(looks_cached(address(buffers[j]), sizes[j]) for j in (0, -1) if sizes[j]):
+    cached = cached or looks_cached
+    if all(cached(address(buffers[j]), sizes[j]) for j in (0, -1) if sizes[j]):
         return
     advise_willneed(
         (np.frombuffer(b, dtype=np.uint8).ctypes.data, n)
@@ -276,13 +378,14 @@ class BlocksAhead:
         self._jobs: dict[int, tuple[Future, int, int]] = {}
         self._block = 0  # indices a block (the first range's length)
         self._pid = os.getpid()
+        self.cached: Cached | None = None  # how to tell a cached block (looks_cached)
 
     def announce(self, spans: Iterable[tuple[int, int, int]]) -> None:
         """Start populating (first index, address, length) spans of blocks of equal size."""
         self._own_process()
         for first, addr, length in spans:
             if first not in self._jobs:
-                job = _populate_job(self.background, addr, length)
+                job = _populate_job(self.background, addr, length, self.cached)
                 if job is not None:
                     self._jobs[first] = (job, addr, length)
 
@@ -345,7 +448,13 @@ class BlocksAhead:
             self._jobs, self._pid = {}, os.getpid()
 
     def __getstate__(self):
-        return {"background": self.background, "_jobs": {}, "_block": 0, "_pid": None}
+        return {
+            "background": self.background,
+            "_jobs": {},
+            "_block": 0,
+            "_pid": None,
+            "cached": self.cached,
+        }
 
 
 def _wait(future: Future) -> None:
