@@ -140,12 +140,16 @@ class Reader:
         """How this process tells which pages of file ``path``, mapped at ``addr``, are
         cached (``cached``, the reader's ``ahead`` too): mincore, unless it cannot see them
         (readahead.cache_probe)."""
-        if self.cached is not None:
-            self.cached.close()
+        self._close_probe()
         self.cached = cache_probe(path, addr)
         ahead = getattr(self, "ahead", None)
         if hasattr(ahead, "cached"):
             ahead.cached = self.cached
+
+    def _close_probe(self) -> None:
+        close = getattr(self.cached, "close", None)  # a FileProbe's descriptor
+        if close is not None:
+            close()
 
     # -- handle management -------------------------------------------------------------
     def _open(self):
@@ -169,8 +173,7 @@ class Reader:
     def close(self) -> None:
         if self._h is not None and self._pid == os.getpid():
             self._close(self._h)
-        if self.cached is not None:
-            self.cached.close()
+        self._close_probe()
         self._h = None
         self._pid = None
 

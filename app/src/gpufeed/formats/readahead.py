@@ -41,6 +41,7 @@ __all__ = [
     "looks_cached",
     "mincore_sees",
     "cache_probe",
+    "file_cached",
     "FileProbe",
     "populate",
     "populate_ahead",
@@ -124,15 +125,7 @@ class FileProbe:
 
     def __call__(self, addr: int, length: int) -> bool:
         fd = self._own_fd()
-        if fd is None or length <= 0:
-            return False
-        at = addr + self.delta
-        for offset in (at, at + length // 2, at + length - 1):
-            try:
-                os.preadv(fd, [_PROBE_BYTE], offset, os.RWF_NOWAIT)
-            except OSError:  # EAGAIN: not cached; EOPNOTSUPP: this filesystem cannot say
-                return False
-        return True
+        return fd is not None and file_cached(fd, addr + self.delta, length)
 
     def _own_fd(self) -> int | None:
         if self._pid != os.getpid():
@@ -150,6 +143,20 @@ class FileProbe:
 
     def __getstate__(self):
         return {"path": self.path, "delta": self.delta, "_fd": None, "_pid": None}
+
+
+def file_cached(fd: int, offset: int, length: int) -> bool:
+    """Whether the first, middle and last page of ``length`` bytes at ``offset`` of file
+    ``fd`` are cached (a one-byte preadv2(RWF_NOWAIT) each, see :class:`FileProbe`); False
+    when it cannot tell."""
+    if length <= 0:
+        return False
+    for at in (offset, offset + length // 2, offset + length - 1):
+        try:
+            os.preadv(fd, [_PROBE_BYTE], at, os.RWF_NOWAIT)
+        except OSError:  # EAGAIN: not cached; EOPNOTSUPP: this filesystem cannot say
+            return False
+    return True
 
 
 def cache_probe(path: str | os.PathLike, addr: int) -> FileProbe | None:

@@ -19,6 +19,7 @@ random access, per-sample verification and splitting shards without opening them
 
 from __future__ import annotations
 
+import bisect
 import functools
 import mmap
 import os
@@ -32,7 +33,10 @@ from gpufeed.formats.readahead import (
     PREFETCH_MIN_BYTES,
     BlocksAhead,
     advise_willneed,
+    file_cached,
     is_run,
+    looks_cached,
+    mincore_sees,
 )
 from gpufeed.formats.record import record_from_members
 from gpufeed.formats.tar_rows import gather_rows, shard_rows, shard_strides
@@ -52,6 +56,16 @@ from gpufeed.formats.tar_write import (  # noqa: F401 - the format's names, in o
 # shards of a remote pack one process keeps open (and pinned in the cache): a streaming
 # reader is on one or two at a time; a map-style one in block-shuffled order on a few
 REMOTE_OPEN_SHARDS = 4
+
+
+class ShardMaps(dict):
+    """A local pack's shard maps (shard -> its map), kept across readers in a process, and
+    where each lies: ``at``, (address, size, shard) sorted by address (see
+    TarReader._shard_cached)."""
+
+    def __init__(self):
+        super().__init__()
+        self.at: list[tuple[int, int, int]] = []
 
 
 class TarReader(Reader):
@@ -91,7 +105,11 @@ class TarReader(Reader):
         # a local pack's shard maps, kept across readers in this process (one entry a pack,
         # told apart by every shard's identity): a warm pass finds their pages mapped
         identity = tuple(self.pinned_identity(name) for name in self.shards)
-        return {"maps": kept_map(self.root / INDEX_NAME, identity, "tar shards", dict)}
+        # one owner and mount for a pack's shards: where mincore cannot see the first one,
+        # blocks are told cached by asking the shard's file (readahead.file_cached)
+        blind = bool(self.shards) and not mincore_sees(self.root / self.shards[0])
+        self.cached = self.ahead.cached = self._shard_cached if blind else None
+        return {"maps": kept_map(self.root / INDEX_NAME, identity, "tar shards", ShardMaps)}
 
     @functools.cached_property
     def strides(self) -> np.ndarray | None:
@@ -278,7 +296,19 @@ class TarReader(Reader):
             size = os.fstat(fd).st_size
             view = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else b""
             data = maps[shard] = np.frombuffer(view, dtype=np.uint8)
+            if size and isinstance(maps, ShardMaps):
+                bisect.insort(maps.at, (data.ctypes.data, size, shard))
         return data
+
+    def _shard_cached(self, addr: int, length: int) -> bool:
+        """Whether a range of a shard's map is cached, asked of the shard's file (mincore
+        cannot see it): the map holding ``addr`` found among those this process made."""
+        at = getattr(self.handle.get("maps"), "at", ())
+        i = bisect.bisect_right(at, (addr, float("inf"))) - 1
+        if i < 0 or addr >= at[i][0] + at[i][1]:
+            return looks_cached(addr, length)
+        start, _, shard = at[i]
+        return file_cached(self._fd(shard), addr - start, length)
 
     def _read_run(self, first: int, last: int):
         """Samples first..last (one shard) as one span of the shard's memory map: (the span,
