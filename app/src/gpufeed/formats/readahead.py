@@ -10,6 +10,11 @@ Whole blocks of small samples a window ahead (``Reader.prefetch_ranges``) are ad
 ``Background`` threads: LMDB with ``populate_ahead``; mmap and mapped HDF5 with
 ``BlocksAhead``, which keeps a job a block so that a batch waits for (or reads itself) only
 the blocks it copies, never the queue of blocks announced before them.
+
+Whether a range is cached is mincore's answer, except for a file this process neither owns
+nor may write: mincore then says "every page resident" (:func:`mincore_sees`), and the
+readers ask the file instead (:class:`FileProbe`, :func:`file_cached`: preadv2 with
+RWF_NOWAIT). Every check here takes the reader's answer (``cached``).
 """
 
 from __future__ import annotations
@@ -113,10 +118,10 @@ class FileProbe:
     """Whether a range of a map of a file that mincore cannot see (:func:`mincore_sees`) is
     cached, asked of the file itself: a one-byte preadv2(RWF_NOWAIT) fails with EAGAIN
     where the page is not in the page cache, without waiting for the disk (RWF_NOWAIT
-    implies IOCB_NOIO: a probe of a cold MiB left at most 4 pages cached in tests). First,
-    middle and last page, as :func:`looks_cached`. For one map: a file
-    offset is the address plus ``delta``. False when it cannot tell (the range is then
-    read ahead). Its descriptor is this process's (pickled without it)."""
+    implies IOCB_NOIO: a probe of a cold MiB left at most 4 pages cached in tests). The
+    first, middle and last page, as :func:`looks_cached`. For one map: a file offset is the
+    address plus ``delta``. False when it cannot tell (the range is then read ahead). Its
+    descriptor is this process's (pickled without it)."""
 
     def __init__(self, path: str | os.PathLike, delta: int):
         self.path, self.delta = str(path), int(delta)
