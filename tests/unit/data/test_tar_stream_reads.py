@@ -181,9 +181,12 @@ def test_read_ahead_announces_each_run_once_in_order_within_its_window(tar_pack,
 def test_read_ahead_populates_the_runs_spans_on_the_threads(tar_pack, monkeypatch):
     populated = []
     monkeypatch.setattr(readahead, "looks_cached", lambda *_: False)
-    monkeypatch.setattr(
-        readahead, "populate", lambda addr, n: populated.append(threading.current_thread())
-    )
+
+    def work(addr, n):
+        return populated.append(threading.current_thread())
+
+    monkeypatch.setattr(readahead, "populate", work)
+    monkeypatch.setattr(readahead, "ask", work)  # the threads' jobs
     ds = stream(tar_pack, shuffle_buffer=0)
     x, _ = every_label_and_pixel(ds)
     assert len(x) == N and populated
@@ -204,7 +207,12 @@ def _stream_waiting_on_its_runs_ahead(tar_pack, monkeypatch):
     a cold stream whose runs ahead are held in the read-ahead threads."""
     gate = threading.Event()
     monkeypatch.setattr(readahead, "looks_cached", lambda *_: False)
-    monkeypatch.setattr(readahead, "populate", lambda *_: gate.wait(10))
+
+    def work(*_):
+        return gate.wait(10)
+
+    monkeypatch.setattr(readahead, "populate", work)
+    monkeypatch.setattr(readahead, "ask", work)  # the threads' jobs
     ds = stream(tar_pack, shuffle_buffer=0)
     batches = ds.iter_batches(4)
     next(batches)

@@ -58,7 +58,12 @@ def test_mincore_sees_files_this_process_owns_or_may_write(tmp_path, monkeypatch
 def test_blocks_ahead_ask_the_readers_probe_not_mincore(monkeypatch):
     submitted = []
     monkeypatch.setattr(readahead, "looks_cached", lambda *_: True)  # mincore: "all cached"
-    monkeypatch.setattr(readahead, "populate", lambda addr, length: submitted.append(addr))
+
+    def work(addr, length):
+        return submitted.append(addr)
+
+    monkeypatch.setattr(readahead, "populate", work)
+    monkeypatch.setattr(readahead, "ask", work)  # the threads' jobs
     data = np.zeros((16, 8), np.uint8)
     seeing = BlocksAhead(threads=1)
     seeing.announce_ranges(data, None, [(0, 4), (4, 8)])

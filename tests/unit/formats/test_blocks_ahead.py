@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -31,6 +32,7 @@ def test_a_batch_populates_its_own_queued_block_instead_of_waiting_behind_others
         done.append((addr, threading.current_thread() is threading.main_thread()))
 
     monkeypatch.setattr(readahead, "populate", slow_populate)
+    monkeypatch.setattr(readahead, "ask", slow_populate)  # the threads' jobs
     monkeypatch.setattr(readahead, "looks_cached", lambda *_: False)
     data = blocks_of(4)
     ahead = BlocksAhead(threads=1)
@@ -47,6 +49,48 @@ def test_a_batch_populates_its_own_queued_block_instead_of_waiting_behind_others
     assert sum(1 for addr, _ in done if addr == data.ctypes.data + 12 * 8) == 1
 
 
+def test_the_threads_ask_for_blocks_and_only_a_batch_populates(monkeypatch):
+    """A job asks for its block (WILLNEED: reads in flight, nothing mapped); populating
+    (waited for, mapped) is left to a batch whose block no thread has started."""
+    asked, populated = [], []
+    monkeypatch.setattr(readahead, "looks_cached", lambda *_: False)
+    monkeypatch.setattr(
+        readahead,
+        "advise_willneed",
+        lambda regions: asked.extend((a, threading.current_thread().name) for a, _ in regions),
+    )
+    monkeypatch.setattr(readahead, "populate", lambda addr, n: populated.append(addr))
+    data = blocks_of(2)
+    ahead = BlocksAhead(threads=1)
+    ahead.announce_ranges(data, None, [(0, 4), (4, 8)])
+    end = time.monotonic() + 10
+    while len(asked) < 2 and time.monotonic() < end:
+        time.sleep(0.001)
+    ahead.ready(np.arange(8))  # both asked for already: nothing left to populate
+    assert [a for a, _ in asked] == [data.ctypes.data, data.ctypes.data + 32]
+    assert all(name.startswith("gpufeed-ahead") for _, name in asked)
+    assert populated == []
+    ahead.drain()
+
+
+def test_a_streams_runs_are_populated_on_the_threads(monkeypatch):
+    """mapped=True (a tar stream's runs, read next and in order): populated, not asked."""
+    asked, populated = [], []
+    monkeypatch.setattr(readahead, "looks_cached", lambda *_: False)
+    monkeypatch.setattr(readahead, "advise_willneed", lambda regions: asked.extend(regions))
+    monkeypatch.setattr(
+        readahead, "populate", lambda addr, n: populated.append(threading.current_thread().name)
+    )
+    data = blocks_of(1)
+    ahead = BlocksAhead(threads=1)
+    ahead.announce([(0, data.ctypes.data, data.nbytes)], mapped=True)
+    end = time.monotonic() + 10
+    while not populated and time.monotonic() < end:
+        time.sleep(0.001)
+    ahead.drain()
+    assert asked == [] and populated and populated[0].startswith("gpufeed-ahead")
+
+
 def test_a_batch_waits_for_its_own_block_running_on_a_thread(monkeypatch):
     gate, finished = threading.Event(), threading.Event()
 
@@ -55,6 +99,7 @@ def test_a_batch_waits_for_its_own_block_running_on_a_thread(monkeypatch):
         finished.set()
 
     monkeypatch.setattr(readahead, "populate", slow_populate)
+    monkeypatch.setattr(readahead, "ask", slow_populate)  # the threads' jobs
     monkeypatch.setattr(readahead, "looks_cached", lambda *_: False)
     ahead = BlocksAhead(threads=1)
     ahead.announce_ranges(blocks_of(1), None, [(0, 4)])
@@ -114,7 +159,12 @@ def test_a_reader_with_blocks_pending_closes_cleanly(tmp_path, monkeypatch, fmt)
     assert isinstance(reader.handle, np.ndarray), type(reader.handle)
     gate = threading.Event()
     monkeypatch.setattr(readahead, "looks_cached", lambda *_: False)
-    monkeypatch.setattr(readahead, "populate", lambda *_: gate.wait(10))
+
+    def work(*_):
+        return gate.wait(10)
+
+    monkeypatch.setattr(readahead, "populate", work)
+    monkeypatch.setattr(readahead, "ask", work)  # the threads' jobs
     reader.prefetch_ranges([(a, a + 4) for a in range(0, 40, 4)])
     assert reader.ahead.pending() == 10
     threading.Timer(0.2, gate.set).start()

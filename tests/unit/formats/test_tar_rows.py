@@ -148,7 +148,12 @@ def test_blocks_of_a_map_style_order_are_populated_in_their_shards(tar_pack, mon
 
     populated, asked = [], []
     monkeypatch.setattr(readahead, "looks_cached", lambda *_: False)
-    monkeypatch.setattr(readahead, "populate", lambda addr, n: populated.append(n))
+
+    def work(addr, n):
+        return populated.append(n)
+
+    monkeypatch.setattr(readahead, "populate", work)
+    monkeypatch.setattr(readahead, "ask", work)  # the threads' jobs
     monkeypatch.setattr(tar, "advise_willneed", lambda spans: asked.extend(n for _, n in spans))
     reader = open_reader(tar_pack)
     assert reader.reads_ranges_ahead

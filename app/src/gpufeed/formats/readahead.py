@@ -41,6 +41,7 @@ __all__ = [
     "advise_rows",
     "advise_samples",
     "advise_willneed",
+    "ask",
     "sample_range_spans",
     "is_run",
     "looks_cached",
@@ -258,12 +259,24 @@ def populate_ahead(
         _populate_job(background, addr, length, cached)
 
 
-def _populate_job(background: Background, addr: int, length: int, cached: Cached | None = None):
-    """The job populating a range on ``background``'s threads, or None for a range that is
-    empty or looks cached (``cached``, :func:`looks_cached` by default)."""
+def _populate_job(
+    background: Background,
+    addr: int,
+    length: int,
+    cached: Cached | None = None,
+    work: Callable[[int, int], None] | None = None,
+):
+    """The job reading a range in on ``background``'s threads (``work``: :func:`populate`
+    by default), or None for a range that is empty or looks cached (``cached``,
+    :func:`looks_cached` by default)."""
     if length > 0 and not (cached or looks_cached)(addr, length):
-        return background.submit(populate, addr, length)
+        return background.submit(work or populate, addr, length)
     return None
+
+
+def ask(addr: int, length: int) -> None:
+    """WILLNEED for one (address, length) range: the kernel queues its reads and returns."""
+    advise_willneed(((addr, length),))
 
 
 def advise_rows(data: np.ndarray, indices: np.ndarray, cached: Cached | None = None) -> None:
@@ -376,13 +389,18 @@ class Background:
 
 
 class BlocksAhead:
-    """Blocks of samples populated ahead on ``threads`` threads, in the order announced, one
+    """Blocks of samples asked for ahead on ``threads`` threads, in the order announced, one
     job a block kept by the block's first index, and a batch's own blocks made ready before
-    it is copied (:meth:`ready`): a job not started is cancelled and populated by the
-    batch's thread (it does not wait behind the blocks announced before it), a running one
-    is waited for, so no page is faulted in by the copy while a thread reads it. Blocks
-    that look cached are skipped when announced (a warm pass wakes no thread). Drained
-    with its pool (before every fork, and by the reader before it closes its map).
+    it is copied (:meth:`ready`): a job not started is cancelled and the block populated by
+    the batch's thread (it does not wait behind the blocks announced before it), a running
+    one is waited for. A job asks for its block (:func:`ask`, WILLNEED): the kernel keeps
+    every announced block's reads in flight, and the pages are not mapped into the process
+    until copied. Populating them on the threads instead (MADV_POPULATE_READ, up to
+    ``threads`` blocks in flight, mapped) read cold shuffled map-style passes 0.85-1.04x as
+    fast, and 0.54-0.67x under a memory limit smaller than the pack (docs/benchmarks.md);
+    a tar stream's runs are still populated (``announce(mapped=True)``). Blocks that look
+    cached are skipped when announced (a warm pass wakes no thread). Drained with its pool
+    (before every fork, and by the reader before it closes its map).
     """
 
     def __init__(self, threads: int = READ_AHEAD_THREADS):
@@ -392,12 +410,16 @@ class BlocksAhead:
         self._pid = os.getpid()
         self.cached: Cached | None = None  # how to tell a cached block (looks_cached)
 
-    def announce(self, spans: Iterable[tuple[int, int, int]]) -> None:
-        """Start populating (first index, address, length) spans of blocks of equal size."""
+    def announce(self, spans: Iterable[tuple[int, int, int]], mapped: bool = False) -> None:
+        """Start reading (first index, address, length) spans of blocks of equal size in:
+        asked for (:func:`ask`), or populated when ``mapped`` (a stream's runs, read next
+        and in order: pages asked for but not mapped were evicted before their run under a
+        memory limit, 0.76x; docs/benchmarks.md)."""
         self._own_process()
+        work = populate if mapped else ask
         for first, addr, length in spans:
             if first not in self._jobs:
-                job = _populate_job(self.background, addr, length, self.cached)
+                job = _populate_job(self.background, addr, length, self.cached, work)
                 if job is not None:
                     self._jobs[first] = (job, addr, length)
 

@@ -279,7 +279,8 @@ class TarReader(Reader):
         close when they are unpinned, see _shard_path)."""
         if self.source is not None:
             return
-        self.ahead.announce((int(first), *self._span(first, stop)) for first, stop in runs)
+        spans = ((int(first), *self._span(first, stop)) for first, stop in runs)
+        self.ahead.announce(spans, mapped=True)  # read next, in order: kept mapped
 
     def _run_in_one_shard(self, indices: np.ndarray) -> bool:
         """Consecutive samples of one shard (what streaming reads): one read covers them."""
