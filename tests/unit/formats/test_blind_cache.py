@@ -16,15 +16,9 @@ import pytest
 from unit_sources import write_arrays
 
 import gpufeed
-from gpufeed.formats import open_reader, readahead
-from gpufeed.formats.readahead import (
-    BlocksAhead,
-    FileProbe,
-    advise_rows,
-    cache_probe,
-    looks_cached,
-    mincore_sees,
-)
+from gpufeed.formats import open_reader, pagecache, readahead
+from gpufeed.formats.pagecache import FileProbe, cache_probe, mincore_sees
+from gpufeed.formats.readahead import BlocksAhead, advise_rows, looks_cached
 
 NOBODY = 65534
 
@@ -120,7 +114,7 @@ def test_cache_probe_places_the_map_by_proc_self_maps(tmp_path, monkeypatch):
         view = np.frombuffer(m, np.uint8)
         addr = view.ctypes.data
         assert cache_probe(path, addr) is None  # ours: mincore sees it
-        monkeypatch.setattr(readahead, "mincore_sees", lambda p: False)
+        monkeypatch.setattr(pagecache, "mincore_sees", lambda p: False)
         probe = cache_probe(path, addr + 10)
         assert probe is not None and probe.delta == 4096 - addr  # file offset 4096 at addr
         del view
@@ -133,7 +127,7 @@ def test_every_mapped_reader_probes_a_file_mincore_cannot_see(tmp_path, fmt, mon
     reader = open_reader(tmp_path / fmt)
     want = reader.read_batch(np.array([3, 1]))
     assert reader.cached is None  # the test's own files: mincore sees them
-    monkeypatch.setattr(readahead, "mincore_sees", lambda p: False)
+    monkeypatch.setattr(pagecache, "mincore_sees", lambda p: False)
     reader = open_reader(tmp_path / fmt)
     got = reader.read_batch(np.array([3, 1]))
     assert isinstance(reader.cached, FileProbe)

@@ -9,7 +9,8 @@ A new format is one new module (a :class:`~gpufeed.formats.base.Reader` and a
 :class:`~gpufeed.formats.base.Writer`) and one line in :data:`FORMATS`. What the formats
 share lives beside them: the manifest and its path rules (manifest.py), the sample spec
 (spec.py), checksums, atomic and disk-full-safe files (files.py), staged parts (parts.py),
-read-ahead hints (readahead.py), the pack lock (lock.py).
+read-ahead hints (readahead.py), which pages are cached where mincore cannot tell
+(pagecache.py), the pack lock (lock.py).
 
 The formats layer knows numpy and the storage libraries, never torch, with one exception:
 the mmap format's ``.pt`` container is torch's own file (formats/pt.py imports torch when

@@ -17,8 +17,8 @@ import numpy as np
 from gpufeed.errors import DataError, StalePackError
 from gpufeed.formats.files import file_identity
 from gpufeed.formats.manifest import MANIFEST_NAME, SOURCES_NAME, pack_file, read_sources
+from gpufeed.formats.pagecache import cache_probe
 from gpufeed.formats.parts import Part
-from gpufeed.formats.readahead import cache_probe
 from gpufeed.formats.spec import SampleSpec
 
 __all__ = ["ContiguousWriter", "Reader", "Writer", "make_room"]
@@ -37,7 +37,7 @@ class Reader:
     # verified local copy; release(name)); None: the files are under root
     source = None
     # how reads ahead tell a cached range of this reader's map: None, mincore
-    # (readahead.looks_cached); a readahead.FileProbe where mincore cannot see the file
+    # (readahead.looks_cached); a pagecache.FileProbe where mincore cannot see the file
     cached = None
 
     @classmethod
@@ -139,7 +139,7 @@ class Reader:
     def see_cache(self, path: str | os.PathLike, addr: int) -> None:
         """How this process tells which pages of file ``path``, mapped at ``addr``, are
         cached (``cached``, the reader's ``ahead`` too): mincore, unless it cannot see them
-        (readahead.cache_probe)."""
+        (pagecache.cache_probe)."""
         self._close_probe()
         self.cached = cache_probe(path, addr)
         ahead = getattr(self, "ahead", None)

@@ -29,14 +29,13 @@ import numpy as np
 from gpufeed.errors import CorruptSampleError, DataError
 from gpufeed.formats.base import Reader
 from gpufeed.formats.maps import kept_map
+from gpufeed.formats.pagecache import file_cached, mincore_sees
 from gpufeed.formats.readahead import (
     PREFETCH_MIN_BYTES,
     BlocksAhead,
     advise_willneed,
-    file_cached,
     is_run,
     looks_cached,
-    mincore_sees,
 )
 from gpufeed.formats.record import record_from_members
 from gpufeed.formats.tar_rows import gather_rows, shard_rows, shard_strides
@@ -106,7 +105,7 @@ class TarReader(Reader):
         # told apart by every shard's identity): a warm pass finds their pages mapped
         identity = tuple(self.pinned_identity(name) for name in self.shards)
         # one owner and mount for a pack's shards: where mincore cannot see the first one,
-        # blocks are told cached by asking the shard's file (readahead.file_cached)
+        # blocks are told cached by asking the shard's file (pagecache.file_cached)
         blind = bool(self.shards) and not mincore_sees(self.root / self.shards[0])
         self.cached = self.ahead.cached = self._shard_cached if blind else None
         return {"maps": kept_map(self.root / INDEX_NAME, identity, "tar shards", ShardMaps)}
