@@ -71,3 +71,13 @@ def pack_with_broken_jpeg(tmp_path: Path, count: int = 3, broken: int = 1) -> Pa
     arr[offsets[broken] : offsets[broken] + 40] = 0  # wreck the JPEG header
     arr.flush()
     return dest
+
+
+def evict(path) -> None:
+    """Drop a file's pages from the page cache (synced first: dirty pages are not dropped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from unit_sources import write_arrays
+from unit_sources import evict, write_arrays
 
 import gpufeed
 from gpufeed.formats import open_reader, pagecache, readahead
@@ -85,10 +85,9 @@ def test_large_rows_ask_the_readers_probe_not_mincore(monkeypatch):
 def test_a_file_probe_tells_cached_pages_from_cold_ones_and_reads_nothing(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(np.arange(4 << 20, dtype=np.uint8).tobytes())
+    evict(path)
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         os.pread(fd, 4096, 1 << 20)  # one page of the second MiB, no read-around
     finally:
@@ -148,15 +147,6 @@ def _first_sample(reader, batch) -> tuple[int, int]:
     return data[3].ctypes.data, data[3].nbytes
 
 
-def _evict(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _resident(path, start: int, length: int) -> float:
     """The share of a file range's pages cached, as root sees it (the truth)."""
     size = os.path.getsize(path)
@@ -199,7 +189,7 @@ def test_a_non_owner_reads_a_cold_pack_ahead(open_tmp, fmt):
     block = (1984, 2048)  # the last 768 KiB of 24 MiB: far past any read-around of the open
     path, offset, length = _block_range(dest, fmt, block)
     for f in dest.iterdir():
-        _evict(f)
+        evict(f)
     if _resident(path, 0, os.path.getsize(path)) > 0:
         pytest.skip(f"{tmp_path}: cannot evict files here (tmpfs?)")
     read, wrote = os.pipe()

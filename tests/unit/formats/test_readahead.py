@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from unit_sources import write_arrays
+from unit_sources import evict, write_arrays
 
 import gpufeed
 from gpufeed.data.samplers import LookaheadBatch, SortedBatchSampler
@@ -41,14 +41,6 @@ def resident_pages(arr: np.ndarray) -> np.ndarray:
     assert rc == 0, os.strerror(ctypes.get_errno())
     first = (arr.ctypes.data - start) // page
     return (np.frombuffer(vec, dtype=np.uint8) & 1).astype(bool)[first:]
-
-
-def evict(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def test_take_rows_equals_fancy_indexing():

@@ -202,17 +202,16 @@ class MmapReader(Reader):
         if self.container == "pt":
             rows = kept_map(self.data_path, identity, "pt", lambda: pt.map_pt(self.data_path))
             self.check_count("samples.pt", rows.shape[0])
-            if rows.size:
-                self.see_cache(self.data_path, rows.ctypes.data)
-            return rows
-        # a plain ndarray over the map: np.memmap's slicing costs more than the copy itself;
-        # the map is kept for the next reader of this file in this process (formats/maps.py)
-        rows = kept_map(
-            self.data_path,
-            identity,
-            "npy",
-            lambda: np.load(self.data_path, mmap_mode="r").view(np.ndarray),
-        )
+        else:
+            # a plain ndarray over the map: np.memmap's slicing costs more than the copy
+            # itself; the map is kept for the next reader of this file in this process
+            # (formats/maps.py)
+            rows = kept_map(
+                self.data_path,
+                identity,
+                "npy",
+                lambda: np.load(self.data_path, mmap_mode="r").view(np.ndarray),
+            )
         if rows.size:
             self.see_cache(self.data_path, rows.ctypes.data)
         return rows
