@@ -129,6 +129,9 @@ QUICK ?= 0
 # A memory limit for the bench container (e.g. 1200m): its page cache counts against it, so
 # packs larger than it are read cold all the way through, as a dataset larger than RAM is.
 BENCH_MEMORY ?=
+# A user (UID or UID:GID) each row reads as, over packs written as root (needs make run as
+# root): the images' case, uid 1000 over data it does not own (bench/read_as.py).
+BENCH_READ_AS ?=
 # Where `make smoke-gpu` writes smoke-gpu.json, smoke-gpu.md, bench.txt and bench.json.
 SMOKE_OUT ?= smoke-gpu-results
 
@@ -139,6 +142,7 @@ bench: bench-image ## comparison suite vs per-file loading and the peers (QUICK=
 	mkdir -p $(BENCH_DATA) $(BENCH_OUT)
 	docker run --rm --shm-size=4g --user "$$(id -u):$$(id -g)" -e HOME=/tmp -e QUICK=$(QUICK) \
 		$(if $(BENCH_MEMORY),--memory=$(BENCH_MEMORY) --memory-swap=$(BENCH_MEMORY)) \
+		-e BENCH_READ_AS=$(BENCH_READ_AS) \
 		-e GPUFEED_ALLOW_CPU=1 -e GPUFEED_PREFLIGHT_QUIET=1 -e PYTHONPATH=/src:/src/app/src \
 		-v "$(CURDIR):/src:ro" -v "$(abspath $(BENCH_DATA)):/bench-data" \
 		-v "$(abspath $(BENCH_OUT)):/bench-out" -w /src $(BENCH_IMAGE) \

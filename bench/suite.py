@@ -30,10 +30,8 @@ speeds; docs/benchmarks.md discusses them.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
-import mmap
 import os
 import re
 import statistics
@@ -51,6 +49,8 @@ if str(REPO) not in sys.path:
 
 from bench import data as bdata  # noqa: E402
 from bench import peers as bpeers  # noqa: E402
+from bench import read_as as bread_as  # noqa: E402
+from bench.pagecache import drop_all_caches, resident_fraction  # noqa: E402
 
 FORMATS = ("lmdb", "hdf5", "tar", "mmap")
 OPTIONAL_ROWS = {"ffcv"}
@@ -191,42 +191,6 @@ def prepare(case, row: str) -> dict:
 # ------------------------------------------------------------------- measuring
 
 
-def resident_fraction(paths: list[str]) -> float:
-    """The share of ``paths``' pages in the page cache (mincore), to check that an eviction
-    worked: pages a process still maps are skipped by posix_fadvise(DONTNEED) and even by
-    drop_caches (FFCV keeps its .beton mapped for the life of the process: its "cold" passes
-    read from memory).
-
-    NaN when it cannot tell: for a file the caller neither owns nor may write, the kernel
-    reports every page resident (mm/mincore.c, can_do_mincore: no page-cache side channel),
-    e.g. a bench user in a container reading data the host's root wrote."""
-    if any(not _mincore_tells(p) for p in paths):
-        return float("nan")
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    page = mmap.PAGESIZE
-    cached = total = 0
-    for p in paths:
-        size = os.path.getsize(p)
-        if size == 0:
-            continue
-        with open(p, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
-            pages = (size + page - 1) // page
-            vec = np.zeros(pages, dtype=np.uint8)
-            view = np.frombuffer(m, dtype=np.uint8)
-            failed = libc.mincore(ctypes.c_void_p(view.ctypes.data), size, vec.ctypes.data)
-            del view  # the map cannot close while a view exports it
-            if failed:
-                return float("nan")
-            cached += int(np.count_nonzero(vec & 1))
-            total += pages
-    return cached / total if total else 0.0
-
-
-def _mincore_tells(path: str) -> bool:
-    return os.geteuid() in (0, os.stat(path).st_uid) or os.access(path, os.W_OK)
-
-
 NOT_COLD = 0.05  # a cold pass with more of its files still cached is marked "not cold"
 
 
@@ -246,9 +210,20 @@ def evict(paths: list[str], drop_caches: bool = False) -> None:
         finally:
             os.close(fd)
     if drop_caches:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+        if _ROOT is not None:
+            _ROOT("drop_caches")
+        else:
+            drop_all_caches()
+
+
+# The row process's root helper when it reads as another user (--read-as, bench/read_as.py)
+_ROOT = None
+
+
+def cached_share(paths: list[str]) -> float:
+    """resident_fraction, asked of the root helper where this process reads as a user
+    mincore does not answer for."""
+    return _ROOT("resident", paths) if _ROOT is not None else resident_fraction(paths)
 
 
 class PeakRSS:
@@ -418,7 +393,7 @@ def _first_batch_checked(batches, files: list[str], seen: dict):
     except StopIteration:
         return
     t = time.perf_counter()
-    seen["cached"] = resident_fraction(files)
+    seen["cached"] = cached_share(files)
     seen["check_s"] = time.perf_counter() - t
     yield first
     yield from it
@@ -477,7 +452,7 @@ def run_row(spec: dict) -> dict:
         for k in range(runs):
             if cache == "cold":
                 evict(files, spec["drop_caches"])
-                resident.append(resident_fraction(files))
+                resident.append(cached_share(files))
             passes.append(
                 one_pass(
                     case,
@@ -559,6 +534,9 @@ def child_task(spec: dict) -> dict:
             c for c in bdata.cases(Path(spec["data"]), spec["quick"]) if c.name == spec["case"]
         )
         return prepare(case, spec["row"])
+    if spec.get("read_as"):
+        global _ROOT
+        _ROOT = bread_as.read_as(*spec["read_as"])
     return run_row(spec)
 
 
@@ -957,11 +935,26 @@ def main(argv=None) -> int:
         help="seconds one row may take before it is killed and marked failed "
         "(default 900, quick 120)",
     )
+    ap.add_argument(
+        "--read-as",
+        default=os.environ.get("BENCH_READ_AS") or None,
+        metavar="UID[:GID]",
+        help="write the packs as root, read them in each row's process as this user: the "
+        "images' case (uid 1000 over data it does not own); env BENCH_READ_AS",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print("@@RESULT " + json.dumps(child_task(json.loads(args.child))), flush=True)
         return 0
+    if args.drop_caches and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        raise SystemExit(
+            "--drop-caches: /proc/sys/vm/drop_caches is not writable here (needs root, and in "
+            "a container --privileged); cold passes evict with posix_fadvise without it"
+        )
+    read_as = bread_as.parse_user(args.read_as) if args.read_as else None
+    if read_as:
+        bread_as.check_can_read_as()
     cap = args.cap or (0.3 if args.quick else 8.0)
     runs = args.runs or (1 if args.quick else 3)
     args.row_timeout = args.row_timeout or (120 if args.quick else 900)
@@ -990,12 +983,16 @@ def main(argv=None) -> int:
         # the container's memory limit (make bench BENCH_MEMORY=...): page cache and processes
         # together, so a pack larger than it cannot be cached before a first batch
         "memory_limit_bytes": cgroup_memory_limit(),
+        # rows read as this user over packs written as root (--read-as); None: as the writer
+        "read_as": "{}:{}".format(*read_as) if read_as else None,
         "cases": {},
     }
     log(f"data on a device with read_ahead_kb {results['read_ahead_kb']}")
     if results["memory_limit_bytes"]:
         limit_mib = results["memory_limit_bytes"] / 2**20
         log(f"memory limited to {limit_mib:,.0f} MiB, the page cache included")
+    if read_as:
+        log(f"rows read as {results['read_as']}, over packs written as root")
     all_ran = True
     for case in selected_cases(data_root, args.quick, args.cases):
         log(f"case {case.name}: {case.count} samples {case.kind} {list(case.shape)}")
@@ -1046,6 +1043,7 @@ def main(argv=None) -> int:
                 "cap": cap,
                 "batch_size": bs,
                 "drop_caches": args.drop_caches,
+                "read_as": read_as,
             }
             code, stdout, stderr, rss_peak = run_child(spec, args.row_timeout)
             res, why = child_result(code, stdout, stderr)
@@ -1066,6 +1064,8 @@ def main(argv=None) -> int:
     results["goals"] = goals(table)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
     md = fmt_table(table)
+    if read_as:
+        md = f"Rows read as uid {results['read_as']} over packs written as root.\n\n" + md
     (out_dir / "results.md").write_text(
         md + "\n\n" + "\n".join(f"- {g}" for g in results["goals"]) + "\n\n" + ratio_tables(table)
     )
