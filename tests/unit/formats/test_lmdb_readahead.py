@@ -4,9 +4,12 @@ lookup a block), populated on background threads, none for cached or stray packs
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
+import torch
+import unit_sources
 from unit_sources import write_arrays
 
 import gpufeed
@@ -76,8 +79,66 @@ def test_records_off_the_line_give_no_line_and_varying_records_no_read_ahead(tmp
         assert lmdb_format.value_line(txn, np.array([20, 28, 36])) is not None  # all large
     assert not reader.reads_ranges_ahead  # records of varying sizes: never read ahead
     assert asked_spans(reader, monkeypatch, [(0, 4), (20, 24), (36, 40)]) == []
-    loader = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, shuffle=True, num_workers=0)
-    assert loader.batch_sampler.range_block == 0
+    for shuffle in (True, False):
+        loader = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, shuffle, num_workers=0)
+        assert loader.batch_sampler.range_block == 0
+
+
+def test_lmdb_reads_blocks_ahead_in_storage_order_too(raw_pack):
+    # the kernel's readahead streams mmap and HDF5 packs in order (test_readahead), not LMDB's
+    loader = gpufeed.make_loader(gpufeed.open_dataset(raw_pack), 4, shuffle=False, num_workers=0)
+    assert loader.batch_sampler.range_block == 256 and loader.plan.lookahead >= 1
+
+
+def record_offsets(dest, count: int) -> list[tuple[int, int]]:
+    """Where each of a pack's ``count`` records lies, from the labels' value (any map of
+    the file places them alike), and its length. Taken before an eviction: a lookup
+    touches the value's pages (py-lmdb), so looking records up after it would read them in."""
+    reader = open_reader(dest)
+    try:
+        with reader.handle.begin(buffers=True) as txn:
+            anchor = address(txn.get(lmdb_format.LABELS_KEY))
+            values = map(txn.get, lmdb_format.keys(np.arange(count)))
+            return [(address(v) - anchor, len(v)) for v in values]
+    finally:
+        reader.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
+@pytest.mark.parametrize("in_order", [True, False])
+def test_storage_order_reads_blocks_ahead_where_the_reader_says_so(tmp_path, monkeypatch, in_order):
+    # a pack of its own: pages a live reader of the shared one touched stay mapped, and
+    # mapped pages are not evicted
+    write_arrays(tmp_path / "src", None, count=N, shape=(3, 64, 64), seed=4)
+    raw_pack = tmp_path / "raw.lmdb"
+    gpufeed.pack(tmp_path / "src", raw_pack, format="lmdb", workers=1, quiet=True)
+    monkeypatch.setattr(lmdb_format.LMDBReader, "reads_ranges_ahead_in_order", in_order)
+    first = gpufeed.open_dataset(raw_pack)
+    want = [y.clone() for _, y in gpufeed.make_loader(first, 4, num_workers=0)]
+    first.close()
+    where = record_offsets(raw_pack, N)
+    gpufeed.formats.maps.forget_maps()
+    unit_sources.evict(raw_pack / "data.mdb")
+    # readahead=False: a lookup reads its own pages only, not the file around them
+    ds = gpufeed.open_dataset(raw_pack, readahead=False)
+    loader = gpufeed.make_loader(ds, 4, shuffle=False, block_size=16, num_workers=0)
+    assert loader.batch_sampler.range_block == (16 if in_order else 0)
+    batches = iter(loader)
+    got = [next(batches)[1].clone()]  # records 0-3; every block is within the window
+    with ds.reader.handle.begin(buffers=True) as txn:  # the labels' pages only
+        anchor = address(txn.get(lmdb_format.LABELS_KEY))
+
+    def later() -> list[bool]:  # records 32-47: a block batches 8-11 read
+        return [looks_cached(anchor + offset, n) for offset, n in where[32:48]]
+
+    deadline = time.monotonic() + (10 if in_order else 0.5)
+    while not all(later()) and time.monotonic() < deadline:
+        time.sleep(0.02)  # the threads' reads (drain would cancel the jobs not started)
+    if not in_order and any(later()):
+        pytest.skip("this filesystem keeps files in memory (tmpfs?)")
+    assert all(later()) if in_order else not any(later())
+    got += [y.clone() for _, y in batches]
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 def test_nothing_is_read_ahead_for_a_cached_pack(raw_pack, monkeypatch):

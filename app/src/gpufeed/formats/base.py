@@ -215,6 +215,10 @@ class Reader:
     # block only then): mmap, mapped HDF5 and LMDB measured faster cold, as fast warm
     # (docs/benchmarks.md, "Issue 16 phase 4" and "phase 5")
     reads_ranges_ahead = False
+    # whether that holds in storage order too, where the kernel's own readahead streams
+    # most files (mmap and HDF5 measured slower with blocks on top, warm 0.87x); LMDB's
+    # does not keep up (docs/benchmarks.md, "LMDB in storage order")
+    reads_ranges_ahead_in_order = False
 
     def prefetch_ranges(self, ranges) -> None:
         """Start reading the samples of index ranges ``[start, stop)`` (whole blocks of the

@@ -316,10 +316,12 @@ def _lookahead(dataset, batch_sampler, workers: int) -> int:
     if remote or large:
         batch_sampler.lookahead = max(1, workers)
         return batch_sampler.lookahead
-    # shuffled epochs only: in storage order the kernel's own readahead streams the file, and
-    # blocks announced on top measured slower (docs/benchmarks.md, "Issue 16 phase 4")
+    # shuffled epochs, and storage order only where the reader says so: there the kernel's
+    # own readahead streams most files, and blocks announced on top measured slower
+    # (docs/benchmarks.md, "Issue 16 phase 4"), but not LMDB's
     shuffled = getattr(batch_sampler.sampler, "shuffle", False)
-    block = getattr(batch_sampler.sampler, "block_size", 0) if shuffled else 0
+    in_order = getattr(reader, "reads_ranges_ahead_in_order", False)
+    block = getattr(batch_sampler.sampler, "block_size", 0) if shuffled or in_order else 0
     if READ_AHEAD_RANGES and block >= 1 and getattr(reader, "reads_ranges_ahead", False):
         window = block * getattr(batch_sampler.sampler, "buffer_blocks", 1)
         batch_sampler.range_block = block
