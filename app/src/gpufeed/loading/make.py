@@ -305,8 +305,9 @@ def _lookahead(dataset, batch_sampler, workers: int) -> int:
     """Batches read ahead (madvise WILLNEED): large samples, each reader asks the kernel for
     its next batch while copying this one; small ones, the blocks of the order a window of
     the block shuffle ahead, one request a block, where the reader reads_ranges_ahead (mmap,
-    mapped HDF5, LMDB; READ_AHEAD_RANGES switches it off), so cold reads keep
-    many large requests in flight. 0: off."""
+    mapped HDF5, LMDB; READ_AHEAD_RANGES switches it off) in shuffled epochs, and in storage
+    order where it reads_ranges_ahead_in_order (LMDB), so cold reads keep many large
+    requests in flight. 0: off."""
     reader = getattr(dataset, "reader", None)
     remote = getattr(reader, "source", None) is not None  # fetch the shards to come
     sized = hasattr(reader, "mean_sample_bytes")
