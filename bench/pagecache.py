@@ -1,6 +1,6 @@
-"""The suite's page-cache checks and the one root-only way to empty the cache. Imports
-neither torch nor gpufeed: the root helper of a row read as another user (bench/read_as.py)
-runs them in a small interpreter of its own."""
+"""The suite's page-cache checks and the one root-only way to empty the cache. Imports no
+torch (of gpufeed only its torch-free page-cache rule): the root helper of a row read as
+another user (bench/read_as.py) runs them in a small interpreter of its own."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import mmap
 import os
 
 import numpy as np
+
+from gpufeed.formats.pagecache import mincore_sees
 
 __all__ = ["drop_all_caches", "resident_fraction"]
 
@@ -22,7 +24,7 @@ def resident_fraction(paths: list[str]) -> float:
     NaN when it cannot tell: for a file the caller neither owns nor may write, the kernel
     reports every page resident (mm/mincore.c, can_do_mincore: no page-cache side channel),
     e.g. a bench user in a container reading data the host's root wrote."""
-    if any(not _mincore_tells(p) for p in paths):
+    if any(not mincore_sees(p) for p in paths):
         return float("nan")
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
@@ -43,10 +45,6 @@ def resident_fraction(paths: list[str]) -> float:
             cached += int(np.count_nonzero(vec & 1))
             total += pages
     return cached / total if total else 0.0
-
-
-def _mincore_tells(path: str) -> bool:
-    return os.geteuid() in (0, os.stat(path).st_uid) or os.access(path, os.W_OK)
 
 
 def drop_all_caches() -> None:

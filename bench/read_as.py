@@ -55,7 +55,8 @@ class RootHelper:
     exits when the pipe closes (the caller and every process it forked have exited)."""
 
     def __init__(self):
-        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        paths = (str(REPO), str(REPO / "app" / "src"), os.environ.get("PYTHONPATH"))
+        path = os.pathsep.join(p for p in paths if p)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "bench.read_as"],
             env=dict(os.environ, PYTHONPATH=path),
