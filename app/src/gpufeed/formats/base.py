@@ -140,11 +140,16 @@ class Reader:
         """How this process tells which pages of file ``path``, mapped at ``addr``, are
         cached (``cached``, the reader's ``ahead`` too): mincore, unless it cannot see them
         (pagecache.cache_probe)."""
+        self.tell_cached_by(cache_probe(path, addr))
+
+    def tell_cached_by(self, cached) -> None:
+        """Make ``cached`` (None: mincore) how this reader and its ``ahead`` tell a cached
+        range, closing the probe it replaces."""
         self._close_probe()
-        self.cached = cache_probe(path, addr)
+        self.cached = cached
         ahead = getattr(self, "ahead", None)
         if hasattr(ahead, "cached"):
-            ahead.cached = self.cached
+            ahead.cached = cached
 
     def _close_probe(self) -> None:
         close = getattr(self.cached, "close", None)  # a FileProbe's descriptor

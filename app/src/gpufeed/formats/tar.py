@@ -107,7 +107,7 @@ class TarReader(Reader):
         # one owner and mount for a pack's shards: where mincore cannot see the first one,
         # blocks are told cached by asking the shard's file (pagecache.file_cached)
         blind = bool(self.shards) and not mincore_sees(self.root / self.shards[0])
-        self.cached = self.ahead.cached = self._shard_cached if blind else None
+        self.tell_cached_by(self._shard_cached if blind else None)
         return {"maps": kept_map(self.root / INDEX_NAME, identity, "tar shards", ShardMaps)}
 
     @functools.cached_property
