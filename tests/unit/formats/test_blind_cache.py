@@ -217,6 +217,50 @@ def test_a_non_owner_reads_a_cold_pack_ahead(open_tmp, fmt):
     assert _resident(path, offset, length) == 1.0
 
 
+@pytest.mark.skipif(
+    not hasattr(os, "fork") or os.geteuid() != 0, reason="needs root to become another user"
+)
+@pytest.mark.parametrize("fmt", ["mmap", "lmdb"])
+def test_a_non_owner_tells_a_cold_pack_from_a_warm_one(open_tmp, fmt):
+    """Reader.looks_warm as nobody over root's pack: cold after an eviction (mincore would
+    say warm, and the epoch would read nothing ahead), warm once the child read it all."""
+    # 48 MiB: past the kernel's read-around of the reader's first look (8 MiB here)
+    write_arrays(open_tmp / "src", {"x": 2048, "y": 2048}, shape=(3, 64, 64), seed=8)
+    dest = open_tmp / fmt
+    gpufeed.pack(open_tmp / "src", dest, format=fmt, workers=1, quiet=True)
+    data = dest / ("samples.npy" if fmt == "mmap" else "data.mdb")
+    for f in dest.iterdir():
+        evict(f)
+    if _resident(data, 0, os.path.getsize(data)) > 0:
+        pytest.skip(f"{dest}: cannot evict files here (tmpfs?)")
+    read, wrote = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nobody, who may not write root's 0644 files
+        code = 1
+        try:
+            os.close(read)
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            reader = open_reader(dest)
+            cold = reader.looks_warm()
+            reader.read_batch(np.arange(reader.count, dtype=np.int64))
+            told = (cold, reader.looks_warm(), reader.cached is not None)
+            os.write(wrote, bytes(map(int, told)))
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - told to the parent through the exit code
+            os.write(2, f"child: {e!r}\n".encode())
+        finally:
+            os._exit(code)
+    os.close(wrote)
+    _, status = os.waitpid(pid, 0)
+    told = os.read(read, 8)
+    os.close(read)
+    assert status == 0 and len(told) == 3, "the child could not read the pack as nobody"
+    cold, warm, probed = told
+    assert probed, "the child's reader did not ask the file"
+    assert (cold, warm) == (0, 1)
+
+
 def test_the_tar_reader_asks_its_shards_where_mincore_cannot_see(tmp_path, monkeypatch):
     from gpufeed.formats import tar
 

@@ -258,6 +258,7 @@ def test_loader_reads_blocks_ahead_for_small_samples(
     monkeypatch.setattr(
         reader_cls, "prefetch_ranges", lambda self, r: (asked.append(list(r)), real(self, r))
     )
+    monkeypatch.setattr(reader_cls, "looks_warm", lambda self: False)  # the pack just written
     ds = gpufeed.open_dataset(dest)
     loader = gpufeed.make_loader(
         ds, 4, shuffle=True, seed=5, num_workers=workers, block_size=2, buffer_blocks=4

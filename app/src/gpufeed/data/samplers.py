@@ -13,7 +13,7 @@ run computes the same order without communicating.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -107,7 +107,9 @@ class SortedBatchSampler(Sampler[list[int]]):
     (b >= 1) as well, batches carry ``ranges`` instead of ``ahead``: the blocks of ``b``
     indices that the batch ``lookahead`` places later reads and no earlier batch announced,
     so the dataset asks for each block once an epoch, a window ahead (make_loader sets it
-    for small samples: one large read a block instead of a fault a sample).
+    for small samples: one large read a block instead of a fault a sample), unless
+    ``looks_warm()`` says at the epoch's start that the data is cached throughout (then its
+    batches are plain lists: nothing is left to ask for).
     """
 
     def __init__(
@@ -126,6 +128,7 @@ class SortedBatchSampler(Sampler[list[int]]):
         self.start = 0
         self.lookahead = 0
         self.range_block = 0
+        self.looks_warm: Callable[[], bool] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
@@ -170,7 +173,8 @@ class SortedBatchSampler(Sampler[list[int]]):
             yield from self._batches()
             return
         if self.range_block >= 1:
-            yield from self._with_ranges()
+            warm = self.looks_warm is not None and self.looks_warm()
+            yield from self._batches() if warm else self._with_ranges()
             return
         window: deque[list[int]] = deque()
         for batch in self._batches():

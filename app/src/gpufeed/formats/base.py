@@ -225,6 +225,12 @@ class Reader:
     # does not keep up (docs/benchmarks.md, "LMDB in storage order")
     reads_ranges_ahead_in_order = False
 
+    def looks_warm(self) -> bool:
+        """Whether this reader's sample bytes look cached throughout (readahead.looks_warm:
+        pages spread over them), asked once an epoch read ahead by block: then no block is
+        announced. False where the reader cannot tell (the default: blocks as before)."""
+        return False
+
     def prefetch_ranges(self, ranges) -> None:
         """Start reading the samples of index ranges ``[start, stop)`` (whole blocks of the
         epoch's order, a window ahead) into the page cache without waiting: one hint a

@@ -29,6 +29,7 @@ from gpufeed.formats.readahead import (
     advise_buffers,
     advise_rows,
     advise_samples,
+    map_looks_warm,
 )
 from gpufeed.formats.rowcopy import take_rows
 from gpufeed.formats.spec import SampleSpec
@@ -186,6 +187,9 @@ class HDF5Reader(Reader):
             advise_samples(data, self.offsets, indices, self.cached)
 
     reads_ranges_ahead = True
+
+    def looks_warm(self) -> bool:
+        return map_looks_warm(self.handle, self.cached)
 
     def prefetch_ranges(self, ranges) -> None:
         data = self.handle

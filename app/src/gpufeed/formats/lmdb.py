@@ -30,6 +30,7 @@ from gpufeed.formats.readahead import (
     Background,
     address,
     advise_buffers,
+    looks_warm,
     populate_ahead,
 )
 from gpufeed.formats.rowcopy import PARALLEL_COPY_MIN_BYTES, copy_buffers
@@ -364,17 +365,24 @@ class LMDBReader(Reader):
     # that find each block cached; docs/benchmarks.md, "LMDB in storage order")
     reads_ranges_ahead_in_order = True
 
+    def looks_warm(self) -> bool:
+        line = self._fitted_line(()) if self.reads_ranges_ahead else None
+        values = line_spans(line, [(0, self.count)], self.count) if line is not None else ()
+        return looks_warm(values, self.cached)
+
     def prefetch_ranges(self, ranges) -> None:
-        if not self.reads_ranges_ahead:
-            return
+        line = self._fitted_line(ranges) if self.reads_ranges_ahead else None
+        if line is not None:
+            populate_ahead(self.ahead, line_spans(line, ranges, self.count), self.cached)
+
+    def _fitted_line(self, ranges) -> tuple[int, float] | None:
+        """This process's value line (value_line), fitted once a map to ``ranges``' blocks
+        (line_anchors); None for a pack whose values stray from any line."""
         env = self.handle  # this process's (a new one after a fork: the line is fitted anew)
         if self._line is None or self._line[0] is not env:
             with env.begin(buffers=True) as txn:
                 self._line = (env, value_line(txn, line_anchors(ranges, self.count)))
-        line = self._line[1]
-        if line is None:
-            return
-        populate_ahead(self.ahead, line_spans(line, ranges, self.count), self.cached)
+        return self._line[1]
 
     def read_batch(self, indices: np.ndarray):
         with self.handle.begin(buffers=True) as txn:

@@ -28,6 +28,7 @@ from gpufeed.formats.readahead import (
     advise_buffers,
     advise_rows,
     advise_samples,
+    map_looks_warm,
 )
 from gpufeed.formats.rowcopy import take_rows
 from gpufeed.formats.spec import SampleSpec
@@ -227,6 +228,9 @@ class MmapReader(Reader):
             advise_samples(self.handle, self.offsets, indices, self.cached)
 
     reads_ranges_ahead = True
+
+    def looks_warm(self) -> bool:
+        return self._landed and map_looks_warm(self.handle, self.cached)
 
     def prefetch_ranges(self, ranges) -> None:
         if self._landed:

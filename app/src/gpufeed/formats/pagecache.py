@@ -70,11 +70,12 @@ class FileProbe:
 
 def file_cached(fd: int, offset: int, length: int) -> bool:
     """Whether the first, middle and last page of ``length`` bytes at ``offset`` of file
-    ``fd`` are cached (a one-byte preadv2(RWF_NOWAIT) each, see :class:`FileProbe`); False
-    when it cannot tell."""
+    ``fd`` are cached (a one-byte preadv2(RWF_NOWAIT) each, see :class:`FileProbe`; one
+    page for one byte); False when it cannot tell."""
     if length <= 0:
         return False
-    for at in (offset, offset + length // 2, offset + length - 1):
+    ends = (offset,) if length == 1 else (offset, offset + length // 2, offset + length - 1)
+    for at in ends:
         try:
             os.preadv(fd, [_PROBE_BYTE], at, os.RWF_NOWAIT)
         except OSError:  # EAGAIN: not cached; EOPNOTSUPP: this filesystem cannot say

@@ -44,6 +44,8 @@ __all__ = [
     "sample_range_spans",
     "is_run",
     "looks_cached",
+    "looks_warm",
+    "map_looks_warm",
     "populate",
     "populate_ahead",
     "rows_cached",
@@ -74,13 +76,13 @@ def _mincore():
 
 def looks_cached(addr: int, length: int) -> bool:
     """Whether the first, middle and last page of a mapped range are in the page cache
-    (mincore on three pages: a whole range's check costs as much as the advice it saves).
-    False when it cannot tell."""
+    (mincore on three pages: a whole range's check costs as much as the advice it saves;
+    one page for a range of one byte). False when it cannot tell."""
     fn = _mincore()
     if fn is None or length <= 0:
         return False
     page = mmap.PAGESIZE
-    for at in (addr, addr + length // 2, addr + length - 1):
+    for at in (addr,) if length == 1 else (addr, addr + length // 2, addr + length - 1):
         if fn(at - at % page, page, _VEC) != 0 or not _VEC[0] & 1:
             return False
     return True
@@ -90,6 +92,36 @@ _VEC = (ctypes.c_ubyte * 1)()  # mincore's answer for one page
 
 # how a reader tells whether an (address, length) range of its map is cached
 Cached = Callable[[int, int], bool]
+
+
+# pages looked at, spread over a reader's sample bytes, before an epoch read ahead by block
+# (Reader.looks_warm): all cached, the epoch announces no block (the checks that find each
+# block cached cost a warm pass 4-7%; docs/benchmarks.md, "A warm epoch announces nothing")
+WARM_PROBES = 64
+
+
+def looks_warm(spans: Iterable[tuple[int, int]], cached: Cached | None = None) -> bool:
+    """Whether WARM_PROBES bytes spread evenly over mapped (address, length) ``spans`` (by
+    their bytes, first and last included) all lie in cached pages (``cached``,
+    :func:`looks_cached` by default). False for no bytes, or when it cannot tell."""
+    spans = [(int(a), int(n)) for a, n in spans if n > 0]
+    if not spans:
+        return False
+    ends = np.cumsum([n for _, n in spans])
+    check = cached or looks_cached
+    at = np.linspace(0, int(ends[-1]) - 1, WARM_PROBES).astype(np.int64)
+    which = np.searchsorted(ends, at, side="right")
+    for k, i in zip(at.tolist(), which.tolist(), strict=True):
+        addr, n = spans[i]
+        if not check(addr + k - (int(ends[i]) - n), 1):
+            return False
+    return True
+
+
+def map_looks_warm(data, cached: Cached | None = None) -> bool:
+    """:func:`looks_warm` over a mapped array's bytes (the handle of an mmap or mapped HDF5
+    reader); False for anything else (an h5py dataset read through its cache)."""
+    return isinstance(data, np.ndarray) and looks_warm(((data.ctypes.data, data.nbytes),), cached)
 
 
 def rows_cached(data: np.ndarray, indices: np.ndarray, cached: Cached | None = None) -> bool:

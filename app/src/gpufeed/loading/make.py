@@ -326,6 +326,7 @@ def _lookahead(dataset, batch_sampler, workers: int) -> int:
     if READ_AHEAD_RANGES and block >= 1 and getattr(reader, "reads_ranges_ahead", False):
         window = block * getattr(batch_sampler.sampler, "buffer_blocks", 1)
         batch_sampler.range_block = block
+        batch_sampler.looks_warm = reader.looks_warm
         batch_sampler.lookahead = max(1, workers, -(-window // batch_sampler.batch_size))
         return batch_sampler.lookahead
     return 0

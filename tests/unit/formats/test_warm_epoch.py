@@ -1,0 +1,117 @@
+"""An epoch whose data is already cached announces no block: before an epoch read ahead by
+block, the reader looks at pages spread over its sample bytes (Reader.looks_warm); all cached,
+the sampler hands out plain batches (the checks that find each block cached cost a warm
+pass 4-7%)."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+from unit_sources import evict, write_arrays
+
+import gpufeed
+from gpufeed.data.samplers import LookaheadBatch, SortedBatchSampler
+from gpufeed.formats import maps, open_reader
+from gpufeed.formats.readahead import WARM_PROBES, looks_warm
+
+FORMATS = ["mmap", "hdf5", "lmdb"]
+
+
+def test_looks_warm_checks_single_bytes_spread_over_every_span():
+    asked: list[tuple[int, int]] = []
+    spans = [(1000, 10), (5000, 0), (8000, 30)]
+    assert looks_warm(spans, lambda addr, length: asked.append((addr, length)) or True)
+    assert len(asked) == WARM_PROBES and {n for _, n in asked} == {1}
+    addrs = [a for a, _ in asked]
+    assert addrs[0] == 1000 and addrs[-1] == 8029  # the first and the last byte
+    assert all(1000 <= a < 1010 or 8000 <= a < 8030 for a in addrs)
+    assert sum(a < 1010 for a in addrs) in (15, 16, 17)  # by bytes: a quarter of them
+    assert addrs == sorted(addrs)
+
+
+def test_looks_warm_stops_at_the_first_cold_page_and_knows_nothing_of_no_bytes():
+    asked: list[int] = []
+    assert not looks_warm([(0, 1 << 20)], lambda addr, _: asked.append(addr) or len(asked) < 3)
+    assert len(asked) == 3
+    assert not looks_warm([], lambda *_: True)
+    assert not looks_warm([(100, 0)], lambda *_: True)
+
+
+def test_a_warm_epoch_gets_plain_batches_a_cold_one_its_blocks():
+    order = np.random.default_rng(3).permutation(64).tolist()
+    plain = list(SortedBatchSampler(order, 8))
+    sampler = SortedBatchSampler(order, 8)
+    sampler.range_block, sampler.lookahead = 4, 2
+    told = iter([True, False])
+    asked = []
+    sampler.looks_warm = lambda: asked.append(1) or next(told)
+    warm, cold = list(sampler), list(sampler)
+    assert len(asked) == 2  # once an epoch, not once a batch
+    assert warm == plain and not any(isinstance(b, LookaheadBatch) for b in warm)
+    assert [list(b) for b in cold] == plain
+    assert sum(len(b.ranges or ()) for b in cold) == 16  # every block announced
+
+
+def evict_pack(dest) -> None:
+    """Every file of a pack out of the page cache: its maps forgotten first (pages a process
+    maps are not evicted)."""
+    maps.forget_maps(dest)
+    gc.collect()
+    for f in dest.iterdir():
+        evict(f)
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory):
+    """4096 samples of 12 KiB (the suite's raw case) in each format: 48 MiB, well past the
+    kernel's read-around (8 MiB here), so a read of a quarter leaves most pages cold."""
+    src = tmp_path_factory.mktemp("src")
+    write_arrays(src, {"x": 2048, "y": 2048}, shape=(3, 64, 64), seed=7)
+    out = tmp_path_factory.mktemp("packs")
+    for fmt in FORMATS:
+        gpufeed.pack(src, out / fmt, format=fmt, workers=1, quiet=True)
+    return out
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_reader_looks_warm_once_read_and_cold_once_evicted(packs, fmt):
+    dest = packs / fmt
+    reader = open_reader(dest)
+    everything = np.arange(reader.count, dtype=np.int64)
+    reader.read_batch(everything)
+    assert reader.looks_warm()
+    reader.close()
+    evict_pack(dest)
+    reader = open_reader(dest)
+    if fmt == "hdf5" and not isinstance(reader.handle, np.ndarray):
+        assert not reader.looks_warm()  # read through h5py's cache: it cannot tell
+        return
+    if reader.looks_warm():
+        pytest.skip(f"{dest}: cannot evict files here (tmpfs?)")
+    reader.read_batch(everything[: reader.count // 4])
+    assert not reader.looks_warm()  # a quarter of it: the rest is still to be read
+    reader.read_batch(everything)
+    assert reader.looks_warm()
+    reader.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
+@pytest.mark.parametrize("fmt", ["mmap", "lmdb"])
+def test_make_loader_announces_blocks_only_in_epochs_that_are_not_warm(packs, fmt):
+    dest = packs / fmt
+    loader = gpufeed.make_loader(gpufeed.open_dataset(dest), 32, shuffle=True, num_workers=0)
+    assert loader.batch_sampler.range_block > 0
+    for _ in loader:  # every sample read: the next epoch is warm
+        pass
+    assert not any(isinstance(b, LookaheadBatch) for b in loader.batch_sampler)
+    loader.dataset.reader.close()
+    evict_pack(dest)
+    if loader.dataset.reader.looks_warm():
+        pytest.skip(f"{dest}: cannot evict files here (tmpfs?)")
+    batches = list(loader.batch_sampler)
+    assert all(isinstance(b, LookaheadBatch) for b in batches)
+    assert any(b.ranges for b in batches)
