@@ -361,8 +361,9 @@ class LMDBReader(Reader):
         # from any line (a JPEG pack: up to 39 records' bytes), so blocks would be missed
         return self.spec.kind == "array"
 
-    # a cold pass in storage order: 1.56-2.48x with blocks read ahead, warm 0.94x (the checks
-    # that find each block cached; docs/benchmarks.md, "LMDB in storage order")
+    # a cold pass in storage order: 1.56-2.48x with blocks read ahead; warm 1.00x, as an epoch
+    # that looks cached announces none (docs/benchmarks.md, "LMDB in storage order" and "A
+    # warm epoch announces nothing")
     reads_ranges_ahead_in_order = True
 
     def looks_warm(self) -> bool:
