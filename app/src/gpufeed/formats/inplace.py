@@ -27,6 +27,9 @@ from gpufeed.formats.webdataset import WebDatasetReader, is_webdataset
 
 __all__ = ["HDF5FileReader", "hdf5_needs_datasets", "is_hdf5_file", "open_in_place"]
 
+# how datasets= names an HDF5 file's datasets, in every message that asks for it
+DATASETS_EXAMPLE = "datasets={'image': '/images', 'label': '/labels'}"
+
 
 def open_in_place(path: str | os.PathLike, **options: Any) -> Reader | None:
     """The in-place reader for `path`, or None when it is none of the layouts above."""
@@ -66,9 +69,9 @@ def hdf5_needs_datasets(path: str | os.PathLike) -> str:
         return f"{path}: an HDF5 file without a gpufeed manifest, and not readable: {e}"
     return (
         f"{path}: an HDF5 file without a gpufeed manifest; to read it in place name its "
-        "datasets that hold one row per sample: open_dataset(PATH, datasets={'image': "
-        "'/images', 'label': '/labels'}), or `gpufeed pack PATH DEST -f FORMAT --datasets "
-        f"image=/images,label=/labels`; it has: {', '.join(have) or 'no datasets'}"
+        f"datasets that hold one row per sample: open_dataset(PATH, {DATASETS_EXAMPLE}), or "
+        "`gpufeed pack PATH DEST -f FORMAT --datasets image=/images,label=/labels`; it has: "
+        f"{', '.join(have) or 'no datasets'}"
     )
 
 
@@ -97,8 +100,8 @@ def _datasets(datasets) -> dict[str, str]:
         return {str(k): str(v) for k, v in datasets.items()}
     if isinstance(datasets, str) or not isinstance(datasets, Sequence) or not datasets:
         raise UsageError(
-            f"datasets={datasets!r}: name the HDF5 datasets, e.g. "
-            "datasets={'image': '/images', 'label': '/labels'} or ['/images', '/labels']"
+            f"datasets={datasets!r}: name the HDF5 datasets, e.g. {DATASETS_EXAMPLE} or "
+            "['/images', '/labels']"
         )
     return {str(d).rstrip("/").rsplit("/", 1)[-1]: str(d) for d in datasets}
 
