@@ -34,6 +34,7 @@ from gpufeed.formats.readahead import (
     PREFETCH_MIN_BYTES,
     BlocksAhead,
     advise_willneed,
+    ask_unless_cached,
     is_run,
     looks_cached,
 )
@@ -314,8 +315,9 @@ class TarReader(Reader):
         """Samples first..last (one shard) as one span of the shard's memory map: (the span,
         each sample's offset in it). No copy here: whoever keeps a sample copies it once,
         from the page cache (a pread per member costs a system call each; a pread of the
-        run, a second copy). The span is asked for (WILLNEED) at once, so a cold run
-        is read ahead in the background while earlier samples are used."""
+        run, a second copy). The span is asked for (WILLNEED) at once unless it looks
+        cached, so a cold run is read ahead in the background while earlier samples are
+        used."""
         start = int(self.offset[first])
         end = int(self.offset[last] + self.size[last])
         data = self._map(int(self.shard[first]))
@@ -331,7 +333,7 @@ class TarReader(Reader):
             raise CorruptSampleError(self.location(i), i, "shard is truncated")
         span = data[start:end]
         self.ahead.ready_blocks([first])  # read ahead: resident once its thread is done
-        advise_willneed([(span.ctypes.data, end - start)])
+        ask_unless_cached(span.ctypes.data, end - start, self.cached)
         return span, self.offset[first : last + 1] - start
 
     def read_batch(self, indices: np.ndarray):
