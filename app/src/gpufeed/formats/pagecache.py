@@ -12,7 +12,16 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["FileProbe", "cache_probe", "file_cached", "mincore_sees"]
+__all__ = ["FileProbe", "cache_probe", "checked_points", "file_cached", "mincore_sees"]
+
+
+def checked_points(start: int, length: int) -> tuple[int, ...]:
+    """Where a range is checked for being cached, by mincore or by the file: its first,
+    middle and last byte (a whole range's check costs as much as the advice it saves); the
+    one byte of a range of one."""
+    if length == 1:
+        return (start,)
+    return (start, start + length // 2, start + length - 1)
 
 
 def mincore_sees(path: str | os.PathLike) -> bool:
@@ -69,13 +78,12 @@ class FileProbe:
 
 
 def file_cached(fd: int, offset: int, length: int) -> bool:
-    """Whether the first, middle and last page of ``length`` bytes at ``offset`` of file
-    ``fd`` are cached (a one-byte preadv2(RWF_NOWAIT) each, see :class:`FileProbe`; one
-    page for one byte); False when it cannot tell."""
+    """Whether the pages of ``length`` bytes at ``offset`` of file ``fd`` that
+    :func:`checked_points` names are cached (a one-byte preadv2(RWF_NOWAIT) each, see
+    :class:`FileProbe`); False when it cannot tell."""
     if length <= 0:
         return False
-    ends = (offset,) if length == 1 else (offset, offset + length // 2, offset + length - 1)
-    for at in ends:
+    for at in checked_points(offset, length):
         try:
             os.preadv(fd, [_PROBE_BYTE], at, os.RWF_NOWAIT)
         except OSError:  # EAGAIN: not cached; EOPNOTSUPP: this filesystem cannot say

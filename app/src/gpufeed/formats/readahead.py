@@ -30,6 +30,8 @@ from itertools import repeat
 
 import numpy as np
 
+from gpufeed.formats.pagecache import checked_points
+
 __all__ = [
     "PREFETCH_MIN_BYTES",
     "READ_AHEAD_THREADS",
@@ -76,14 +78,13 @@ def _mincore():
 
 
 def looks_cached(addr: int, length: int) -> bool:
-    """Whether the first, middle and last page of a mapped range are in the page cache
-    (mincore on three pages: a whole range's check costs as much as the advice it saves;
-    one page for a range of one byte). False when it cannot tell."""
+    """Whether the pages of a mapped range that pagecache.checked_points names (its first,
+    middle and last) are in the page cache, by mincore. False when it cannot tell."""
     fn = _mincore()
     if fn is None or length <= 0:
         return False
     page = mmap.PAGESIZE
-    for at in (addr,) if length == 1 else (addr, addr + length // 2, addr + length - 1):
+    for at in checked_points(addr, length):
         if fn(at - at % page, page, _VEC) != 0 or not _VEC[0] & 1:
             return False
     return True
