@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import mmap
 import os
 from pathlib import Path
 
@@ -81,3 +84,27 @@ def evict(path) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+def resident_pages(arr: np.ndarray) -> np.ndarray:
+    """mincore(2) over a mapped array: True per page in the page cache."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    page = mmap.PAGESIZE
+    start = arr.ctypes.data - arr.ctypes.data % page
+    length = arr.ctypes.data + arr.nbytes - start
+    vec = (ctypes.c_ubyte * (-(-length // page)))()
+    rc = libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), vec)
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    first = (arr.ctypes.data - start) // page
+    return (np.frombuffer(vec, dtype=np.uint8) & 1).astype(bool)[first:]
+
+
+def resident_share(path, start: int, length: int) -> float:
+    """The share of a file range's pages cached (mincore over a map of the file: the truth
+    for a file this process owns, or as root)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
+        view = np.frombuffer(m, np.uint8)[start : start + length]
+        share = float(resident_pages(view).mean())
+        del view  # the map cannot close while a view exports it
+    return share

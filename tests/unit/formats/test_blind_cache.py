@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from unit_sources import evict, write_arrays
+from unit_sources import evict, resident_share, write_arrays
 
 import gpufeed
 from gpufeed.formats import open_reader, pagecache, readahead
 from gpufeed.formats.pagecache import FileProbe, cache_probe, mincore_sees
-from gpufeed.formats.readahead import BlocksAhead, advise_rows, looks_cached
+from gpufeed.formats.readahead import BlocksAhead, advise_rows
 
 NOBODY = 65534
 
@@ -92,14 +92,14 @@ def test_a_file_probe_tells_cached_pages_from_cold_ones_and_reads_nothing(tmp_pa
         os.pread(fd, 4096, 1 << 20)  # one page of the second MiB, no read-around
     finally:
         os.close(fd)
-    if _resident(path, 0, 1 << 20) > 0:
+    if resident_share(path, 0, 1 << 20) > 0:
         pytest.skip(f"{tmp_path}: cannot evict files here (tmpfs?)")
     base = 1 << 40  # a made-up map address: file offset = address - base
     probe = FileProbe(path, -base)
     assert probe(base + (1 << 20), 4096)
     assert not probe(base, 4096)
     assert not probe(base + (1 << 20), 8192)  # its last page is cold
-    assert _resident(path, 0, 1 << 20) < 0.05  # asking read nothing in (a page or two at most)
+    assert resident_share(path, 0, 1 << 20) < 0.05  # asking read nothing in (a page or two at most)
     probe.close()
 
 
@@ -147,18 +147,6 @@ def _first_sample(reader, batch) -> tuple[int, int]:
     return data[3].ctypes.data, data[3].nbytes
 
 
-def _resident(path, start: int, length: int) -> float:
-    """The share of a file range's pages cached, as root sees it (the truth)."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
-        view = np.frombuffer(m, np.uint8)
-        cached = [
-            looks_cached(view.ctypes.data + at, 1) for at in range(start, start + length, 4096)
-        ]
-        del view
-    return float(np.mean(cached))
-
-
 def _block_range(dest, fmt: str, block: tuple[int, int]) -> tuple[object, int, int]:
     """(file, offset, length) that samples ``block`` occupy, as root reads the pack's index."""
     reader = open_reader(dest)
@@ -190,7 +178,7 @@ def test_a_non_owner_reads_a_cold_pack_ahead(open_tmp, fmt):
     path, offset, length = _block_range(dest, fmt, block)
     for f in dest.iterdir():
         evict(f)
-    if _resident(path, 0, os.path.getsize(path)) > 0:
+    if resident_share(path, 0, os.path.getsize(path)) > 0:
         pytest.skip(f"{tmp_path}: cannot evict files here (tmpfs?)")
     read, wrote = os.pipe()
     pid = os.fork()
@@ -214,7 +202,7 @@ def test_a_non_owner_reads_a_cold_pack_ahead(open_tmp, fmt):
     told = os.read(read, 8)
     os.close(read)
     assert status == 0 and told == b"1", "the child could not read the pack as nobody"
-    assert _resident(path, offset, length) == 1.0
+    assert resident_share(path, offset, length) == 1.0
 
 
 @pytest.mark.skipif(
@@ -231,7 +219,7 @@ def test_a_non_owner_tells_a_cold_pack_from_a_warm_one(open_tmp, fmt):
     data = dest / ("samples.npy" if fmt == "mmap" else "data.mdb")
     for f in dest.iterdir():
         evict(f)
-    if _resident(data, 0, os.path.getsize(data)) > 0:
+    if resident_share(data, 0, os.path.getsize(data)) > 0:
         pytest.skip(f"{dest}: cannot evict files here (tmpfs?)")
     read, wrote = os.pipe()
     pid = os.fork()

@@ -3,8 +3,6 @@ batch after them to the reader, and what the loader yields does not change."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import mmap
 import os
 import pickle
@@ -13,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from unit_sources import evict, write_arrays
+from unit_sources import evict, resident_pages, write_arrays
 
 import gpufeed
 from gpufeed.data.samplers import LookaheadBatch, SortedBatchSampler
@@ -28,19 +26,6 @@ from gpufeed.formats.rowcopy import take_rows
 
 FORMATS = ["hdf5", "lmdb", "tar", "mmap"]
 ROW = 128 << 10  # one sample: 128 KiB, above PREFETCH_MIN_BYTES
-
-
-def resident_pages(arr: np.ndarray) -> np.ndarray:
-    """mincore(2) over a mapped array: True per page in the page cache."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    page = mmap.PAGESIZE
-    start = arr.ctypes.data - arr.ctypes.data % page
-    length = arr.ctypes.data + arr.nbytes - start
-    vec = (ctypes.c_ubyte * (-(-length // page)))()
-    rc = libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), vec)
-    assert rc == 0, os.strerror(ctypes.get_errno())
-    first = (arr.ctypes.data - start) // page
-    return (np.frombuffer(vec, dtype=np.uint8) & 1).astype(bool)[first:]
 
 
 def test_take_rows_equals_fancy_indexing():
