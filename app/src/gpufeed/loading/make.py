@@ -307,7 +307,8 @@ def _lookahead(dataset, batch_sampler, workers: int) -> int:
     the block shuffle ahead, one request a block, where the reader reads_ranges_ahead (mmap,
     mapped HDF5, LMDB; READ_AHEAD_RANGES switches it off) in shuffled epochs, and in storage
     order where it reads_ranges_ahead_in_order (LMDB), so cold reads keep many large
-    requests in flight. 0: off."""
+    requests in flight; an epoch whose data looks cached as it starts (reader.looks_warm)
+    announces none. 0: off."""
     reader = getattr(dataset, "reader", None)
     remote = getattr(reader, "source", None) is not None  # fetch the shards to come
     sized = hasattr(reader, "mean_sample_bytes")
