@@ -173,6 +173,7 @@ def test_make_loader_reads_a_map_style_tar_pack_ahead_by_block(tar_pack, monkeyp
     monkeypatch.setattr(
         TarReader, "prefetch_ranges", lambda self, r: announced.extend(r) or real(self, r)
     )
+    monkeypatch.setattr(TarReader, "looks_warm", lambda self: False)  # the pack just written
     ds = gpufeed.open_dataset(tar_pack)
     want = one_by_one(ds.reader, np.arange(N))
     loader = gpufeed.make_loader(ds, 8, shuffle=True, seed=4, num_workers=0, block_size=4)

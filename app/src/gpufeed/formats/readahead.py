@@ -35,6 +35,7 @@ from gpufeed.formats.pagecache import checked_points
 __all__ = [
     "PREFETCH_MIN_BYTES",
     "READ_AHEAD_THREADS",
+    "WARM_PROBES",
     "Background",
     "BlocksAhead",
     "address",

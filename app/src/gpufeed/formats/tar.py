@@ -32,11 +32,13 @@ from gpufeed.formats.maps import kept_map
 from gpufeed.formats.pagecache import file_cached, mincore_sees
 from gpufeed.formats.readahead import (
     PREFETCH_MIN_BYTES,
+    WARM_PROBES,
     BlocksAhead,
     advise_willneed,
     ask_unless_cached,
     is_run,
     looks_cached,
+    looks_warm,
 )
 from gpufeed.formats.record import record_from_members
 from gpufeed.formats.tar_rows import gather_rows, shard_rows, shard_strides
@@ -235,6 +237,18 @@ class TarReader(Reader):
         """Blocks of a map-style order read ahead, as the mmap reader's, where samples are
         read as rows (see strides)."""
         return self.strides is not None
+
+    def looks_warm(self) -> bool:
+        """Whether the samples of up to WARM_PROBES shards spread over the pack look cached
+        (readahead.looks_warm over their spans in the shards' maps, made here if need be: a
+        pack of thousands of shards maps a sample of them, not all)."""
+        if self.source is not None or not self.reads_ranges_ahead or not self.shards:
+            return False
+        n = len(self.shards)
+        picked = np.unique(np.linspace(0, n - 1, min(n, WARM_PROBES)).astype(np.int64))
+        ranges = [self.shard_range(int(s)) for s in picked]
+        spans = [self._span(first, stop) for first, stop in ranges if stop > first]
+        return looks_warm(spans, self.cached)
 
     def prefetch_ranges(self, ranges) -> None:
         """Each block's span in its first sample's shard populated on the read-ahead
