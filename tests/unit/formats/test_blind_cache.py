@@ -147,6 +147,44 @@ def _first_sample(reader, batch) -> tuple[int, int]:
     return data[3].ctypes.data, data[3].nbytes
 
 
+def evicted_pack(folder: Path, fmt: str, per_class: int, seed: int) -> Path:
+    """A root pack of 2 x ``per_class`` samples of 12 KiB in ``folder``, out of the page
+    cache (the test is skipped where files cannot be evicted, tmpfs)."""
+    write_arrays(folder / "src", {"x": per_class, "y": per_class}, shape=(3, 64, 64), seed=seed)
+    dest = folder / fmt
+    gpufeed.pack(folder / "src", dest, format=fmt, workers=1, quiet=True)
+    files = [f for f in dest.iterdir() if f.stat().st_size]
+    for f in files:
+        evict(f)
+    if any(resident_share(f, 0, f.stat().st_size) > 0 for f in files):
+        pytest.skip(f"{folder}: cannot evict files here (tmpfs?)")
+    return dest
+
+
+def as_nobody(work) -> bytes:
+    """``work()``'s bytes, run in a forked child that became nobody (who may not write root's
+    0644 files); empty when the child failed (its error on stderr)."""
+    read, wrote = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read)
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.write(wrote, work())
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - told to the parent through the exit code
+            os.write(2, f"child: {e!r}\n".encode())
+        finally:
+            os._exit(code)
+    os.close(wrote)
+    _, status = os.waitpid(pid, 0)
+    told = os.read(read, 8)
+    os.close(read)
+    return told if status == 0 else b""
+
+
 def _block_range(dest, fmt: str, block: tuple[int, int]) -> tuple[object, int, int]:
     """(file, offset, length) that samples ``block`` occupy, as root reads the pack's index."""
     reader = open_reader(dest)
@@ -170,38 +208,17 @@ def test_a_non_owner_reads_a_cold_pack_ahead(open_tmp, fmt):
     """The real thing: root packs, a child that became nobody reads the pack shuffled by
     blocks; the blocks it announced are in the page cache afterwards (root's mincore), not
     skipped because nobody's mincore called them cached (its probe said they were not)."""
-    tmp_path = open_tmp
-    write_arrays(tmp_path / "src", {"x": 1024, "y": 1024}, shape=(3, 64, 64), seed=6)
-    dest = tmp_path / fmt
-    gpufeed.pack(tmp_path / "src", dest, format=fmt, workers=1, quiet=True)
-    block = (1984, 2048)  # the last 768 KiB of 24 MiB: far past any read-around of the open
+    dest = evicted_pack(open_tmp, fmt, 1024, seed=6)  # 24 MiB
+    block = (1984, 2048)  # the last 768 KiB: far past any read-around of the open
     path, offset, length = _block_range(dest, fmt, block)
-    for f in dest.iterdir():
-        evict(f)
-    if resident_share(path, 0, os.path.getsize(path)) > 0:
-        pytest.skip(f"{tmp_path}: cannot evict files here (tmpfs?)")
-    read, wrote = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: nobody, who may not write root's 0644 files
-        code = 1
-        try:
-            os.close(read)
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            reader = open_reader(dest)
-            reader.prefetch_ranges([block])
-            reader.ahead.ready(np.arange(*block))  # announced: made resident before a copy
-            os.write(wrote, b"%d" % (reader.cached is not None))
-            code = 0
-        except BaseException as e:  # noqa: BLE001 - told to the parent through the exit code
-            os.write(2, f"child: {e!r}\n".encode())
-        finally:
-            os._exit(code)
-    os.close(wrote)
-    _, status = os.waitpid(pid, 0)
-    told = os.read(read, 8)
-    os.close(read)
-    assert status == 0 and told == b"1", "the child could not read the pack as nobody"
+
+    def work() -> bytes:
+        reader = open_reader(dest)
+        reader.prefetch_ranges([block])
+        reader.ahead.ready(np.arange(*block))  # announced: made resident before a copy
+        return b"%d" % (reader.cached is not None)
+
+    assert as_nobody(work) == b"1", "the child could not read the pack as nobody"
     assert resident_share(path, offset, length) == 1.0
 
 
@@ -213,37 +230,16 @@ def test_a_non_owner_tells_a_cold_pack_from_a_warm_one(open_tmp, fmt):
     """Reader.looks_warm as nobody over root's pack: cold after an eviction (mincore would
     say warm, and the epoch would read nothing ahead), warm once the child read it all."""
     # 48 MiB: past the kernel's read-around of the reader's first look (8 MiB here)
-    write_arrays(open_tmp / "src", {"x": 2048, "y": 2048}, shape=(3, 64, 64), seed=8)
-    dest = open_tmp / fmt
-    gpufeed.pack(open_tmp / "src", dest, format=fmt, workers=1, quiet=True)
-    data = dest / ("samples.npy" if fmt == "mmap" else "data.mdb")
-    for f in dest.iterdir():
-        evict(f)
-    if resident_share(data, 0, os.path.getsize(data)) > 0:
-        pytest.skip(f"{dest}: cannot evict files here (tmpfs?)")
-    read, wrote = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: nobody, who may not write root's 0644 files
-        code = 1
-        try:
-            os.close(read)
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            reader = open_reader(dest)
-            cold = reader.looks_warm()
-            reader.read_batch(np.arange(reader.count, dtype=np.int64))
-            told = (cold, reader.looks_warm(), reader.cached is not None)
-            os.write(wrote, bytes(map(int, told)))
-            code = 0
-        except BaseException as e:  # noqa: BLE001 - told to the parent through the exit code
-            os.write(2, f"child: {e!r}\n".encode())
-        finally:
-            os._exit(code)
-    os.close(wrote)
-    _, status = os.waitpid(pid, 0)
-    told = os.read(read, 8)
-    os.close(read)
-    assert status == 0 and len(told) == 3, "the child could not read the pack as nobody"
+    dest = evicted_pack(open_tmp, fmt, 2048, seed=8)
+
+    def work() -> bytes:
+        reader = open_reader(dest)
+        cold = reader.looks_warm()
+        reader.read_batch(np.arange(reader.count, dtype=np.int64))
+        return bytes([cold, reader.looks_warm(), reader.cached is not None])
+
+    told = as_nobody(work)
+    assert len(told) == 3, "the child could not read the pack as nobody"
     cold, warm, probed = told
     assert probed, "the child's reader did not ask the file"
     assert (cold, warm) == (0, 1)
