@@ -3,8 +3,10 @@ lookup a block), populated on background threads, none for cached or stray packs
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from unit_sources import write_arrays
 
 import gpufeed
 from gpufeed.formats import lmdb as lmdb_format
-from gpufeed.formats import open_reader
+from gpufeed.formats import lmdb_values, open_reader
 from gpufeed.formats.readahead import Background, address, looks_cached, populate
 
 N = 64
@@ -67,21 +69,78 @@ def test_spans_are_the_announced_blocks_records(raw_pack, monkeypatch):
         assert not any(lo < addr + n and addr < lo + length for lo, length in spans)
 
 
-def test_records_off_the_line_give_no_line_and_varying_records_no_read_ahead(tmp_path, monkeypatch):
-    # small records, then large ones: the anchor in between is far off the line
+def mixed_pack(tmp_path) -> Path:
+    """40 records of varying sizes: 20 of 100 bytes, then 20 of 8 KiB (small samples: read
+    ahead by block)."""
     dest = tmp_path / "mixed.lmdb"
     with gpufeed.Writer(dest, format="lmdb", schema={"blob": "bytes"}) as w:
         for i in range(40):
-            w.write({"blob": bytes(100 if i < 20 else 256 << 10)})
+            w.write({"blob": bytes(100 if i < 20 else 8 << 10)})
+    return dest
+
+
+def test_records_of_varying_sizes_lie_on_no_line_and_are_read_ahead_by_their_table(
+    tmp_path, monkeypatch
+):
+    dest = mixed_pack(tmp_path)
     reader = open_reader(dest)
     with reader.handle.begin(buffers=True) as txn:
+        # small records, then large ones: the anchor in between is far off the line
         assert lmdb_format.value_line(txn, np.array([0, 20, 36])) is None
         assert lmdb_format.value_line(txn, np.array([20, 28, 36])) is not None  # all large
-    assert not reader.reads_ranges_ahead  # records of varying sizes: never read ahead
-    assert asked_spans(reader, monkeypatch, [(0, 4), (20, 24), (36, 40)]) == []
-    for shuffle in (True, False):
-        loader = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, shuffle, num_workers=0)
-        assert loader.batch_sampler.range_block == 0
+        values = [(address(v), len(v)) for v in map(txn.get, lmdb_format.keys(np.arange(40)))]
+    assert reader.has_value_table and reader.reads_ranges_ahead  # by the pack's value table
+    ranges = [(0, 4), (20, 24), (36, 44)]  # the last one past the end: clipped
+    spans = asked_spans(reader, monkeypatch, ranges)
+    _, lead, _ = reader._fitted_table()  # records a leaf holds: each block from that earlier
+    for a, b in ranges:  # every record of an announced block inside a span
+        for addr, n in values[max(0, a - lead) : min(b, 40)]:
+            assert any(lo <= addr and addr + n <= lo + length for lo, length in spans)
+    far = asked_spans(reader, monkeypatch, [(0, 4)])
+    addr, n = values[30]
+    assert not any(lo < addr + n and addr < lo + length for lo, length in far)
+    shuffled = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, True, num_workers=0)
+    in_order = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, False, num_workers=0)
+    assert shuffled.batch_sampler.range_block > 0  # shuffled epochs only: in storage order
+    assert in_order.batch_sampler.range_block == 0  # the kernel's readahead was not measured
+
+
+def test_a_value_table_that_does_not_fit_the_pack_is_not_used(tmp_path, monkeypatch):
+    dest = mixed_pack(tmp_path)
+    table = np.load(dest / lmdb_values.VALUES_FILE)
+    want = [bytes(v) for v in open_reader(dest).read_batch(np.arange(40))]
+    for wrong in (table[:-1], table + [4096, 0], table + [1 << 40, 0]):  # short, moved, past EOF
+        np.save(dest / lmdb_values.VALUES_FILE, wrong)
+        reader = open_reader(dest)
+        assert reader.reads_ranges_ahead and reader._fitted_table() is None
+        assert asked_spans(reader, monkeypatch, [(0, 4)]) == []
+        assert not reader.looks_warm()
+        assert [bytes(v) for v in reader.read_batch(np.arange(40))] == want
+        reader.close()
+
+
+def test_a_pack_without_a_value_table_reads_as_before(tmp_path):
+    dest = mixed_pack(tmp_path)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    del manifest["files"][lmdb_values.VALUES_FILE]  # a pack from before the table
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    (dest / lmdb_values.VALUES_FILE).unlink()
+    reader = open_reader(dest)
+    assert not reader.has_value_table and not reader.reads_ranges_ahead
+    assert len(reader.read_batch(np.arange(40))) == 40
+    loader = gpufeed.make_loader(gpufeed.open_dataset(dest), 4, True, num_workers=0)
+    assert loader.batch_sampler.range_block == 0
+
+
+def test_the_value_table_says_where_each_record_lies_in_the_file(tmp_path):
+    dest = mixed_pack(tmp_path)
+    table = np.load(dest / lmdb_values.VALUES_FILE)
+    assert table.shape == (40, 2) and table.dtype == np.int64
+    data = (dest / "data.mdb").read_bytes()
+    reader = open_reader(dest)
+    for i, record in enumerate(reader.read_batch(np.arange(40))):
+        offset, size = table[i]
+        assert data[offset : offset + size] == bytes(record)
 
 
 def test_lmdb_reads_blocks_ahead_in_storage_order_too(raw_pack):
@@ -208,3 +267,31 @@ def test_background_works_in_a_forked_child_and_pickles_without_its_pool():
 
     back = pickle.loads(pickle.dumps(bg))
     assert back.threads == 2 and back._pool is None
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
+def test_a_cold_block_of_varying_records_is_read_in_by_the_value_table(tmp_path):
+    dest = tmp_path / "varying.lmdb"
+    rng = np.random.default_rng(3)
+    with gpufeed.Writer(dest, format="lmdb", schema={"blob": "bytes"}) as w:
+        for size in rng.integers(1000, 6000, size=512):  # JPEG-like records, 1.7 MiB
+            w.write({"blob": rng.bytes(int(size))})
+    table = np.load(dest / lmdb_values.VALUES_FILE)
+    data = dest / "data.mdb"
+    gpufeed.formats.maps.forget_maps()
+    unit_sources.evict(data)
+    # readahead=False: the reader's own lookups read their pages only, not the file around
+    reader = open_reader(dest, readahead=False)
+
+    def cached(first: int, stop: int) -> float:
+        return min(unit_sources.resident_share(data, int(o), int(n)) for o, n in table[first:stop])
+
+    if cached(400, 464) > 0:
+        pytest.skip("this filesystem keeps files in memory (tmpfs?)")
+    reader.prefetch_ranges([(400, 464)])
+    deadline = time.monotonic() + 10
+    while cached(400, 464) < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)  # the read-ahead threads' reads
+    assert cached(400, 464) == 1  # every record of the block, from the table alone
+    assert cached(100, 164) == 0  # a block nobody announced
+    reader.close()

@@ -22,8 +22,17 @@ import numpy as np
 from gpufeed.errors import CorruptSampleError, DataError, DiskFullError
 from gpufeed.formats.base import Reader, Writer, make_room
 from gpufeed.formats.files import is_disk_full
+from gpufeed.formats.lmdb_values import (
+    VALUES_FILE,
+    load_value_table,
+    table_matches,
+    table_spans,
+    value_table,
+    write_value_table,
+)
 from gpufeed.formats.maps import KEEP_MAPS, covers, on_forget
 from gpufeed.formats.npy import npy_bytes, npy_from_bytes
+from gpufeed.formats.pagecache import map_delta
 from gpufeed.formats.parts import Part
 from gpufeed.formats.readahead import (
     READ_AHEAD_THREADS,
@@ -161,10 +170,23 @@ class LMDBWriter(Writer):
             ]
         )
         self.env.sync(True)
+        files = [DATA_FILE, *self._value_table()]
         self.env.close()
         (self.out / LOCK_FILE).unlink(missing_ok=True)
         layout = {"key_format": "%010d", "meta_keys": ["__gpufeed__", "__labels__", "__crc32__"]}
-        return {"files": [DATA_FILE], "layout": layout}
+        return {"files": files, "layout": layout}
+
+    def _value_table(self) -> list[str]:
+        """values.npy for records of varying sizes (lmdb_values: fixed-size records lie on
+        a line instead), while the file is still in memory: the files it wrote."""
+        if self.spec.kind == "array" or self.n == 0:
+            return []
+        with self.env.begin(buffers=True) as txn:
+            table = value_table(txn, self.n, keys)
+        if table is None:
+            return []
+        write_value_table(self.out / VALUES_FILE, table)
+        return [VALUES_FILE]
 
 
 # LMDB forbids opening one environment twice in a process, so readers of the same files in
@@ -313,6 +335,9 @@ class LMDBReader(Reader):
         self.readahead = bool(readahead)
         self.ahead = Background(READ_AHEAD_THREADS)
         self._line: tuple | None = None  # (env, value_line) of the map last read ahead
+        self._table: tuple | None = None  # (env, value table fitted to it) (lmdb_values)
+        self.data_path = data
+        self.has_value_table = VALUES_FILE in self.manifest.get("files", {})
         env = _acquire_env(self.env_key, self.readahead)
         try:
             _check_env(env, data)
@@ -342,7 +367,7 @@ class LMDBReader(Reader):
 
     def __getstate__(self):
         state = super().__getstate__()
-        state["_line"] = None  # holds this process's env
+        state["_line"] = state["_table"] = None  # hold this process's env
         return state
 
     def location(self, index: int) -> str:
@@ -357,24 +382,60 @@ class LMDBReader(Reader):
 
     @property
     def reads_ranges_ahead(self) -> bool:
-        # fixed-size records only: records of varying sizes (encoded images, fields) stray
-        # from any line (a JPEG pack: up to 39 records' bytes), so blocks would be missed
+        # fixed-size records by their line; records of varying sizes (encoded images, fields)
+        # stray from any line (a JPEG pack: up to 39 records' bytes), so by the pack's value
+        # table where it has one (lmdb_values)
+        return self.spec.kind == "array" or self.has_value_table
+
+    @property
+    def reads_ranges_ahead_in_order(self) -> bool:
+        # a cold pass in storage order: 1.56-2.48x with blocks read ahead; warm 1.00x, as an
+        # epoch that looks cached announces none (docs/benchmarks.md, "LMDB in storage
+        # order" and "A warm epoch announces nothing"); measured for fixed-size records only
         return self.spec.kind == "array"
 
-    # a cold pass in storage order: 1.56-2.48x with blocks read ahead; warm 1.00x, as an epoch
-    # that looks cached announces none (docs/benchmarks.md, "LMDB in storage order" and "A
-    # warm epoch announces nothing")
-    reads_ranges_ahead_in_order = True
-
     def looks_warm(self) -> bool:
-        line = self._fitted_line(()) if self.reads_ranges_ahead else None
-        values = line_spans(line, [(0, self.count)], self.count) if line is not None else ()
-        return looks_warm(values, self.cached)
+        return looks_warm(self._block_spans([(0, self.count)]), self.cached)
 
     def prefetch_ranges(self, ranges) -> None:
-        line = self._fitted_line(ranges) if self.reads_ranges_ahead else None
-        if line is not None:
-            populate_ahead(self.ahead, line_spans(line, ranges, self.count), self.cached)
+        populate_ahead(self.ahead, self._block_spans(ranges), self.cached)
+
+    def _block_spans(self, ranges) -> list[tuple[int, int]]:
+        """(address, length) in this process's map of the records of index ranges ``[start,
+        stop)``: by the line (fixed-size records) or the value table; none where neither
+        fits the pack."""
+        if self.spec.kind == "array":
+            line = self._fitted_line(ranges)
+            return [] if line is None else line_spans(line, ranges, self.count)
+        fitted = self._fitted_table() if self.has_value_table else None
+        return [] if fitted is None else table_spans(*fitted, ranges)
+
+    def _fitted_table(self) -> tuple[np.ndarray, int, int] | None:
+        """(table, lead, delta) for this process's map: the value table, the records a
+        leaf page holds (a block is read from that many records earlier: its first keys'
+        leaf lies before their values) and file offset minus address; None where the table
+        does not fit the pack (lmdb_values.load_value_table, table_matches)."""
+        env = self.handle  # this process's (a new one after a fork: checked anew)
+        if self._table is None or self._table[0] is not env:
+            self._table = (env, self._check_table(env))
+        return self._table[1]
+
+    def _check_table(self, env) -> tuple[np.ndarray, int, int] | None:
+        try:  # a hint: a table that is missing or cut short reads without it
+            path = self.file(VALUES_FILE, whole=True)
+        except DataError:
+            return None
+        table = load_value_table(path, self.count, self.data_path.stat().st_size)
+        if table is None:
+            return None
+        at = [0, self.count // 2, self.count - 1]
+        with env.begin(buffers=True) as txn:
+            first = txn.get(keys(np.array(at[:1]))[0])
+            delta = None if first is None else map_delta(address(first))
+            if delta is None or not table_matches(txn, table, keys(np.array(at)), at, delta):
+                return None
+        stat = env.stat()
+        return table, -(-stat["entries"] // max(1, stat["leaf_pages"])), delta
 
     def _fitted_line(self, ranges) -> tuple[int, float] | None:
         """This process's value line (value_line), fitted once a map to ``ranges``' blocks

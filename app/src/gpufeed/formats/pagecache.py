@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["FileProbe", "cache_probe", "checked_points", "file_cached", "mincore_sees"]
+__all__ = ["FileProbe", "cache_probe", "checked_points", "file_cached", "map_delta", "mincore_sees"]
 
 
 def checked_points(start: int, length: int) -> tuple[int, ...]:
@@ -98,11 +98,11 @@ def cache_probe(path: str | os.PathLike, addr: int) -> FileProbe | None:
     cannot be found or RWF_NOWAIT does not exist (mincore's answer stands)."""
     if not hasattr(os, "RWF_NOWAIT") or mincore_sees(path):
         return None
-    delta = _map_delta(addr)
+    delta = map_delta(addr)
     return None if delta is None else FileProbe(path, delta)
 
 
-def _map_delta(addr: int, maps: str | os.PathLike = "/proc/self/maps") -> int | None:
+def map_delta(addr: int, maps: str | os.PathLike = "/proc/self/maps") -> int | None:
     """File offset minus address in the file mapping holding ``addr``, None where none does."""
     try:
         with open(maps) as f:

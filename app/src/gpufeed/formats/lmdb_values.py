@@ -1,0 +1,97 @@
+"""Where each record's value lies in an LMDB pack's data.mdb (``values.npy``), written when
+the pack is, so that packs of records of varying sizes (encoded images, fields) are read
+ahead by block as fixed-size ones are by their line (lmdb.line_spans).
+
+Records of varying sizes lie on no line, and LMDB's API gives a value's place only through
+a lookup, which faults in the B-tree's pages: a block's bytes could not be found without
+reading them. The writer knows them while the file is still in memory: int64 ``[N, 2]``,
+each record's (offset in data.mdb, size). A cold shuffled pass over a JPEG pack measured
+1.08x with its blocks read ahead by the table (docs/benchmarks.md, "LMDB JPEG blocks").
+
+The table is a hint, checked before use: its shape, its bytes inside data.mdb (a read past
+the end of a mapped file is a SIGBUS), and three records' places against LMDB's own
+answer. A pack whose table is missing or does not match reads the same, without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.formats.files import atomic_write_bytes
+from gpufeed.formats.npy import npy_bytes
+from gpufeed.formats.pagecache import map_delta
+from gpufeed.formats.readahead import address
+
+__all__ = ["VALUES_FILE", "load_value_table", "table_matches", "table_spans", "value_table"]
+
+VALUES_FILE = "values.npy"
+# a block's span is cut where the next record lies before it or this far past its end
+# (LMDB put it in pages freed by an earlier transaction: up to 32 MiB away in a JPEG pack)
+SPAN_GAP = 1 << 20
+
+
+def value_table(txn, count: int, keys_of, chunk: int = 1 << 16) -> np.ndarray | None:
+    """int64 [count, 2]: records 0..count-1's (offset in the file, size), from a read
+    transaction of an environment this process maps (``keys_of``: indices to their keys,
+    lmdb.keys); None where a record or the map is not found."""
+    table = np.empty((count, 2), dtype=np.int64)
+    delta = None
+    for lo in range(0, count, chunk):
+        values = [txn.get(k) for k in keys_of(np.arange(lo, min(lo + chunk, count)))]
+        if any(v is None for v in values):
+            return None
+        delta = map_delta(address(values[0])) if delta is None else delta
+        if delta is None:
+            return None
+        table[lo : lo + len(values), 0] = [address(v) + delta for v in values]
+        table[lo : lo + len(values), 1] = [len(v) for v in values]
+    return table
+
+
+def write_value_table(path: Path, table: np.ndarray) -> None:
+    atomic_write_bytes(path, npy_bytes(table))
+
+
+def load_value_table(path: Path, count: int, file_bytes: int) -> np.ndarray | None:
+    """The table at ``path`` when it fits: ``[count, 2]`` int64, every value inside
+    ``file_bytes``; None otherwise (the pack reads without it)."""
+    try:
+        table = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    if table.dtype != np.int64 or table.shape != (count, 2) or count == 0:
+        return None
+    offsets, sizes = table[:, 0], table[:, 1]
+    if offsets.min() < 0 or sizes.min() < 0 or (offsets + sizes).max() > file_bytes:
+        return None
+    return np.asarray(table)
+
+
+def table_matches(txn, table: np.ndarray, keys: list[bytes], at: list[int], delta: int) -> bool:
+    """Whether records ``at`` (their ``keys``) lie where the table says, in this map."""
+    for k, i in zip(keys, at, strict=True):
+        v = txn.get(k)
+        if v is None or address(v) + delta != table[i, 0] or len(v) != table[i, 1]:
+            return False
+    return True
+
+
+def table_spans(table: np.ndarray, lead: int, delta: int, ranges) -> list[tuple[int, int]]:
+    """(address, length) in this map of the records of index ranges ``[start, stop)``, each
+    from ``lead`` records earlier (the leaf page that holds a block's first keys lies
+    before their values), cut where records stray (SPAN_GAP)."""
+    spans: list[tuple[int, int]] = []
+    count = len(table)
+    for a, b in ranges:
+        a, b = max(0, int(a) - lead), min(int(b), count)
+        if b <= a:
+            continue
+        starts, ends = table[a:b, 0], table[a:b, 0] + table[a:b, 1]
+        cuts = np.flatnonzero((starts[1:] < starts[:-1]) | (starts[1:] > ends[:-1] + SPAN_GAP))
+        bounds = [0, *(cuts + 1).tolist(), b - a]
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            first, last = int(starts[lo:hi].min()), int(ends[lo:hi].max())
+            spans.append((first - delta, last - first))
+    return spans
