@@ -155,3 +155,13 @@ def test_make_loader_announces_blocks_only_in_epochs_that_are_not_warm(packs, fm
     batches = list(loader.batch_sampler)
     assert all(isinstance(b, LookaheadBatch) for b in batches)
     assert any(b.ranges for b in batches)
+
+
+def test_a_chunked_hdf5_pack_is_not_looked_at_nor_opened_to_ask(tmp_path):
+    write_arrays(tmp_path / "src", {"x": 4, "y": 4}, shape=(3, 16, 16), seed=9)
+    dest = tmp_path / "lzf.hdf5"
+    gpufeed.pack(tmp_path / "src", dest, format="hdf5", compression="lzf", workers=1, quiet=True)
+    reader = open_reader(dest)
+    assert not reader.looks_warm()
+    assert reader._h is None  # no HDF5 file opened in the process that forks the workers
+    reader.close()

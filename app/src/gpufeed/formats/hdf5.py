@@ -189,7 +189,9 @@ class HDF5Reader(Reader):
     reads_ranges_ahead = True
 
     def looks_warm(self) -> bool:
-        return map_looks_warm(self.handle, self.cached)
+        # a chunked or compressed dataset is read through h5py: nothing to look at, and no
+        # HDF5 file opened in the process that forks the workers just to ask
+        return self.mmap_offset is not None and map_looks_warm(self.handle, self.cached)
 
     def prefetch_ranges(self, ranges) -> None:
         data = self.handle
