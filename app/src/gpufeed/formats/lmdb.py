@@ -24,15 +24,14 @@ from gpufeed.formats.base import Reader, Writer, make_room
 from gpufeed.formats.files import is_disk_full
 from gpufeed.formats.lmdb_values import (
     VALUES_FILE,
+    fitted_delta,
     load_value_table,
-    table_matches,
     table_spans,
     value_table,
     write_value_table,
 )
 from gpufeed.formats.maps import KEEP_MAPS, covers, on_forget
 from gpufeed.formats.npy import npy_bytes, npy_from_bytes
-from gpufeed.formats.pagecache import map_delta
 from gpufeed.formats.parts import Part
 from gpufeed.formats.readahead import (
     READ_AHEAD_THREADS,
@@ -414,7 +413,7 @@ class LMDBReader(Reader):
         """(table, lead, delta) for this process's map: the value table, the records a
         leaf page holds (a block is read from that many records earlier: its first keys'
         leaf lies before their values) and file offset minus address; None where the table
-        does not fit the pack (lmdb_values.load_value_table, table_matches)."""
+        does not fit the pack (lmdb_values.load_value_table, fitted_delta)."""
         env = self.handle  # this process's (a new one after a fork: checked anew)
         if self._table is None or self._table[0] is not env:
             self._table = (env, self._check_table(env))
@@ -430,10 +429,9 @@ class LMDBReader(Reader):
             return None
         at = [0, self.count // 2, self.count - 1]
         with env.begin(buffers=True) as txn:
-            first = txn.get(keys(np.array(at[:1]))[0])
-            delta = None if first is None else map_delta(address(first))
-            if delta is None or not table_matches(txn, table, keys(np.array(at)), at, delta):
-                return None
+            delta = fitted_delta(txn, table, keys(np.array(at)), at)
+        if delta is None:
+            return None
         stat = env.stat()
         return table, -(-stat["entries"] // max(1, stat["leaf_pages"])), delta
 

@@ -24,7 +24,14 @@ from gpufeed.formats.npy import npy_bytes
 from gpufeed.formats.pagecache import map_delta
 from gpufeed.formats.readahead import address
 
-__all__ = ["VALUES_FILE", "load_value_table", "table_matches", "table_spans", "value_table"]
+__all__ = [
+    "VALUES_FILE",
+    "fitted_delta",
+    "load_value_table",
+    "table_spans",
+    "value_table",
+    "write_value_table",
+]
 
 VALUES_FILE = "values.npy"
 # a block's span is cut where the next record lies before it or this far past its end
@@ -69,13 +76,19 @@ def load_value_table(path: Path, count: int, file_bytes: int) -> np.ndarray | No
     return np.asarray(table)
 
 
-def table_matches(txn, table: np.ndarray, keys: list[bytes], at: list[int], delta: int) -> bool:
-    """Whether records ``at`` (their ``keys``) lie where the table says, in this map."""
-    for k, i in zip(keys, at, strict=True):
-        v = txn.get(k)
-        if v is None or address(v) + delta != table[i, 0] or len(v) != table[i, 1]:
-            return False
-    return True
+def fitted_delta(txn, table: np.ndarray, keys: list[bytes], at: list[int]) -> int | None:
+    """File offset minus address in this map (from the first of records ``at``, their
+    ``keys``) when every one of them lies where the table says; None otherwise."""
+    values = [txn.get(k) for k in keys]
+    if any(v is None for v in values):
+        return None
+    delta = map_delta(address(values[0]))
+    if delta is None:
+        return None
+    for v, i in zip(values, at, strict=True):
+        if address(v) + delta != table[i, 0] or len(v) != table[i, 1]:
+            return None
+    return delta
 
 
 def table_spans(table: np.ndarray, lead: int, delta: int, ranges) -> list[tuple[int, int]]:

@@ -45,6 +45,7 @@ __all__ = [
     "advise_willneed",
     "ask",
     "ask_unless_cached",
+    "worth_reading",
     "sample_range_spans",
     "is_run",
     "looks_cached",
@@ -204,11 +205,16 @@ def _populate_job(
     work: Callable[[int, int], None] | None = None,
 ):
     """The job reading a range in on ``background``'s threads (``work``: :func:`populate`
-    by default), or None for a range that is empty or looks cached (``cached``,
-    :func:`looks_cached` by default)."""
-    if length > 0 and not (cached or looks_cached)(addr, length):
+    by default), or None for a range not :func:`worth_reading`."""
+    if worth_reading(addr, length, cached):
         return background.submit(work or populate, addr, length)
     return None
+
+
+def worth_reading(addr: int, length: int, cached: Cached | None = None) -> bool:
+    """Whether a mapped range is worth reading in: not empty, and not looking cached
+    (``cached``, :func:`looks_cached` by default)."""
+    return length > 0 and not (cached or looks_cached)(addr, length)
 
 
 def ask(addr: int, length: int) -> None:
@@ -220,7 +226,7 @@ def ask_unless_cached(addr: int, length: int, cached: Cached | None = None) -> N
     """:func:`ask`, unless the range looks cached (``cached``, :func:`looks_cached` by
     default): the advice walks every page it names, 50 us for a warm 3 MiB run, 6% of a
     warm tar stream (docs/benchmarks.md, "A warm epoch announces nothing")."""
-    if length > 0 and not (cached or looks_cached)(addr, length):
+    if worth_reading(addr, length, cached):
         ask(addr, length)
 
 
