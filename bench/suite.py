@@ -7,7 +7,9 @@ For each case (bench/data.py) the samples are generated once, stored by every ro
 then each row runs in its own process (its imports, workers and memory apart) under each
 condition: cold or warm page cache, shuffled or storage order. A condition is one warm-up
 pass (for the peers also the choice of their best worker count), then ``--runs`` timed
-passes, each capped at ``--cap`` seconds from the first batch; the median counts. Besides
+passes, each capped at ``--cap`` seconds from the first batch; the median counts. The rows
+of a case take turns (bench/rowproc.py): one pass at a time, pass k of every row before pass
+k + 1 of any, so that the machine's drift over minutes falls on every row alike. Besides
 the steady rate (timed from the first batch), each pass gives its whole-pass rate (from
 the loader's making, the first batch's wait included) and, cold, how much of the row's
 files was in the page cache by its first batch: what a loader read before it is left out
@@ -35,9 +37,7 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -50,6 +50,7 @@ if str(REPO) not in sys.path:
 from bench import data as bdata  # noqa: E402
 from bench import peers as bpeers  # noqa: E402
 from bench import read_as as bread_as  # noqa: E402
+from bench import rowproc  # noqa: E402
 from bench.pagecache import drop_all_caches, resident_fraction  # noqa: E402
 
 FORMATS = ("lmdb", "hdf5", "tar", "mmap")
@@ -76,6 +77,8 @@ QUICK_CONDITIONS = {
 }
 # a store runs once per data folder; the full JPEG case through every writer takes minutes
 STORE_TIMEOUT_S = 3600
+# how a child that cannot be forked starts: python -m MODULE --child SPEC
+MODULE = "bench.suite"
 # 432 KiB samples: 32 a batch (110 MB batches of 256 would be no one's setting)
 BATCH_SIZE = {"large": 32}
 
@@ -224,56 +227,6 @@ def cached_share(paths: list[str]) -> float:
     """resident_fraction, asked of the root helper where this process reads as a user
     mincore does not answer for."""
     return _ROOT("resident", paths) if _ROOT is not None else resident_fraction(paths)
-
-
-class PeakRSS:
-    """Samples the summed RSS of process ``pid`` and all its descendants every 50 ms (from
-    another process: a sampling thread inside the measured one could hold a lock across a
-    DataLoader's fork)."""
-
-    def __init__(self, pid: int):
-        self.pid = pid
-        self.peak = 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def _tree(pid: int) -> list[int]:
-        out, todo = [], [pid]
-        while todo:
-            p = todo.pop()
-            out.append(p)
-            try:
-                for task in os.listdir(f"/proc/{p}/task"):
-                    with open(f"/proc/{p}/task/{task}/children") as f:
-                        todo += [int(c) for c in f.read().split()]
-            except OSError:
-                pass
-        return out
-
-    def sample(self) -> int:
-        total = 0
-        for p in self._tree(self.pid):
-            try:
-                with open(f"/proc/{p}/statm") as f:
-                    total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            except OSError:
-                pass
-        return total
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.sample())
-            self._stop.wait(0.05)
-
-    def __enter__(self):
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, self.sample())
 
 
 class PerFileDataset:
@@ -431,6 +384,7 @@ def run_row(spec: dict) -> dict:
         bdata.Augment(case.crop)(torch_zeros_image(case.shape))
     for ci, (cache, order) in enumerate(spec["conditions"]):
         shuffle = order == "shuffled"
+        rowproc.wait_turn()  # the warm-up: one turn
         if spec["quick"] and ci > 0:
             # QUICK: the row's first condition warmed it up; a warm condition only needs the
             # row's files in the page cache
@@ -450,9 +404,12 @@ def run_row(spec: dict) -> dict:
             one_pass(case, row, shuffle=shuffle, workers=workers, batch_size=bs, cap_s=cap)
         passes, resident = [], []
         for k in range(runs):
+            rowproc.wait_turn()  # each timed pass: one turn, its eviction included
             if cache == "cold":
                 evict(files, spec["drop_caches"])
                 resident.append(cached_share(files))
+            else:  # the other rows' passes since this row's last may have pushed its files out
+                read_files(files)
             passes.append(
                 one_pass(
                     case,
@@ -540,105 +497,15 @@ def child_task(spec: dict) -> dict:
     return run_row(spec)
 
 
-def child_result(code: int, stdout: str, stderr: str) -> tuple[dict | None, str]:
-    """A child's result, or None and the last lines it printed (why it failed)."""
-    res = [ln for ln in stdout.splitlines() if ln.startswith("@@RESULT ")]
-    if code == 0 and res:
-        return json.loads(res[-1][len("@@RESULT ") :]), ""
-    tail = (stderr or stdout).strip().splitlines()[-3:]
-    return None, " / ".join(tail)[-300:] or f"exit {code}"
-
-
 def store_in_child(data_root: Path, case, row: str, quick: bool, log) -> dict:
     """prepare() in a child process, so that what a writer leaves behind stays there."""
     spec = {"task": "store", "data": str(data_root), "quick": quick, "case": case.name, "row": row}
-    info, why = child_result(*run_child(spec, STORE_TIMEOUT_S)[:3])
+    info, why = rowproc.result(*rowproc.run_child(child_task, spec, STORE_TIMEOUT_S, MODULE)[:3])
     if info is None:
         raise RuntimeError(why)
     if info.pop("stored_now", False):
         log(f"  stored {case.name} for {row} in {info['write_s']:.1f} s")
     return info
-
-
-def run_child(spec: dict, timeout: float) -> tuple[int, str, str, int]:
-    """Run one task in its own process: (exit code, stdout, stderr, peak RSS of its tree).
-
-    The child is forked from this process, which has imported torch already (about 3 s a row
-    saved); where a thread runs here (a peer's writer left one), forking could copy a held
-    lock, so a fresh interpreter is started instead."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [str(REPO), str(REPO / "app" / "src"), os.environ.get("PYTHONPATH", "")]
-        ),
-    )
-    if threading.active_count() == 1 and hasattr(os, "fork"):
-        return _fork_child(spec, timeout, env)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.suite", "--child", json.dumps(spec)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    with PeakRSS(proc.pid) as rss:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            stdout, stderr = proc.communicate()
-            stderr += f"\nrow timed out after {timeout} s"
-    return proc.returncode, stdout, stderr, rss.peak
-
-
-def _fork_child(spec: dict, timeout: float, env: dict) -> tuple[int, str, str, int]:
-    import tempfile
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        pid = os.fork()
-        if pid == 0:  # the row's process: its own session (killed as a group on timeout)
-            code = 1
-            try:
-                os.setsid()
-                os.environ.clear()
-                os.environ.update(env)
-                os.dup2(out.fileno(), 1)
-                os.dup2(err.fileno(), 2)
-                print("@@RESULT " + json.dumps(child_task(spec)), flush=True)
-                code = 0
-            except BaseException:  # noqa: BLE001 - reported through stderr and the exit code
-                import traceback
-
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        timed_out = False
-        with PeakRSS(pid) as rss:
-            deadline = time.monotonic() + timeout
-            while True:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    break
-                if time.monotonic() > deadline:
-                    os.killpg(pid, 9)
-                    _, status = os.waitpid(pid, 0)
-                    timed_out = True
-                    break
-                time.sleep(0.05)
-        code = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        stdout = out.read().decode(errors="replace")
-        stderr = err.read().decode(errors="replace")
-    if timed_out:
-        stderr += f"\nrow timed out after {timeout} s"
-    return code, stdout, stderr, rss.peak
 
 
 # ------------------------------------------------------------------- reporting
@@ -682,6 +549,7 @@ def build_table(results: dict) -> list[dict]:
                         "vs_bound": sps / bound[cache]["samples_per_s"],
                         "first_batch_s": c["first_batch_s"],
                         "pass_samples_per_s": c.get("pass_samples_per_s"),
+                        "runs": c.get("runs"),
                         "cached_at_first_batch": c.get("cached_at_first_batch"),
                         "peak_rss_MB": rr["peak_rss_bytes"] / 1e6,
                         "disk_MB": rr["disk_bytes"] / 1e6,
@@ -772,7 +640,8 @@ def ratio_tables(table: list[dict]) -> str:
         if not formats:
             continue
         out += [
-            f"`{case}`: each gpufeed format's samples/s over the row named",
+            f"`{case}`: each gpufeed format's samples/s over the row named (in brackets, the "
+            "lowest and highest of its passes over the other row's pass in the same round)",
             "",
             "| condition | vs | " + " | ".join(f[8:] for f in formats) + " |",
             "|---|---|" + "---|" * len(formats),
@@ -784,6 +653,7 @@ def ratio_tables(table: list[dict]) -> str:
                     continue
                 cells = [
                     _ratio(here[f]["samples_per_s"] / other["samples_per_s"], key)
+                    + _by_round(here[f], other)
                     if f in here and other["samples_per_s"]
                     else ""
                     for f in formats
@@ -793,6 +663,16 @@ def ratio_tables(table: list[dict]) -> str:
                     out.append(_whole_pass_ratios(cond, other, [here.get(f) for f in formats]))
         out.append("")
     return "\n".join(out)
+
+
+def _by_round(mine: dict, peer: dict) -> str:
+    """The range of a format's rate over a peer's, pass by pass (the rows take turns: pass k
+    of each ran in the same round), where both ran several; else nothing."""
+    a, b = mine.get("runs") or [], peer.get("runs") or []
+    if len(a) < 2 or len(a) != len(b) or not all(b):
+        return ""
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    return f" ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def _whole_pass_ratios(cond: str, peer: dict, mine: list[dict | None]) -> str:
@@ -932,8 +812,8 @@ def main(argv=None) -> int:
         "--row-timeout",
         type=float,
         default=None,
-        help="seconds one row may take before it is killed and marked failed "
-        "(default 900, quick 120)",
+        help="seconds one row may take to set up, or for one turn (a pass; the first of a "
+        "condition also warms up), before it is killed and marked failed (default 900, quick 120)",
     )
     ap.add_argument(
         "--read-as",
@@ -945,7 +825,7 @@ def main(argv=None) -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print("@@RESULT " + json.dumps(child_task(json.loads(args.child))), flush=True)
+        rowproc.child_main(child_task, json.loads(args.child))
         return 0
     if args.drop_caches and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
         raise SystemExit(
@@ -1032,8 +912,8 @@ def main(argv=None) -> int:
             f"{cr['bound']['warm']['MBps']:,.0f} MB/s (into one reused 8 MiB buffer: "
             f"{cr['bound']['warm']['warm_small_buffer_MBps']:,.0f} MB/s)"
         )
-        for row in todo:
-            spec = {
+        specs = {
+            row: {
                 "data": str(data_root),
                 "quick": args.quick,
                 "case": case.name,
@@ -1045,8 +925,12 @@ def main(argv=None) -> int:
                 "drop_caches": args.drop_caches,
                 "read_as": read_as,
             }
-            code, stdout, stderr, rss_peak = run_child(spec, args.row_timeout)
-            res, why = child_result(code, stdout, stderr)
+            for row in todo
+        }
+        log(f"  {len(specs)} rows, taking turns pass by pass")
+        ended = rowproc.run_in_turns(child_task, specs, args.row_timeout, MODULE, log)
+        for row, (code, stdout, stderr, rss_peak) in ended.items():
+            res, why = rowproc.result(code, stdout, stderr)
             if res is None:
                 cr["rows"][row]["error"] = why
                 all_ran = False
