@@ -185,12 +185,17 @@ def test_a_reset_mid_download_is_retried_and_the_early_reads_stay_right(
     assert np.array_equal(all_batches(ds), want)
     assert proxy.injected == 1
     stats = ds.reader.source.stats.as_dict()
-    assert stats["retries"] == (1 if server == "moto" else 2), stats
     fetched = fetched_bytes(big_mmap)
+    twice = stats["bytes_fetched"] - fetched
     if server == "moto":  # resumed: nothing fetched twice
-        assert stats["bytes_fetched"] == fetched, stats
+        assert stats["retries"] == 1 and twice == 0, stats
     else:  # started over: the bytes before the reset, twice
-        assert fetched < stats["bytes_fetched"] <= fetched + (3 << 20), stats
+        assert 0 <= twice <= 3 << 20, stats
+        # the resume from the byte reached is answered 200: a second retry, from byte 0. On
+        # a loaded machine the reset can come before the first chunk reaches the reader
+        # (the proxy counts what it relayed into the socket): then the one retry asks from
+        # byte 0 and nothing is fetched twice.
+        assert stats["retries"] == (2 if twice else 1), stats
     assert not list((cache / "objects").rglob("*.part"))
     landed = cached_sample_file(cache, big_mmap)
     assert hashlib.sha256(landed.read_bytes()).hexdigest() == landed.name
