@@ -9,7 +9,8 @@ condition: cold or warm page cache, shuffled or storage order. A condition is on
 pass (for the peers also the choice of their best worker count), then ``--runs`` timed
 passes, each capped at ``--cap`` seconds from the first batch; the median counts. The rows
 of a case take turns (bench/rowproc.py): one pass at a time, pass k of every row before pass
-k + 1 of any, so that the machine's drift over minutes falls on every row alike. Besides
+k + 1 of any, so that the machine's drift over minutes falls on every row alike (under a
+memory limit, or with --one-row-at-a-time, each row runs alone, one after another). Besides
 the steady rate (timed from the first batch), each pass gives its whole-pass rate (from
 the loader's making, the first batch's wait included) and, cold, how much of the row's
 files was in the page cache by its first batch: what a loader read before it is left out
@@ -549,7 +550,8 @@ def build_table(results: dict) -> list[dict]:
                         "vs_bound": sps / bound[cache]["samples_per_s"],
                         "first_batch_s": c["first_batch_s"],
                         "pass_samples_per_s": c.get("pass_samples_per_s"),
-                        "runs": c.get("runs"),
+                        # pass k of every row in the same round: comparable pass by pass
+                        "runs": c.get("runs") if results.get("rows_took_turns") else None,
                         "cached_at_first_batch": c.get("cached_at_first_batch"),
                         "peak_rss_MB": rr["peak_rss_bytes"] / 1e6,
                         "disk_MB": rr["disk_bytes"] / 1e6,
@@ -765,6 +767,17 @@ def chart(table: list[dict], path: Path) -> bool:
 # ------------------------------------------------------------------- main
 
 
+def run_rows(specs: dict[str, dict], one_at_a_time: bool, timeout: float, log):
+    """(row, (exit code, stdout, stderr, peak RSS)) for each row, as each ends: the rows
+    taking turns, or one after another."""
+    if one_at_a_time:
+        for row, spec in specs.items():
+            yield from rowproc.run_in_turns(child_task, {row: spec}, timeout, MODULE).items()
+        return
+    log(f"  {len(specs)} rows, taking turns pass by pass")
+    yield from rowproc.run_in_turns(child_task, specs, timeout, MODULE, log).items()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -822,6 +835,12 @@ def main(argv=None) -> int:
         help="write the packs as root, read them in each row's process as this user: the "
         "images' case (uid 1000 over data it does not own); env BENCH_READ_AS",
     )
+    ap.add_argument(
+        "--one-row-at-a-time",
+        action="store_true",
+        help="run each row's passes alone, one row after another, instead of the rows taking "
+        "turns pass by pass (the default, except under a memory limit)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -873,6 +892,12 @@ def main(argv=None) -> int:
         log(f"memory limited to {limit_mib:,.0f} MiB, the page cache included")
     if read_as:
         log(f"rows read as {results['read_as']}, over packs written as root")
+    # under a memory limit every row's process alive at once would share it (and one was
+    # killed for it): each row runs alone there, with the whole limit, as it does by choice
+    one_at_a_time = args.one_row_at_a_time or bool(results["memory_limit_bytes"])
+    results["rows_took_turns"] = not one_at_a_time
+    if one_at_a_time:
+        log("rows run one after another" + ("" if args.one_row_at_a_time else " (memory limit)"))
     all_ran = True
     for case in selected_cases(data_root, args.quick, args.cases):
         log(f"case {case.name}: {case.count} samples {case.kind} {list(case.shape)}")
@@ -927,9 +952,9 @@ def main(argv=None) -> int:
             }
             for row in todo
         }
-        log(f"  {len(specs)} rows, taking turns pass by pass")
-        ended = rowproc.run_in_turns(child_task, specs, args.row_timeout, MODULE, log)
-        for row, (code, stdout, stderr, rss_peak) in ended.items():
+        for row, (code, stdout, stderr, rss_peak) in run_rows(
+            specs, one_at_a_time, args.row_timeout, log
+        ):
             res, why = rowproc.result(code, stdout, stderr)
             if res is None:
                 cr["rows"][row]["error"] = why

@@ -294,6 +294,7 @@ def test_suite_table_ratios_and_goals(suite):
     rows["gpufeed:mmap"]["conditions"]["cold/shuffled"]["runs"] = [1800.0, 2000.0, 2400.0]
     rows["peer:webdataset"]["conditions"]["cold/shuffled"]["runs"] = [1200.0, 1000.0, 900.0]
     results = {
+        "rows_took_turns": True,
         "cases": {
             "raw": {
                 "sample_bytes": 1000.0,
@@ -304,7 +305,7 @@ def test_suite_table_ratios_and_goals(suite):
                     "warm": {"samples_per_s": 8000.0, "MBps": 8.0},
                 },
             }
-        }
+        },
     }
     table = suite.build_table(results)
     mm = next(t for t in table if t.get("key") == "gpufeed:mmap")
@@ -322,6 +323,9 @@ def test_suite_table_ratios_and_goals(suite):
     assert "| condition | vs | mmap |" in ratios
     assert "| cold/shuffled | per-file | 20x |" in ratios
     assert "| cold/shuffled | webdataset | 2.00x (1.50-2.67) |" in ratios
+    # rows run one after another: their passes are not comparable pass by pass
+    alone = suite.ratio_tables(suite.build_table({**results, "rows_took_turns": False}))
+    assert "| cold/shuffled | webdataset | 2.00x |" in alone.splitlines()
     assert "| cold/shuffled | webdataset, whole pass | 2.50x |" in ratios
     assert "| cold/shuffled | read bound | 50% |" in ratios
 
@@ -396,12 +400,43 @@ def test_compare_plain_reads_both_loaders_side_by_side(mmap_pack, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "DataLoader" in out and "make_loader" in out and "ratio" in out
+    assert "DataLoader, in memory" in out and "samples held in a list" in out
     result = bench.compare_plain(mmap_pack, batch_size=4, workers=(0,), seconds=0.05, rounds=2)
     row = result["workers"][0]
     assert row["plain_samples_per_s"] > 0 and row["make_loader_samples_per_s"] > 0
+    assert row["in_memory_samples_per_s"] > 0
     assert row["make_loader_vs_plain"] == pytest.approx(
         row["make_loader_samples_per_s"] / row["plain_samples_per_s"]
     )
+    assert result["in_memory_samples"] == len(gpufeed.open_dataset(mmap_pack))  # all fit
+
+
+def test_compare_plain_holds_samples_up_to_its_byte_budget(mmap_pack):
+    from gpufeed.tools import compare_plain
+
+    ds = gpufeed.open_dataset(mmap_pack)
+    one = ds[0][0].numel() + 8  # the image's bytes and the label's
+    held = compare_plain._held_samples(ds, 3 * one)
+    assert len(held) == 3
+    for i in range(3):  # as dataset[i] gives them
+        assert torch.equal(held[i][0], ds[i][0]) and held[i][1] == ds[i][1]
+    assert len(compare_plain._held_samples(ds, 1)) == 1  # at least one
+
+
+def test_compare_plain_holds_nothing_for_a_stream(tmp_path, array_folder):
+    pack = tmp_path / "p.tar"
+    gpufeed.pack(array_folder, pack, format="tar", workers=1, quiet=True)
+    result = bench.compare_plain(
+        pack,
+        batch_size=4,
+        workers=(0,),
+        seconds=0.05,
+        rounds=1,
+        dataset_options={"map_style": False},
+    )
+    assert result["in_memory_samples"] is None
+    assert result["workers"][0]["in_memory_samples_per_s"] is None
+    assert "in memory" not in bench.format_compare(result).splitlines()[-1]
 
 
 class _FakeEpoch(threading.Thread):

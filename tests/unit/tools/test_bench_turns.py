@@ -101,3 +101,10 @@ def test_a_row_that_hangs_is_killed_after_the_timeout(turns):
     assert failed is None and "timed out after 3.0 s" in why
     assert results["b"][0] == {"row": "b", "passes": 3}
     assert "a0-" not in log and "a1+" not in log
+
+
+def test_a_row_alone_runs_every_pass_in_order(turns):
+    """One row at a time (the suite under a memory limit): the same turns, no one to wait for."""
+    results, log = turns({"a": {"passes": 4}})
+    assert results["a"][0] == {"row": "a", "passes": 4}
+    assert log == [f"a{k}{end}" for k in range(4) for end in "+-"]
