@@ -22,10 +22,11 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpufeed import cliargs
+from gpufeed.tools.compare_plain import compare_plain, format_compare
 from gpufeed.tools.decode_options import (
     add_crop_argument,
     add_decode_on_argument,
@@ -33,7 +34,7 @@ from gpufeed.tools.decode_options import (
     split_decode,
 )
 from gpufeed.tools.gpu_report import NO_CUDA, calibrated_step, gpu_report
-from gpufeed.tools.timing import epoch_after_epoch, sleep_step, stop_workers, time_batches
+from gpufeed.tools.timing import sleep_step, stop_workers, time_batches
 
 __all__ = [
     "add_arguments",
@@ -166,94 +167,6 @@ def _epoch_bar(epoch: int, total: int | None, max_samples: int | None):
     )
 
 
-def compare_plain(
-    path,
-    *,
-    batch_size: int = 32,
-    workers: tuple[int, ...] = (0, 2),
-    seconds: float = 3.0,
-    rounds: int = 3,
-    pin_memory: bool | None = None,
-    dataset_options: Mapping[str, Any] | None = None,
-    log: Callable[[str], None] = lambda s: None,
-) -> dict[str, Any]:
-    """samples/s of the tutorial's plain ``DataLoader(dataset, batch_size, shuffle=True,
-    num_workers=N, pin_memory=...)`` (``__getitems__`` then torch's default_collate) and of
-    ``make_loader`` with the same arguments (``get_batch``: one stacked read per batch), on
-    the same pack, for each worker count: every loader built and warmed first, then
-    ``rounds`` interleaved rounds of ``seconds`` each, the median per loader, so the ratios
-    come from the same minutes of a shared machine. Workers are persistent in both, so the
-    rates are steady state. A tar stream is read unshuffled by the DataLoader (PyTorch
-    refuses shuffle=True for an IterableDataset) and by its own shuffle buffer."""
-    import torch
-    from torch.utils.data import DataLoader, IterableDataset
-
-    from gpufeed.data.open import open_dataset
-    from gpufeed.loading.make import make_loader
-
-    dataset = open_dataset(path, **dict(dataset_options or {}))
-    shuffle = None if isinstance(dataset, IterableDataset) else True
-    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-    loaders: dict[tuple[str, int], Iterable] = {}
-    for w in workers:
-        kw = dict(num_workers=w, pin_memory=pin, persistent_workers=w > 0)
-        loaders["plain", w] = DataLoader(dataset, batch_size, shuffle, **kw)
-        loaders["make_loader", w] = make_loader(dataset, batch_size, shuffle, **kw)
-
-    rates: dict[tuple[str, int], list[float]] = {k: [] for k in loaders}
-    try:
-        for loader in loaders.values():  # start workers, open files, warm the page cache
-            time_batches(epoch_after_epoch(loader), max_seconds=min(1.0, seconds))
-        for r in range(rounds):
-            for key, loader in loaders.items():
-                rates[key].append(
-                    time_batches(epoch_after_epoch(loader), max_seconds=seconds).samples_per_s
-                )
-            log(
-                f"round {r + 1}/{rounds}: "
-                + ", ".join(f"{k[0]}/{k[1]} {v[-1]:,.0f}" for k, v in rates.items())
-            )
-    finally:
-        for loader in loaders.values():
-            stop_workers(loader)
-    out: dict[str, Any] = {
-        "path": str(path),
-        "dataset": repr(dataset),
-        "batch_size": batch_size,
-        "pin_memory": pin,
-        "rounds": rounds,
-        "seconds_per_round": seconds,
-        "workers": {},
-    }
-    for w in workers:
-        plain = statistics.median(rates["plain", w])
-        fast = statistics.median(rates["make_loader", w])
-        out["workers"][w] = {
-            "plain_samples_per_s": plain,
-            "make_loader_samples_per_s": fast,
-            "make_loader_vs_plain": fast / plain if plain > 0 else None,
-        }
-    return out
-
-
-def format_compare(result: Mapping[str, Any]) -> str:
-    lines = [
-        f"{result['dataset']}, batch_size={result['batch_size']}, pin_memory="
-        f"{result['pin_memory']}: median of {result['rounds']} interleaved rounds of "
-        f"{result['seconds_per_round']:g} s",
-        f"{'workers':>7}  {'DataLoader':>12}  {'make_loader':>12}  ratio",
-    ]
-    for w, row in result["workers"].items():
-        ratio = row["make_loader_vs_plain"]
-        lines.append(
-            f"{w:>7}  {row['plain_samples_per_s']:>12,.0f}  "
-            f"{row['make_loader_samples_per_s']:>12,.0f}  "
-            + (f"{ratio:.2f}x" if ratio is not None else "-")
-        )
-    lines.append("(samples/s; ratio: make_loader over the plain DataLoader, same pack, same run)")
-    return "\n".join(lines)
-
-
 def add_arguments(p) -> None:
     """The ``gpufeed bench`` options (cli.py registers the subcommand; -q/-v/--json are
     common to every subcommand)."""
@@ -323,7 +236,8 @@ def add_arguments(p) -> None:
         help="instead: read the pack through a plain torch DataLoader (the tutorial line: "
         "__getitems__ and default_collate) and through make_loader with the same arguments, "
         "0 and 2 workers, interleaved rounds of --seconds (default here 3), and print the "
-        "ratios",
+        "ratios; the same DataLoader over the pack's first samples held in memory gives its "
+        "own ceiling",
     )
     add_crop_argument(p)
     add_decode_on_argument(p)
