@@ -70,26 +70,18 @@ def gather_rows(
     width: int,
 ) -> np.ndarray | None:
     """``out[j] = rows_of(shards[j])[rows[j]]`` as a new ``[len(rows), width]`` uint8 array,
-    one fancy index per shard (a batch of one shard is gathered straight into its array;
-    one across shards, each shard's part placed after); None when a shard has no rows view."""
+    each row copied once: a batch of one shard by one fancy index, one across shards by one
+    join of its rows in order (a fancy index a shard, then placing each part in the batch,
+    copied every row twice); None when a shard has no rows view."""
     if len(rows) == 0:
         return np.empty((0, width), dtype=np.uint8)
-    if width >= PARALLEL_COPY_MIN_BYTES:  # large rows: a copy per row, on threads
-        views = {s: rows_of(s) for s in np.unique(shards).tolist()}
-        if any(v is None for v in views.values()):
-            return None
-        out = np.empty((len(rows), width), dtype=np.uint8)
-        pairs = zip(shards.tolist(), rows.tolist(), strict=True)
-        return copy_buffers([views[s][r] for s, r in pairs], out)
-    first = int(shards[0])
-    if int(shards.min()) == int(shards.max()):
-        view = rows_of(first)
+    if int(shards.min()) == int(shards.max()) and width < PARALLEL_COPY_MIN_BYTES:
+        view = rows_of(int(shards[0]))
         return None if view is None else view[rows]
-    out = np.empty((len(rows), width), dtype=np.uint8)
-    for s in np.unique(shards).tolist():
-        view = rows_of(s)
-        if view is None:
-            return None
-        at = np.flatnonzero(shards == s)
-        out[at] = view[rows[at]]
-    return out
+    views = {s: rows_of(s) for s in np.unique(shards).tolist()}
+    if any(v is None for v in views.values()):
+        return None
+    batch = [views[s][r] for s, r in zip(shards.tolist(), rows.tolist(), strict=True)]
+    if width >= PARALLEL_COPY_MIN_BYTES:  # large rows: a copy per row, on threads
+        return copy_buffers(batch, np.empty((len(rows), width), dtype=np.uint8))
+    return np.frombuffer(bytearray().join(batch), dtype=np.uint8).reshape(len(rows), width)
