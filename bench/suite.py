@@ -931,6 +931,12 @@ def main(argv=None) -> int:
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 all_ran = False
                 log(f"  {row}: store failed: {entry['error']}")
+        # what the writers left dirty, written back now: an eviction cannot drop a dirty page
+        # (rows just stored read "not cold"), and writeback must not share the disk with a
+        # timed pass
+        t_sync = time.perf_counter()
+        os.sync()
+        log(f"  sync: {time.perf_counter() - t_sync:.1f} s")
         cr["bound"] = read_bound(case, args.drop_caches, runs, args.batch_size)
         log(
             f"  read bound: cold {cr['bound']['cold']['MBps']:,.0f} MB/s, warm "
