@@ -145,8 +145,8 @@ def format_compare(result: Mapping[str, Any]) -> str:
         f"{result['dataset']}, batch_size={result['batch_size']}, pin_memory="
         f"{result['pin_memory']}: median of {result['rounds']} interleaved rounds of "
         f"{result['seconds_per_round']:g} s",
-        f"{'workers':>7}  {'DataLoader':>12}  {'make_loader':>12}  {'ratio':>6}  "
-        f"{'DataLoader, in memory':>21}",
+        f"{'workers':>7}  {'DataLoader':>12}  {'make_loader':>12}  {'ratio':>6}"
+        + (f"  {'DataLoader, in memory':>21}" if result.get("in_memory_samples") else ""),
     ]
     for w, row in result["workers"].items():
         ratio, held = row["make_loader_vs_plain"], row.get("in_memory_samples_per_s")
