@@ -44,17 +44,24 @@ def value_table(txn, count: int, keys_of, chunk: int = 1 << 16) -> np.ndarray | 
     transaction of an environment this process maps (``keys_of``: indices to their keys,
     lmdb.keys); None where a record or the map is not found."""
     table = np.empty((count, 2), dtype=np.int64)
-    delta = None
     for lo in range(0, count, chunk):
-        values = [txn.get(k) for k in keys_of(np.arange(lo, min(lo + chunk, count)))]
-        if any(v is None for v in values):
+        placed = _places(txn, keys_of(np.arange(lo, min(lo + chunk, count))))
+        if placed is None:
             return None
-        delta = map_delta(address(values[0])) if delta is None else delta
-        if delta is None:
-            return None
-        table[lo : lo + len(values), 0] = [address(v) + delta for v in values]
-        table[lo : lo + len(values), 1] = [len(v) for v in values]
+        table[lo : lo + len(placed[0])] = placed[0]
     return table
+
+
+def _places(txn, keys) -> tuple[np.ndarray, int] | None:
+    """(int64 [len(keys), 2] of the records' (offset in the file, size), file offset minus
+    address in this map), or None where a record or the map is not found."""
+    values = [txn.get(k) for k in keys]
+    if not values or any(v is None for v in values):
+        return None
+    delta = map_delta(address(values[0]))
+    if delta is None:
+        return None
+    return np.array([(address(v) + delta, len(v)) for v in values], dtype=np.int64), delta
 
 
 def write_value_table(path: Path, table: np.ndarray) -> None:
@@ -79,16 +86,10 @@ def load_value_table(path: Path, count: int, file_bytes: int) -> np.ndarray | No
 def fitted_delta(txn, table: np.ndarray, keys: list[bytes], at: list[int]) -> int | None:
     """File offset minus address in this map (from the first of records ``at``, their
     ``keys``) when every one of them lies where the table says; None otherwise."""
-    values = [txn.get(k) for k in keys]
-    if any(v is None for v in values):
+    placed = _places(txn, keys)
+    if placed is None or not np.array_equal(placed[0], table[at]):
         return None
-    delta = map_delta(address(values[0]))
-    if delta is None:
-        return None
-    for v, i in zip(values, at, strict=True):
-        if address(v) + delta != table[i, 0] or len(v) != table[i, 1]:
-            return None
-    return delta
+    return placed[1]
 
 
 def table_spans(table: np.ndarray, lead: int, delta: int, ranges) -> list[tuple[int, int]]:
