@@ -19,14 +19,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from bench.pagecache import drop_all_caches, resident_fraction
+from bench.rowproc import child_env
 
 __all__ = ["TASKS", "RootHelper", "check_can_read_as", "parse_user", "read_as"]
 
 TASKS = {"resident": resident_fraction, "drop_caches": drop_all_caches}
-REPO = Path(__file__).resolve().parent.parent
 
 
 def parse_user(text: str) -> tuple[int, int]:
@@ -55,11 +54,9 @@ class RootHelper:
     exits when the pipe closes (the caller and every process it forked have exited)."""
 
     def __init__(self):
-        paths = (str(REPO), str(REPO / "app" / "src"), os.environ.get("PYTHONPATH"))
-        path = os.pathsep.join(p for p in paths if p)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "bench.read_as"],
-            env=dict(os.environ, PYTHONPATH=path),
+            env=child_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

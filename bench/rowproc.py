@@ -87,9 +87,10 @@ class PeakRSS:
 
 
 def child_env() -> dict:
-    """A child's environment: this repository and gpufeed's sources importable."""
-    paths = [str(REPO), str(REPO / "app" / "src"), os.environ.get("PYTHONPATH", "")]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    """A child's environment: this repository and gpufeed's sources importable (the row
+    processes, and bench.read_as's root helper)."""
+    paths = (str(REPO), str(REPO / "app" / "src"), os.environ.get("PYTHONPATH"))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
 
 
 def child_main(task: Callable[[dict], dict], spec: dict) -> None:
