@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,7 +136,6 @@ class _Child:
     status: int | None = None  # the wait status, once reaped
     timed_out: bool = False
     peak_rss: int = 0
-    fds: list[int] = field(default_factory=list)
 
 
 def _start(task, spec: dict, module: str, turns: tuple[int, int] | None, close: list[int]):
@@ -225,8 +224,9 @@ def _finish(child: _Child, timeout: float) -> tuple[int, str, str, int]:
         f.close()
     if child.timed_out:
         texts[1] += f"\nrow timed out after {timeout} s"
-    for fd in child.fds:
-        os.close(fd)
+    for fd in (child.go, child.done):
+        if fd is not None:
+            os.close(fd)
     return code, texts[0], texts[1], child.peak_rss
 
 
@@ -280,7 +280,7 @@ def run_in_turns(
         (go_r, go_w), (done_r, done_w) = pipes[row]
         os.close(go_r)
         os.close(done_w)
-        child.go, child.done, child.fds = go_w, done_r, [go_w, done_r]
+        child.go, child.done = go_w, done_r
     live = [row for row, child in children.items() if _answer(child, timeout)]  # set up
     start = 0
     while live:
