@@ -1,5 +1,7 @@
-"""LMDB blocks read ahead: a block's bytes found on the line the records lie on (no B-tree
-lookup a block), populated on background threads, none for cached or stray packs."""
+"""LMDB blocks read ahead: a block's bytes found by the pack's value table where it is exact,
+else on the line the records lie on (no B-tree lookup a block), populated on background
+threads, none for cached or stray packs. Records read by their place: tests/unit/formats/
+test_lmdb_placed.py."""
 
 from __future__ import annotations
 
@@ -24,11 +26,21 @@ N = 64
 
 @pytest.fixture(scope="module")
 def raw_pack(tmp_path_factory):
-    """64 samples of 12 KiB (as the suite's raw case): LMDB overflow values."""
+    """64 samples of 12 KiB (as the suite's raw case): LMDB overflow values. Its value
+    table's snapshot left out, as in a pack from before it: read by lookups, read ahead by
+    the line."""
     src = tmp_path_factory.mktemp("raw")
     write_arrays(src, None, count=N, shape=(3, 64, 64), seed=2)
     dest = tmp_path_factory.mktemp("packs") / "raw.lmdb"
     gpufeed.pack(src, dest, format="lmdb", workers=1, quiet=True)
+    return without_snapshot(dest)
+
+
+def without_snapshot(dest: Path) -> Path:
+    """``dest`` as gpufeed wrote it before value tables recorded their snapshot."""
+    manifest = json.loads((dest / "manifest.json").read_text())
+    del manifest["layout"][lmdb_values.SNAPSHOT]
+    (dest / "manifest.json").write_text(json.dumps(manifest))
     return dest
 
 
@@ -82,7 +94,7 @@ def mixed_pack(tmp_path) -> Path:
 def test_records_of_varying_sizes_lie_on_no_line_and_are_read_ahead_by_their_table(
     tmp_path, monkeypatch
 ):
-    dest = mixed_pack(tmp_path)
+    dest = without_snapshot(mixed_pack(tmp_path))  # the table a hint: read by lookups
     reader = open_reader(dest)
     with reader.handle.begin(buffers=True) as txn:
         # small records, then large ones: the anchor in between is far off the line
@@ -113,6 +125,7 @@ def test_a_value_table_that_does_not_fit_the_pack_is_not_used(tmp_path, monkeypa
         np.save(dest / lmdb_values.VALUES_FILE, wrong)
         reader = open_reader(dest)
         assert reader.reads_ranges_ahead and reader._fitted_table() is None
+        assert reader._placed is None  # read by lookups
         assert asked_spans(reader, monkeypatch, [(0, 4)]) == []
         assert not reader.looks_warm()
         assert [bytes(v) for v in reader.read_batch(np.arange(40))] == want

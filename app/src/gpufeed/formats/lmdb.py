@@ -12,7 +12,7 @@ encoded file's bytes. Index keys sort after every sample key:
 from __future__ import annotations
 
 import json
-import os
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +22,19 @@ import numpy as np
 from gpufeed.errors import CorruptSampleError, DataError, DiskFullError
 from gpufeed.formats.base import Reader, Writer, make_room
 from gpufeed.formats.files import is_disk_full
+from gpufeed.formats.lmdb_envs import DATA_FILE, DEFAULT_READAHEAD, acquire_env, release_env
 from gpufeed.formats.lmdb_values import (
+    SNAPSHOT,
     VALUES_FILE,
+    PlacedRecords,
     fitted_delta,
     load_value_table,
+    snapshot,
     table_spans,
     value_table,
     write_value_table,
 )
-from gpufeed.formats.maps import KEEP_MAPS, covers, on_forget
+from gpufeed.formats.maps import kept_map
 from gpufeed.formats.npy import npy_bytes, npy_from_bytes
 from gpufeed.formats.parts import Part
 from gpufeed.formats.readahead import (
@@ -44,7 +48,6 @@ from gpufeed.formats.readahead import (
 from gpufeed.formats.rowcopy import PARALLEL_COPY_MIN_BYTES, copy_buffers
 from gpufeed.formats.spec import SampleSpec
 
-DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
 META_KEY = b"__gpufeed__"
 LABELS_KEY = b"__labels__"
@@ -169,96 +172,27 @@ class LMDBWriter(Writer):
             ]
         )
         self.env.sync(True)
-        files = [DATA_FILE, *self._value_table()]
+        files = [DATA_FILE]
+        layout = {"key_format": "%010d", "meta_keys": ["__gpufeed__", "__labels__", "__crc32__"]}
+        placed = self._value_table()
+        if placed is not None:
+            files.append(VALUES_FILE)
+            layout[SNAPSHOT] = placed
         self.env.close()
         (self.out / LOCK_FILE).unlink(missing_ok=True)
-        layout = {"key_format": "%010d", "meta_keys": ["__gpufeed__", "__labels__", "__crc32__"]}
         return {"files": files, "layout": layout}
 
-    def _value_table(self) -> list[str]:
-        """values.npy for records of varying sizes (lmdb_values: fixed-size records lie on
-        a line instead), while the file is still in memory: the files it wrote."""
-        if self.spec.kind == "array" or self.n == 0:
-            return []
+    def _value_table(self) -> dict[str, int] | None:
+        """values.npy (lmdb_values), written while the file is still in memory: the snapshot
+        of the environment it describes, None where it wrote none."""
+        if self.n == 0:
+            return None
         with self.env.begin(buffers=True) as txn:
             table = value_table(txn, self.n, keys)
         if table is None:
-            return []
+            return None
         write_value_table(self.out / VALUES_FILE, table)
-        return [VALUES_FILE]
-
-
-# LMDB forbids opening one environment twice in a process, so readers of the same files in
-# one process (two datasets, a dataset and verify) share it: key -> [pid, env, users]. The key
-# is the path and data.mdb's device and inode (what py-lmdb itself tells environments apart
-# by): a pack replaced at the same path is a new key, never the old environment's pages served
-# as the new pack's. A reader made before data.mdb changed in place is refused at its first
-# read (Reader.check_pinned: size and mtime).
-_ENVS: dict[tuple, list] = {}
-
-# Readahead on (LMDB leaves the map MADV_NORMAL): gpufeed reads whole blocks of neighbouring
-# samples (the block shuffle, sorted batches), so the kernel's read-around fetches what the
-# next samples need. torchvision's readahead=False (MADV_RANDOM) makes a cold read one 4 KiB
-# page fault at a time: an order of magnitude slower cold, block-shuffled or fully random
-# alike, no faster warm, and advising WILLNEED over a batch's values did not recover it
-# (docs/benchmarks.md). Pass readahead=False for purely random access to a dataset much
-# bigger than RAM, where read-around would only evict useful pages.
-DEFAULT_READAHEAD = True
-
-
-def _acquire_env(key: tuple, readahead: bool = DEFAULT_READAHEAD):
-    pid = os.getpid()
-    entry = _ENVS.get(key)
-    if entry is not None and entry[0] != pid:
-        # Inherited through fork: LMDB handles must not be used across fork, and py-lmdb
-        # refuses to open the path again while this one is registered. Closing it here only
-        # unmaps the child's copy: the env is read-only with lock=False, so there is no
-        # shared lock table the parent could notice.
-        entry[1].close()
-        entry = None
-    if entry is not None and entry[2] <= 0 and entry[3] != readahead:
-        del _ENVS[key]  # a kept idle env opened the other way: open it as asked
-        entry[1].close()
-        entry = None
-    if entry is None:
-        for other in [k for k, e in _ENVS.items() if k[0] == key[0] and e[2] <= 0]:
-            _ENVS.pop(other)[1].close()  # an idle env of the file this path held before
-        env = lmdb.open(
-            key[0],
-            subdir=True,
-            readonly=True,
-            lock=False,
-            readahead=readahead,
-            meminit=False,
-            max_readers=1024,
-        )
-        entry = _ENVS[key] = [pid, env, 0, readahead]
-    _ENVS[key] = _ENVS.pop(key)  # the most recently used last: idle ones close oldest first
-    entry[2] += 1
-    return entry[1]
-
-
-def _release_env(key: tuple, env) -> None:
-    entry = _ENVS.get(key)
-    if entry is None or entry[1] is not env or entry[0] != os.getpid():
-        return
-    entry[2] -= 1
-    # An env nobody uses stays open (up to KEEP_MAPS of them) for the next reader of this file
-    # in this process: a new one would map data.mdb anew, every warm page a fault again.
-    idle = [k for k, e in _ENVS.items() if e[2] <= 0 and e[0] == entry[0]]
-    for k in idle[: max(0, len(idle) - KEEP_MAPS)]:
-        _ENVS.pop(k)[1].close()
-
-
-def _close_idle_envs(path: str | None) -> None:
-    """Close the kept envs nobody uses (of the pack whose data.mdb, folder or a folder
-    above it is ``path``, when given)."""
-    for key in [k for k, e in _ENVS.items() if e[2] <= 0 and e[0] == os.getpid()]:
-        if covers(Path(key[0]) / DATA_FILE, path):
-            _ENVS.pop(key)[1].close()
-
-
-on_forget(_close_idle_envs)
+        return snapshot(self.env)
 
 
 # Blocks read ahead (Reader.prefetch_ranges). gpufeed appends the records in key order, so
@@ -335,9 +269,10 @@ class LMDBReader(Reader):
         self.ahead = Background(READ_AHEAD_THREADS)
         self._line: tuple | None = None  # (env, value_line) of the map last read ahead
         self._table: tuple | None = None  # (env, value table fitted to it) (lmdb_values)
+        self._placed: PlacedRecords | None = None  # this process's, where the table is exact
         self.data_path = data
         self.has_value_table = VALUES_FILE in self.manifest.get("files", {})
-        env = _acquire_env(self.env_key, self.readahead)
+        env = acquire_env(self.env_key, self.readahead)
         try:
             _check_env(env, data)
             with env.begin() as txn:
@@ -347,34 +282,67 @@ class LMDBReader(Reader):
                 self.labels = npy_from_bytes(labels)
                 self.crc32 = npy_from_bytes(crcs)
         finally:
-            _release_env(self.env_key, env)
+            release_env(self.env_key, env)
         self.check_count(LABELS_KEY.decode(), len(self.labels))
         self.check_count(CRC_KEY.decode(), len(self.crc32))
 
     def _open(self):
         self.check_pinned(DATA_FILE)
-        env = _acquire_env(self.env_key, self.readahead)
+        env = acquire_env(self.env_key, self.readahead)
+        self._placed = self._placed_records(env)
+        if self._placed is not None:  # records are read from this map (its pages probed)
+            self.see_cache(self.data_path, self._placed.base)
+            return env
         with env.begin(buffers=True) as txn:
             labels = txn.get(LABELS_KEY)  # a value in the map: where the map lies
             if labels is not None and len(labels):
-                self.see_cache(Path(self.root) / DATA_FILE, address(labels))
+                self.see_cache(self.data_path, address(labels))
         return env
+
+    def _placed_records(self, env) -> PlacedRecords | None:
+        """The records by their place (lmdb_values.PlacedRecords) where the value table is
+        exact: made of the environment as it still is (its snapshot), every record the
+        sample's size where samples are fixed-size, and three records where LMDB says."""
+        recorded = self.manifest.get("layout", {}).get(SNAPSHOT)
+        if recorded is None or recorded != snapshot(env):
+            return None
+        fitted = self._check_table(env)
+        if fitted is None:
+            return None
+        table = fitted[0]
+        if self.spec.kind == "array" and np.any(table[:, 1] != self.spec.nbytes):
+            return None
+        how = ("u8", self.readahead)  # advised as LMDB's own map (DEFAULT_READAHEAD)
+        data = kept_map(self.data_path, self.pinned_identity(DATA_FILE), how, self._own_map)
+        return PlacedRecords(data, table)
+
+    def _own_map(self) -> np.ndarray:
+        with open(self.data_path, "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        if not self.readahead:
+            data.madvise(mmap.MADV_RANDOM)
+        return np.frombuffer(data, dtype=np.uint8)
 
     def _close(self, handle) -> None:
         self.ahead.drain()  # no thread may read the map once it can be closed
-        _release_env(self.env_key, handle)
+        self._placed = None  # its map, unless kept, unmapped now (forget_maps: evictable)
+        release_env(self.env_key, handle)
 
     def __getstate__(self):
         state = super().__getstate__()
-        state["_line"] = state["_table"] = None  # hold this process's env
+        state["_line"] = state["_table"] = state["_placed"] = None  # this process's env, map
         return state
 
     def location(self, index: int) -> str:
         return str(Path(self.root) / DATA_FILE)
 
     def prefetch(self, indices: np.ndarray) -> None:
+        env = self.handle
+        if self._placed is not None:
+            advise_buffers(self._placed.views(indices), cached=self.cached)
+            return
         # the values' pages are not touched until copied: look them up, then advise
-        with self.handle.begin(buffers=True) as txn:
+        with env.begin(buffers=True) as txn:
             get = txn.get
             values = [v for v in map(get, keys(indices)) if v is not None]
             advise_buffers(values, cached=self.cached)
@@ -401,8 +369,11 @@ class LMDBReader(Reader):
 
     def _block_spans(self, ranges) -> list[tuple[int, int]]:
         """(address, length) in this process's map of the records of index ranges ``[start,
-        stop)``: by the line (fixed-size records) or the value table; none where neither
-        fits the pack."""
+        stop)``: by the value table where it is exact, else by the line (fixed-size
+        records) or the table as a hint; none where neither fits the pack."""
+        self.handle  # noqa: B018 - opened in this process: _placed is this process's
+        if self._placed is not None:
+            return self._placed.spans(ranges)
         if self.spec.kind == "array":
             line = self._fitted_line(ranges)
             return [] if line is None else line_spans(line, ranges, self.count)
@@ -445,28 +416,41 @@ class LMDBReader(Reader):
         return self._line[1]
 
     def read_batch(self, indices: np.ndarray):
-        with self.handle.begin(buffers=True) as txn:
+        env = self.handle
+        placed = self._placed
+        if placed is not None:  # no lookup: the table is where the records are
+            width = self.spec.nbytes if self.spec.kind == "array" else 0
+            if 0 < width < PARALLEL_COPY_MIN_BYTES:  # sizes checked with the table
+                rows = placed.rows(indices, width)
+                return rows.view(self.spec.dtype).reshape(len(indices), *self.spec.shape)
+            return self._copied(placed.views(indices), indices)
+        with env.begin(buffers=True) as txn:
             get = txn.get  # a get per key: faster than cursor.getmulti's tuples
             values = [get(k) for k in keys(indices)]
             if None in values:
                 missing = indices[values.index(None)]
                 raise CorruptSampleError(self.location(missing), int(missing), "record missing")
-            sizes = list(map(len, values))
-            advise_buffers(values, sizes, self.cached)
-            if self.spec.kind != "array":
-                return [bytes(v) for v in values]
-            width = self.spec.nbytes
-            if sizes.count(width) != len(sizes):
-                j = next(j for j, n in enumerate(sizes) if n != width)
-                raise CorruptSampleError(
-                    self.location(indices[j]),
-                    int(indices[j]),
-                    f"record is {sizes[j]} bytes, expected {width}",
-                )
-            if width >= PARALLEL_COPY_MIN_BYTES:  # large values: a copy per value, on threads
-                out = np.empty((len(values), *self.spec.shape), dtype=self.spec.dtype)
-                return copy_buffers(values, out)
-            # small values: one C loop copies every value out of the map into memory the
-            # batch owns (faster than a numpy row assignment per value)
-            joined = bytearray().join(values)
+            return self._copied(values, indices)
+
+    def _copied(self, values: list, indices: np.ndarray):
+        """The samples of records ``values`` (views into a map, valid until this returns)
+        in memory the batch owns."""
+        sizes = list(map(len, values))
+        advise_buffers(values, sizes, self.cached)
+        if self.spec.kind != "array":
+            return [bytes(v) for v in values]
+        width = self.spec.nbytes
+        if sizes.count(width) != len(sizes):
+            j = next(j for j, n in enumerate(sizes) if n != width)
+            raise CorruptSampleError(
+                self.location(indices[j]),
+                int(indices[j]),
+                f"record is {sizes[j]} bytes, expected {width}",
+            )
+        if width >= PARALLEL_COPY_MIN_BYTES:  # large values: a copy per value, on threads
+            out = np.empty((len(values), *self.spec.shape), dtype=self.spec.dtype)
+            return copy_buffers(values, out)
+        # small values: one C loop copies every value out of the map into memory the
+        # batch owns (faster than a numpy row assignment per value)
+        joined = bytearray().join(values)
         return np.frombuffer(joined, dtype=self.spec.dtype).reshape(len(values), *self.spec.shape)

@@ -11,6 +11,17 @@ each record's (offset in data.mdb, size). A cold shuffled pass over a JPEG pack 
 The table is a hint, checked before use: its shape, its bytes inside data.mdb (a read past
 the end of a mapped file is a SIGBUS), and three records' places against LMDB's own
 answer. A pack whose table is missing or does not match reads the same, without it.
+
+**Records read by their place** (:class:`PlacedRecords`). A warm shuffled batch of 256 raw
+records spent 230 us in lookups (``txn.get``: a Python call and the B-tree's pages each)
+beside 380 us copying them (docs/benchmarks.md, "LMDB records read by their place"). The
+writer also records which committed B-tree its table describes (:func:`snapshot`: LMDB's
+last transaction id and last page, in the manifest's layout). Every write to an environment
+commits a new transaction, and a compacting copy (``mdb_copy -c``) starts over at
+transaction 1 where gpufeed's writer always commits at least two; a plain copy keeps every
+page where it was. So where the environment is still at that snapshot, the table is where
+the records are, and the reader copies them out of its own map of data.mdb by the table,
+without a lookup; anywhere else it looks them up, as before.
 """
 
 from __future__ import annotations
@@ -25,15 +36,19 @@ from gpufeed.formats.pagecache import map_delta
 from gpufeed.formats.readahead import address
 
 __all__ = [
+    "SNAPSHOT",
     "VALUES_FILE",
+    "PlacedRecords",
     "fitted_delta",
     "load_value_table",
+    "snapshot",
     "table_spans",
     "value_table",
     "write_value_table",
 ]
 
 VALUES_FILE = "values.npy"
+SNAPSHOT = "value_table_snapshot"  # the manifest layout's record of snapshot()
 # a block's span is cut where the next record lies before it or this far past its end
 # (LMDB put it in pages freed by an earlier transaction: up to 32 MiB away in a JPEG pack)
 SPAN_GAP = 1 << 20
@@ -109,3 +124,43 @@ def table_spans(table: np.ndarray, lead: int, delta: int, ranges) -> list[tuple[
             first, last = int(starts[lo:hi].min()), int(ends[lo:hi].max())
             spans.append((first - delta, last - first))
     return spans
+
+
+def snapshot(env) -> dict[str, int]:
+    """Which committed B-tree of environment ``env`` a value table made now describes."""
+    info = env.info()
+    return {"txnid": int(info["last_txnid"]), "last_page": int(info["last_pgno"])}
+
+
+class PlacedRecords:
+    """Records read by their place in data.mdb: slices of a map of the whole file
+    (``data``, uint8) at the table's (offset, size) rows, each a view until copied."""
+
+    def __init__(self, data: np.ndarray, table: np.ndarray):
+        self.base = data.ctypes.data
+        self.table = table
+        self._map = data
+        self._data = memoryview(data)
+        self._starts, self._ends = table[:, 0], table[:, 0] + table[:, 1]
+        self._window: np.ndarray | None = None
+
+    def views(self, indices: np.ndarray) -> list[memoryview]:
+        data, starts, ends = self._data, self._starts[indices], self._ends[indices]
+        return [data[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+    def rows(self, indices: np.ndarray, width: int) -> np.ndarray:
+        """A new uint8 ``[len(indices), width]`` array of records of ``width`` bytes each
+        (every record's size: checked with the table), copied by one fancy index of the
+        map seen as overlapping rows, row k at byte k (faster than joining the records'
+        views: 0.92x the time, docs/benchmarks.md)."""
+        if self._window is None or self._window.shape[1] != width:
+            shape = (len(self._map) - width + 1, width)
+            self._window = np.lib.stride_tricks.as_strided(
+                self._map, shape=shape, strides=(1, 1), writeable=False
+            )
+        return self._window[self._starts[indices]]
+
+    def spans(self, ranges) -> list[tuple[int, int]]:
+        """(address, length) in this map of the records of index ranges ``[start, stop)``
+        (no B-tree page is read: none from earlier records)."""
+        return table_spans(self.table, 0, -self.base, ranges)
