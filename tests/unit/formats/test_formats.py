@@ -151,6 +151,22 @@ def test_hdf5_h5py_path_equals_mmap_path(array_folder, tmp_path):
         assert torch.equal(fast.get_batch(idx).samples, slow.get_batch(idx).samples)
 
 
+def test_mapped_hdf5_encoded_samples_are_plain_views_of_the_map(tmp_path):
+    """Not np.memmap slices: each finalizes a memmap (a JPEG batch of 256 read in 0.85 ms
+    against 0.11 ms, docs/benchmarks.md). The same bytes as h5py reads."""
+    from unit_sources import write_images
+
+    write_images(tmp_path / "src", {"a": 4, "b": 3}, ext=".jpg")
+    dest = tmp_path / "ds.h5"
+    gpufeed.pack(tmp_path / "src", dest, format="hdf5", workers=1, quiet=True)
+    mapped, plain = open_reader(dest), open_reader(dest, use_mmap=False)
+    assert mapped.spec.kind == "encoded" and mapped.mmap_offset is not None
+    idx = np.array([6, 0, 3, 3])
+    views, reads = mapped.read_batch(idx), plain.read_batch(idx)
+    assert all(type(v) is np.ndarray and not v.flags.owndata for v in views)
+    assert [v.tobytes() for v in views] == [bytes(r) for r in reads]
+
+
 def test_lmdb_plain_lmdb_reads_it(array_folder, tmp_path):
     dest = tmp_path / "ds.lmdb"
     gpufeed.pack(array_folder, dest, format="lmdb", workers=1, quiet=True)

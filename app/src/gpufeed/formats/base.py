@@ -21,7 +21,7 @@ from gpufeed.formats.pagecache import cache_probe
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
 
-__all__ = ["ContiguousWriter", "Reader", "Writer", "make_room"]
+__all__ = ["ContiguousWriter", "Reader", "Writer", "make_room", "offset_views"]
 
 
 class Reader:
@@ -264,6 +264,14 @@ class Reader:
     def data_files(self) -> list[str]:
         """Files (relative to root) that hold sample bytes."""
         return sorted(self.manifest.get("files", {}))
+
+
+def offset_views(data, offsets: np.ndarray, indices: np.ndarray) -> list:
+    """Samples ``indices`` stored back to back in one array ``data`` (sample i at
+    ``offsets[i]:offsets[i + 1]``): views of a map, fresh arrays of an h5py dataset. Sliced
+    by Python ints (numpy's scalars index slower)."""
+    starts, ends = offsets[indices].tolist(), offsets[indices + 1].tolist()
+    return [data[a:b] for a, b in zip(starts, ends, strict=True)]
 
 
 class Writer:
