@@ -86,6 +86,20 @@ def test_sample_pool_copies_consecutive_rows_of_a_mapped_run_as_one_slice():
     assert idx.tolist() == [7, 0, 9] and np.array_equal(got, run[[7, 0, 9]])
 
 
+def test_sample_pool_of_encoded_runs_pairs_each_index_with_its_bytes():
+    pool = SamplePool()
+    for start in (100, 200, 300):  # three runs as read, each sample's bytes name its index
+        idx = np.arange(start, start + 5)
+        pool.put(idx, [f"jpeg-{i}".encode() for i in idx.tolist()])
+    seen = []
+    for positions in ([14, 0, 7, 3], [1, 9, 2], list(range(8))):
+        idx, got = pool.take(np.array(positions))
+        assert got == [f"jpeg-{i}".encode() for i in idx.tolist()]
+        seen += idx.tolist()
+    assert sorted(seen) == [*range(100, 105), *range(200, 205), *range(300, 305)]
+    assert pool.size == 0 and not pool.chunks  # every run dropped once handed out
+
+
 @pytest.mark.parametrize("shuffle_buffer", [0, 10, 200])
 def test_every_sample_once_per_epoch_through_either_pool(tar_pack, monkeypatch, shuffle_buffer):
     made = []
