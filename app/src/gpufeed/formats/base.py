@@ -21,7 +21,7 @@ from gpufeed.formats.pagecache import cache_probe
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
 
-__all__ = ["ContiguousWriter", "Reader", "Writer", "make_room", "offset_views"]
+__all__ = ["ContiguousWriter", "Reader", "Writer", "make_room", "span_views"]
 
 
 class Reader:
@@ -266,12 +266,11 @@ class Reader:
         return sorted(self.manifest.get("files", {}))
 
 
-def offset_views(data, offsets: np.ndarray, indices: np.ndarray) -> list:
-    """Samples ``indices`` stored back to back in one array ``data`` (sample i at
-    ``offsets[i]:offsets[i + 1]``): views of a map, fresh arrays of an h5py dataset. Sliced
-    by Python ints (numpy's scalars index slower)."""
-    starts, ends = offsets[indices].tolist(), offsets[indices + 1].tolist()
-    return [data[a:b] for a, b in zip(starts, ends, strict=True)]
+def span_views(data, starts: np.ndarray, ends: np.ndarray) -> list:
+    """``data[starts[j]:ends[j]]`` for each j (samples stored as spans of one array): views
+    of a map, fresh arrays of an h5py dataset. Sliced by Python ints (numpy's scalars index
+    slower)."""
+    return [data[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
 
 class Writer:

@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 
 from gpufeed.errors import DataError, UsageError
-from gpufeed.formats.base import ContiguousWriter, Reader, offset_views
+from gpufeed.formats.base import ContiguousWriter, Reader, span_views
 from gpufeed.formats.maps import kept_map
 from gpufeed.formats.readahead import (
     BlocksAhead,
@@ -213,7 +213,7 @@ class HDF5Reader(Reader):
                 _h5_take(data, indices, out)
             return out
         # slices of a map are views of the page cache; h5py slices are fresh arrays.
-        views = offset_views(data, self.offsets, indices)
+        views = span_views(data, self.offsets[indices], self.offsets[indices + 1])
         if isinstance(data, np.ndarray):
             advise_buffers(views, cached=self.cached)
         return views

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed.formats.base import span_views
 from gpufeed.formats.files import atomic_write_bytes
 from gpufeed.formats.npy import npy_bytes
 from gpufeed.formats.pagecache import map_delta
@@ -146,8 +147,7 @@ class PlacedRecords:
     def views(self, indices: np.ndarray) -> list[np.ndarray]:
         """The records as uint8 views of the map (each keeps the map alive, as the mmap
         reader's views do)."""
-        data, starts, ends = self._map, self._starts[indices], self._ends[indices]
-        return [data[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        return span_views(self._map, self._starts[indices], self._ends[indices])
 
     def rows(self, indices: np.ndarray, width: int) -> np.ndarray:
         """A new uint8 ``[len(indices), width]`` array of records of ``width`` bytes each

@@ -18,7 +18,7 @@ import numpy as np
 
 from gpufeed.errors import DataError, UsageError
 from gpufeed.formats import pt
-from gpufeed.formats.base import ContiguousWriter, Reader, offset_views
+from gpufeed.formats.base import ContiguousWriter, Reader, span_views
 from gpufeed.formats.checksums import crc32, row_crcs
 from gpufeed.formats.files import preallocate
 from gpufeed.formats.maps import kept_map
@@ -249,6 +249,6 @@ class MmapReader(Reader):
             out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
             take_rows(data, indices, out)
             return out
-        views = offset_views(data, self.offsets, indices)
+        views = span_views(data, self.offsets[indices], self.offsets[indices + 1])
         advise_buffers(views, cached=self.cached)
         return views
