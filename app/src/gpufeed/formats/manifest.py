@@ -47,6 +47,7 @@ __all__ = [
     "pack_file",
     "read_manifest",
     "read_sources",
+    "unsafe_name",
     "write_manifest",
     "write_sources",
 ]
@@ -58,6 +59,19 @@ PARTIAL_SUFFIX = ".partial"
 MANIFEST_SCHEMA = 1
 
 
+def unsafe_name(name: str) -> str | None:
+    """Why `name` cannot be a file inside a pack, by the name alone (absolute, "..", empty or
+    "." parts, a NUL), or None: pack_file's rule, also applied to a remote pack's names before
+    anything is fetched or linked (storage/remote.py)."""
+    name = str(name)
+    parts = name.split("/")
+    if os.path.isabs(name) or ".." in parts:
+        return "leads outside the pack"
+    if any(part in ("", ".") for part in parts) or "\0" in name:
+        return "is not a plain file name inside the pack"
+    return None
+
+
 def pack_file(root: str | os.PathLike, name: str) -> Path:
     """root/name for a file a manifest names, refusing names that leave the pack (absolute,
     "..", a symlink out of it) and anything but a regular file: a reader never follows a
@@ -65,11 +79,9 @@ def pack_file(root: str | os.PathLike, name: str) -> Path:
     reader reports it when it opens it)."""
     root = Path(root)
     path = root / str(name)
-    parts = str(name).split("/")
-    if os.path.isabs(name) or ".." in parts:
-        raise UnsafePathError(path, "leads outside the pack; it is not read")
-    if any(part in ("", ".") for part in parts):
-        raise UnsafePathError(path, "is not a plain file name inside the pack; it is not read")
+    unsafe = unsafe_name(name)
+    if unsafe:
+        raise UnsafePathError(path, f"{unsafe}; it is not read")
     try:
         st = os.lstat(path)
     except FileNotFoundError:
