@@ -35,14 +35,16 @@ from gpufeed.formats import FORMATS
 from gpufeed.formats.checksums import sha256_file
 from gpufeed.formats.files import atomic_write_json
 from gpufeed.formats.lock import busy_message
-from gpufeed.formats.spec import FORMAT_VERSION
+from gpufeed.formats.spec import FORMAT_VERSION, SampleSpec
 
 __all__ = [
     "MANIFEST_NAME",
     "MANIFEST_SCHEMA",
+    "check_manifest",
     "PARTIAL_SUFFIX",
     "SOURCES_NAME",
     "file_entry",
+    "is_hugging_face_folder",
     "manifest_path",
     "pack_file",
     "read_manifest",
@@ -61,13 +63,13 @@ MANIFEST_SCHEMA = 1
 
 def unsafe_name(name: str) -> str | None:
     """Why `name` cannot be a file inside a pack, by the name alone (absolute, "..", empty or
-    "." parts, a NUL), or None: pack_file's rule, also applied to a remote pack's names before
-    anything is fetched or linked (storage/remote.py)."""
+    "." parts, a NUL or a backslash), or None: pack_file's rule, also applied to a remote
+    pack's names before anything is fetched or linked (storage/remote.py)."""
     name = str(name)
     parts = name.split("/")
     if os.path.isabs(name) or ".." in parts:
         return "leads outside the pack"
-    if any(part in ("", ".") for part in parts) or "\0" in name:
+    if any(part in ("", ".") for part in parts) or "\0" in name or "\\" in name:
         return "is not a plain file name inside the pack"
     return None
 
@@ -140,6 +142,8 @@ def read_manifest(dest: str | Path) -> dict[str, Any]:
         dest = dest.parent
     path = manifest_path(dest)
     if not path.exists():
+        if is_hugging_face_folder(dest):
+            raise NotPackedError(_hugging_face_message(dest))
         if dest.name.endswith(PARTIAL_SUFFIX) or (dest / "state.json").exists():
             final = Path(str(dest).removesuffix(PARTIAL_SUFFIX))
             raise NotPackedError(
@@ -161,17 +165,117 @@ def read_manifest(dest: str | Path) -> dict[str, Any]:
         manifest = json.loads(pack_file(dest, MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: unreadable manifest: {e}") from None
+    return check_manifest(manifest, path)
+
+
+def check_manifest(manifest: Any, where: str | os.PathLike) -> dict[str, Any]:
+    """The manifest's structure, checked once where it is read (`where`: its file or URL) so
+    that no reader meets a field of the wrong type: every field a reader, verify or inspect
+    reads has its JSON type, counts and sizes are non-negative ints, the format is known and
+    its layout has what its reader needs. A DataError names the field and what was expected.
+    File names are checked for type here; whether they stay inside the pack is pack_file's
+    (verify reports such names instead of refusing the pack)."""
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
-        raise DataError(f"{path}: not a gpufeed manifest (expected a JSON object with files)")
+        raise DataError(f"{where}: not a gpufeed manifest (expected a JSON object with files)")
     fmt = manifest.get("format")
-    if fmt not in FORMATS:
-        raise DataError(f"{path}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
+    if not isinstance(fmt, str) or fmt not in FORMATS:
+        raise DataError(f"{where}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    _expect(where, manifest, "gpufeed_manifest", _COUNT, optional=True)
+    _expect(where, manifest, "format_version", _COUNT, optional=True)
+    if (manifest.get("format_version") or 0) > FORMAT_VERSION:
         raise DataError(
-            f"{path}: format_version {manifest['format_version']} is newer than this gpufeed "
+            f"{where}: format_version {manifest['format_version']} is newer than this gpufeed "
             f"reads ({FORMAT_VERSION}); upgrade gpufeed"
         )
+    _expect(where, manifest, "count", _COUNT)
+    try:
+        SampleSpec.from_json(manifest.get("sample"))
+    except DataError as e:
+        raise DataError(f"{where}: {e}") from None
+    _expect(where, manifest, "classes", _STRINGS, optional=True)
+    for name, entry in manifest.get("files", {}).items():
+        field = f"files[{name!r}]"
+        if not name or not isinstance(entry, dict):
+            _bad(where, field, entry, "an object with bytes and sha256 under a non-empty name")
+        _expect(where, entry, "bytes", _COUNT, optional=True, field=f"{field}.bytes")
+        _expect(where, entry, "sha256", _TEXT, optional=True, field=f"{field}.sha256")
+    _expect(where, manifest, "layout", _OBJECT, optional=True)
+    layout = manifest.get("layout") or {}
+    for key, kind, optional in LAYOUT_FIELDS.get(fmt, ()):
+        _expect(where, layout, key, kind, optional=optional, field=f"layout.{key}")
+    for key, kind in (("source", _OBJECT), ("options", _OBJECT), ("skipped", _LIST)):
+        _expect(where, manifest, key, kind, optional=True)
+    _expect(where, manifest, "created_by", _TEXT, optional=True)
     return manifest
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_list_of(test) -> Any:
+    return lambda value: isinstance(value, list) and all(test(x) for x in value)
+
+
+# what a field must be: (its test, what the message says was expected)
+_COUNT = (_is_count, "a non-negative int")
+_TEXT = (lambda value: isinstance(value, str), "a string")
+_OBJECT = (lambda value: isinstance(value, dict), "an object")
+_LIST = (lambda value: isinstance(value, list), "a list")
+_STRINGS = (_is_list_of(_TEXT[0]), "a list of strings")
+_COUNTS = (_is_list_of(_is_count), "a list of non-negative ints")
+
+# the layout fields each format's reader reads, and whether they may be left out (an mmap
+# pack written before containers is npy); the others are informative (inspect shows them)
+LAYOUT_FIELDS: dict[str, tuple[tuple[str, tuple, bool], ...]] = {
+    "tar": (("shards", _STRINGS, False), ("shard_counts", _COUNTS, False)),
+    "mmap": (("container", _TEXT, True),),
+}
+
+
+def _expect(where, obj: dict, key: str, kind: tuple, *, optional=False, field=None) -> None:
+    """obj[key] is of `kind` (null or absent allowed where optional), else a DataError."""
+    value = obj.get(key)
+    if value is None and optional:
+        return
+    test, expected = kind
+    if not test(value):
+        _bad(where, field or key, value, expected)
+
+
+def _bad(where, field: str, value: Any, expected: str) -> None:
+    found = "missing" if value is None else f"{type(value).__name__} {repr(value)[:60]}"
+    raise DataError(
+        f"{where}: field {field} is {found}, expected {expected}; the manifest is damaged or "
+        "was not written by gpufeed (re-pack the dataset, or restore its manifest.json)"
+    )
+
+
+def is_hugging_face_folder(dest: Path) -> bool:
+    """A folder made by Hugging Face datasets' save_to_disk: a Dataset (state.json listing
+    its "_data_files", beside dataset_info.json and the .arrow files) or a DatasetDict
+    (dataset_dict.json over one such folder per split). Its state.json is not our
+    unfinished pack's."""
+    if (dest / "dataset_dict.json").is_file():
+        return True
+    if not (dest / "dataset_info.json").is_file():
+        return False
+    try:
+        state = json.loads((dest / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        state = None
+    return (isinstance(state, dict) and "_data_files" in state) or any(dest.glob("*.arrow"))
+
+
+def _hugging_face_message(dest: Path) -> str:
+    return (
+        f"{dest}: a Hugging Face datasets folder (save_to_disk's Arrow files), not a gpufeed "
+        "pack; gpufeed cannot read it in place yet (a Parquet/Arrow reader is planned). "
+        "Convert it into a pack: ds = datasets.load_from_disk(PATH), then "
+        "`with gpufeed.Writer(DEST, schema={'image': 'jpeg', 'label': 'int'}) as w:` and "
+        "`for row in ds: w.write({'image': np.asarray(row['image']), 'label': row['label']})` "
+        "(your columns and types; see docs/samples.md)"
+    )
 
 
 def _how_to_finish(partial: Path, dest: Path) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,11 +59,13 @@ class SampleSpec:
         if kind not in KINDS:
             raise DataError(f"unknown sample kind {kind!r} in the manifest; expected {KINDS}")
         if kind == "array":
-            return cls("array", str(d["dtype"]), tuple(int(x) for x in d["shape"]))
+            dtype = _fixed_dtype(d.get("dtype"))
+            return cls("array", d["dtype"], _shape(d.get("shape"), dtype.itemsize))
         if kind == "fields":
             try:
                 return cls("fields", schema=Schema.from_json(d.get("fields")))
-            except UsageError as e:
+            # UsageError names the field; the others come of entries of the wrong JSON type
+            except (UsageError, AttributeError, KeyError, TypeError, ValueError) as e:
                 raise DataError(f"the manifest's sample schema is invalid: {e}") from None
         return cls("encoded")
 
@@ -73,3 +76,34 @@ class SampleSpec:
         if self.kind == "fields":
             return self.schema.describe()
         return "encoded"
+
+
+# a sample larger than this is no real pack's: its byte count would overflow int64 sums
+MAX_SAMPLE_BYTES = 1 << 48
+
+
+def _fixed_dtype(value: Any) -> np.dtype:
+    """sample.dtype: a numpy dtype name of fixed, non-zero size without Python objects."""
+    try:
+        dtype = np.dtype(value) if isinstance(value, str) else None
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype is None or dtype.hasobject or dtype.itemsize == 0:
+        raise DataError(
+            f"sample.dtype is {value!r} in the manifest; expected a numpy dtype name of fixed "
+            "size such as 'uint8' or 'float32'"
+        )
+    return dtype
+
+
+def _shape(value: Any, itemsize: int) -> tuple[int, ...]:
+    """sample.shape: a list of non-negative ints, of a size numpy can hold."""
+    ok = isinstance(value, list) and len(value) <= 32
+    ok = ok and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value)
+    if not ok or math.prod(value) * itemsize > MAX_SAMPLE_BYTES:
+        shown = repr(value)[:80]
+        raise DataError(
+            f"sample.shape is {shown} in the manifest; expected a list of at most 32 "
+            f"non-negative ints whose sample is under {MAX_SAMPLE_BYTES:,} bytes"
+        )
+    return tuple(value)
