@@ -299,3 +299,110 @@ def test_pack_fn_keeps_at_most_a_part_of_records_in_flight():
         assert window >= 2 * 2  # a couple of chunks per worker, whatever the size
         assert window == 4 or window * size * record <= PART_BYTES
     assert _chunking(2, 1024, chunk(16 << 20)) == (1, 4)  # 4 x 16 MiB in flight, not 4 x 32
+
+
+# ------------------------------------------------------------------ values that do not fit
+# issue 37 item 7: a value the field's type cannot hold is refused, naming the field and
+# the sample, never wrapped or overflowed (as uint8 given 300 always was)
+@pytest.mark.parametrize(
+    ("schema", "value", "stored"),
+    [
+        ("int16[]", np.int64(70000), "70000"),
+        ("int16[]", 70000, "70000"),
+        ("uint8[]", 300, "300"),
+        ("uint8[2]", [3, 300], "300"),
+        ("int8[2]", np.array([1, -129]), "-129"),
+        ("int32[-1]", np.array([2**40], dtype=np.uint64), str(2**40)),
+        ("int64[]", np.uint64(2**64 - 1), str(2**64 - 1)),
+        ("uint64[]", np.int8(-1), "-1"),
+        ("float16[]", 1e6, "1000000.0"),
+        ("float32[2]", np.array([1.0, 1e300]), "1e+300"),
+        ("int", np.uint64(2**64 - 1), str(2**64 - 1)),
+        ("int", 2**70, str(2**70)),
+        ("float", 10**400, "10000000..."),
+    ],
+)
+def test_a_value_the_field_cannot_hold_is_refused_naming_field_and_sample(
+    tmp_path, schema, value, stored
+):
+    dest = tmp_path / "p"
+    with pytest.raises(UsageError) as e:
+        with gpufeed.Writer(dest, format="mmap", schema={"x": schema, "n": "int"}) as w:
+            w.write({"x": _zero(schema), "n": 0})
+            w.write({"x": value, "n": 1})
+    msg = str(e.value)
+    assert f"{dest}: sample 1: field 'x': value {stored}" in msg, msg
+    assert "does not fit" in msg and "str or json" in msg or "wider dtype" in msg, msg
+    assert not dest.exists()
+
+
+def _zero(schema: str):
+    """A value of that type that fits (the sample before the one that does not)."""
+    if schema in ("int", "float"):
+        return 0
+    dtype, dims = schema.rstrip("]").split("[")
+    return np.zeros([abs(int(d)) for d in dims.split(",") if d], dtype=dtype)
+
+
+def test_an_inferred_dtype_given_a_larger_value_later_says_to_declare_a_wider_one(tmp_path):
+    dest = tmp_path / "p"
+    with pytest.raises(UsageError) as e:
+        with gpufeed.Writer(dest, format="mmap") as w:
+            w.write({"x": np.array([1, 2], dtype=np.int8)})
+            w.write({"x": np.array([1, 200])})
+    msg = str(e.value)
+    assert "sample 1: field 'x': value 200 does not fit the schema's int8" in msg, msg
+    assert "schema={'x': 'int16[2]'}" in msg and "took the schema from the first sample" in msg
+
+
+def test_values_that_fit_are_stored_whatever_their_integer_type(tmp_path):
+    schema = {"u": "uint8[3]", "i": "int32[-1]", "h": "float16[]", "n": "int", "f": "float"}
+    with gpufeed.Writer(tmp_path / "p", format="mmap", schema=schema) as w:
+        w.write(
+            {
+                "u": [0, 3, 255],  # Python ints (int64) that fit uint8: no longer refused
+                "i": np.array([2**31 - 1, -(2**31)], dtype=np.int64),
+                "h": np.float64("inf"),  # not finite in: stored as it is
+                "n": np.uint64(2**63 - 1),
+                "f": 10**300,
+            }
+        )
+    got = gpufeed.open_dataset(tmp_path / "p", map_style=True)[0]
+    assert got["u"].tolist() == [0, 3, 255] and got["i"].tolist() == [2**31 - 1, -(2**31)]
+    assert got["h"].item() == float("inf") and got["n"] == 2**63 - 1 and got["f"] == 1e300
+
+
+@pytest.mark.parametrize(
+    ("schema", "value", "field"),
+    [
+        ({"x": "int32[-1]"}, [1, [2, 3]], "x"),  # numpy's ValueError (inhomogeneous)
+        ({"img": "png"}, np.zeros((4, 4, 7), dtype=np.uint8), "img"),  # PIL's TypeError
+    ],
+)
+def test_a_value_numpy_or_pil_cannot_take_is_a_usage_error_naming_the_field(
+    tmp_path, schema, value, field
+):
+    with pytest.raises(UsageError, match=rf"p: sample 0: field '{field}': cannot be stored"):
+        with gpufeed.Writer(tmp_path / "p", format="mmap", schema=schema) as w:
+            w.write({field: value})
+
+
+def test_pack_of_samples_names_the_input_whose_value_does_not_fit(tmp_path):
+    samples = [{"x": np.int64(i), "t": np.array([i], dtype=np.int8)} for i in (1, 2)]
+    samples.append({"x": np.int64(3), "t": np.array([1000])})
+    with pytest.raises(SourceError, match=r"input 2 \(#2\).*field 't': value 1000 does not fit"):
+        gpufeed.pack(samples, tmp_path / "p", format="mmap", quiet=True)
+
+
+# ------------------------------------------------------------------ closing an empty writer
+def test_closing_an_empty_writer_releases_its_lock_and_leaves_nothing(tmp_path):
+    dest = tmp_path / "a"
+    w = gpufeed.Writer(dest, format="hdf5")
+    with pytest.raises(UsageError, match=r"a: no sample was written; nothing to pack"):
+        w.close()
+    assert not dest.exists() and not (tmp_path / "a.partial").exists()
+    with pytest.raises(UsageError, match="this Writer is closed"):
+        w.write(sample(0))
+    with gpufeed.Writer(dest, format="hdf5", schema=SCHEMA) as w2:  # not "locked by pid ..."
+        w2.write(sample(0))
+    check(dest, 1)

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from gpufeed.errors import UsageError
-from gpufeed.formats.schema import Field, Schema, sniff_image
+from gpufeed.formats.schema import Field, Schema, fit_array, fit_float, fit_int, sniff_image
 
 __all__ = [
     "TAR_EXT",
@@ -80,14 +80,8 @@ def _zstd(kind: str):
 
 
 def _as_array(field: Field, value: Any) -> np.ndarray:
-    arr = np.asarray(value)
     want = np.dtype(field.dtype)
-    if arr.dtype != want:
-        if arr.dtype.hasobject or not np.can_cast(arr.dtype, want, "same_kind"):
-            raise UsageError(
-                f"field {field.name!r}: {arr.dtype} values do not fit the schema's {want}"
-            )
-        arr = arr.astype(want)
+    arr = fit_array(field, np.asarray(value))
     if len(arr.shape) != len(field.shape) or any(
         want_n >= 0 and n != want_n for n, want_n in zip(arr.shape, field.shape, strict=True)
     ):
@@ -122,9 +116,9 @@ def _encode_plain(field: Field, value: Any) -> bytes:
     if kind == "str" and isinstance(value, str):
         return value.encode("utf-8")
     if kind == "int" and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return np.asarray(value, dtype=_INT64).tobytes()
+        return np.asarray(fit_int(field, value), dtype=_INT64).tobytes()
     if kind == "float" and isinstance(value, (int, float, np.integer, np.floating)):
-        return np.asarray(value, dtype="<f8").tobytes()
+        return np.asarray(fit_float(field, value), dtype="<f8").tobytes()
     if kind == "json":
         try:
             return json.dumps(value, allow_nan=False).encode("utf-8")

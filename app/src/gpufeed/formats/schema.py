@@ -22,6 +22,7 @@ Everything here is numpy only: how a record is laid out is in formats/record.py.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,7 +32,17 @@ import numpy as np
 
 from gpufeed.errors import UsageError
 
-__all__ = ["FIELD_TYPES", "IMAGE_FORMATS", "Field", "Schema", "infer_schema", "parse_schema"]
+__all__ = [
+    "FIELD_TYPES",
+    "IMAGE_FORMATS",
+    "Field",
+    "Schema",
+    "fit_array",
+    "fit_float",
+    "fit_int",
+    "infer_schema",
+    "parse_schema",
+]
 
 IMAGE_FORMATS = ("jpeg", "png", "webp")
 SCALAR_TYPES = ("bytes", "str", "int", "float", "json")
@@ -185,6 +196,106 @@ def parse_schema(schema: Schema | Mapping[str, Any]) -> Schema:
             "{'image': 'jpeg', 'caption': 'str'}, got " + repr(schema)
         )
     return Schema(tuple(_parse_field(name, spec) for name, spec in schema.items()))
+
+
+# --------------------------------------------------------------------------- values that fit
+# One rule for every number stored: a value is stored only if the field's type holds it
+# (integers by range, floats finite in -> finite out); never wrapped, never overflowed.
+_INTS = {"i": ("<i1", "<i2", "<i4", "<i8"), "u": ("|u1", "<u2", "<u4", "<u8")}
+_FLOATS = ("<f4", "<f8")
+_COMPLEX = ("<c8", "<c16")
+
+
+def fit_array(field: Field, arr: np.ndarray) -> np.ndarray:
+    """``arr`` as the field's dtype; a UsageError naming the field where a value would not
+    survive the cast (out of an integer type's range, finite turned infinite) or the kinds
+    differ (floats into integers, numbers into bool...)."""
+    want = np.dtype(field.dtype)
+    if arr.dtype == want:
+        return arr
+    ints = arr.dtype.kind in "biu" and want.kind in "iu"
+    if arr.dtype.hasobject or not (ints or np.can_cast(arr.dtype, want, "same_kind")):
+        raise UsageError(f"field {field.name!r}: {arr.dtype} values do not fit the schema's {want}")
+    if ints and arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        info = np.iinfo(want)
+        if lo < int(info.min) or hi > int(info.max):
+            raise _too_wide(field, lo if lo < int(info.min) else hi, _wider_int(lo, hi, want))
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = arr.astype(want)
+    if want.kind in "fc" and not np.isfinite(out).all():
+        lost = np.isfinite(arr) & ~np.isfinite(out)
+        if lost.any():
+            value = arr[lost].flat[0].item()
+            raise _too_wide(field, value, _wider_float(arr[lost], want))
+    return out
+
+
+def fit_int(field: Field, value: Any) -> int:
+    """An int field's value (int64): a UsageError where it is out of int64's range."""
+    value = int(value)
+    if not -(1 << 63) <= value < 1 << 63:
+        instead = f"an array field, e.g. schema={{{field.name!r}: 'uint64[]'}}, or "
+        raise UsageError(
+            f"field {field.name!r}: value {_shown(value)} does not fit an int field (int64); "
+            f"store it as {instead if 0 <= value < 1 << 64 else ''}str or json"
+        )
+    return value
+
+
+def fit_float(field: Field, value: Any) -> float:
+    """A float field's value (float64): a UsageError where a finite value would be stored
+    as infinity (a number beyond float64's range)."""
+    try:
+        out = float(value)
+    except OverflowError:  # a Python int beyond float64's range
+        out = math.inf
+    finite = isinstance(value, (int, np.integer)) or bool(np.isfinite(value))
+    if finite and math.isinf(out):
+        raise UsageError(
+            f"field {field.name!r}: value {_shown(value)} does not fit a float field "
+            "(float64); store it as str or json"
+        )
+    return out
+
+
+def _shown(value: Any) -> str:
+    """A number as an error message shows it (a huge int by its first digits)."""
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:8]}... ({len(text)} characters)"
+
+
+def _too_wide(field: Field, value: Any, wider: str | None) -> UsageError:
+    """The value does not fit the field's dtype: which dtype to declare instead."""
+    want = np.dtype(field.dtype)
+    said = f"field {field.name!r}: value {_shown(value)} does not fit the schema's {want.name}"
+    if wider is None:
+        return UsageError(f"{said}; store it as another type (str, json)")
+    dims = ",".join(str(s) for s in field.shape)
+    name = np.dtype(wider).name
+    return UsageError(
+        f"{said}; declare a wider dtype in the schema, e.g. schema={{{field.name!r}: "
+        f"'{name}[{dims}]'}} (gpufeed pack --schema {field.name}={name}[{dims}])"
+    )
+
+
+def _wider_int(lo: int, hi: int, want: np.dtype) -> str | None:
+    """The smallest integer dtype holding lo..hi (of want's signedness where it can)."""
+    order = _INTS["u"] + _INTS["i"] if want.kind == "u" and lo >= 0 else _INTS["i"] + _INTS["u"]
+    for dt in order:
+        info = np.iinfo(dt)
+        if int(info.min) <= lo and hi <= int(info.max):
+            return dt
+    return None
+
+
+def _wider_float(values: np.ndarray, want: np.dtype) -> str | None:
+    """The smallest float (complex) dtype holding these finite values."""
+    for dt in _FLOATS if want.kind == "f" else _COMPLEX:
+        with np.errstate(over="ignore", invalid="ignore"):
+            if np.isfinite(values.astype(dt)).all():
+                return dt
+    return None
 
 
 def _infer_field(name: str, value: Any) -> Any:
