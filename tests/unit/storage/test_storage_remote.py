@@ -116,7 +116,10 @@ def _write_manifest(pack: Path) -> dict:
     from gpufeed.formats.manifest import file_entry
 
     files = {p.name: file_entry(pack, p.name) for p in pack.iterdir()}
-    manifest = {"gpufeed_manifest": 1, "format": "mmap", "format_version": 1, "files": files}
+    manifest = {
+        "gpufeed_manifest": 1, "format": "mmap", "format_version": 1, "files": files,
+        "count": 0, "sample": {"kind": "encoded"},
+    }  # fmt: skip
     (pack / "manifest.json").write_text(json.dumps(manifest))
     return manifest
 

@@ -70,6 +70,7 @@ class Reader:
         when touched; checked here, it is an error naming the file. A file grown or edited
         in place is left to the per-sample checks and to verify)."""
         if self.source is not None:
+            self.source.check_name(name)  # pack_file's rule, before any fetch or link
             if not whole:
                 return self.root / name
             path = self.source.fetch(name)

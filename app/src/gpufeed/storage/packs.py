@@ -18,14 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gpufeed.errors import CacheFullError, UsageError
+from gpufeed.errors import CacheFullError, DataError, UnsafePathError, UsageError
 from gpufeed.formats import open_reader, reader_class
 from gpufeed.formats.base import Reader
 from gpufeed.formats.files import atomic_write_bytes
 from gpufeed.formats.manifest import MANIFEST_NAME, read_manifest
 from gpufeed.storage.cache import Pin
 from gpufeed.storage.landing import Landing
-from gpufeed.storage.remote import RemotePack, open_pack
+from gpufeed.storage.remote import RemotePack, check_remote_name, open_pack
 from gpufeed.storage.urls import RemoteURL, parse_location
 
 CACHE_DIR_ENV = "GPUFEED_CACHE_DIR"
@@ -86,6 +86,10 @@ class RemoteFiles:
         from one cache, and what is pinned cannot be evicted), or PIN_BYTES_NO_LIMIT."""
         limit = self.pack.cache.limit
         return PIN_BYTES_NO_LIMIT if limit is None else limit // PIN_SHARE
+
+    def check_name(self, name: str) -> None:
+        """UnsafePathError unless `name` names a file inside the pack (check_remote_name)."""
+        check_remote_name(self.url, name)
 
     def _mine(self) -> dict[str, Pin]:
         if self._pid != os.getpid():  # inherited through fork: the parent's pins stay its own
@@ -157,7 +161,7 @@ class RemoteFiles:
             pin = pins[name] = pin if pin is not None else self._fetch_now(name)
         link = self._links.get(name)
         if link is None:  # a name's copy is named by its sha256: its link never changes
-            link = self._links[name] = _link(self.root / name, pin.path)
+            link = self._links[name] = _link(self.root, name, pin.path, self.url)
         return link
 
     def _fetch_now(self, name: str) -> Pin:
@@ -199,21 +203,42 @@ class RemoteFiles:
         self.__init__(state["pack"], state["root"])
 
 
-def _link(link: Path, target: Path) -> Path:
-    """`link` made a symbolic link to `target` (atomically: readers of the pack's view in
-    other processes see the old link or the new one, never none)."""
+def _link(root: Path, name: str, target: Path, url: RemoteURL) -> Path:
+    """root/name made a symbolic link to `target` (atomically: readers of the pack's view in
+    other processes see the old link or the new one, never none). The name was checked when
+    the manifest was read (check_remote_name); checked again here, with where the link's
+    folder really is, so that nothing but the view's own folders is ever written."""
+    check_remote_name(url, name)
+    link = root / name
     try:
         if os.readlink(link) == str(target):
             return link
     except OSError:
         pass
-    link.parent.mkdir(parents=True, exist_ok=True)
-    tmp = link.with_name(f".{link.name}.{os.getpid()}.{threading.get_ident()}.link")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    os.symlink(target, tmp)
-    os.replace(tmp, link)
+    try:
+        _inside(root, link.parent, url, name)  # before mkdir, which would follow a link out
+        link.parent.mkdir(parents=True, exist_ok=True)
+        _inside(root, link.parent, url, name)
+        tmp = link.with_name(f".{link.name}.{os.getpid()}.{threading.get_ident()}.link")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+    except OSError as e:  # a name that is also a folder of another name ("a" and "a/b")
+        raise DataError(
+            f"{url.child(name)}: cannot link it into the cache's view of the pack at {link}: "
+            f"{e.strerror}; the manifest's file names clash (re-upload the pack)"
+        ) from None
     return link
+
+
+def _inside(root: Path, folder: Path, url: RemoteURL, name: str) -> None:
+    """UnsafePathError unless `folder` resolves inside `root` (a link on the way out of it)."""
+    top, real = os.path.realpath(root), os.path.realpath(folder)
+    if os.path.commonpath([top, real]) != top:
+        raise UnsafePathError(
+            url.child(name), f"would be linked outside the cache's view of the pack (in {real})"
+        )
 
 
 def remote_pack(

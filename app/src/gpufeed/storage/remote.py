@@ -13,9 +13,10 @@ from gpufeed.errors import (
     DataError,
     NotPackedError,
     ObjectNotFoundError,
+    UnsafePathError,
     UsageError,
 )
-from gpufeed.formats.manifest import FORMATS, MANIFEST_NAME
+from gpufeed.formats.manifest import FORMATS, MANIFEST_NAME, unsafe_name
 from gpufeed.storage.cache import Cache, FileEntry, OnLanding, Pin
 from gpufeed.storage.download import download
 from gpufeed.storage.helper import FetchHelper
@@ -79,6 +80,7 @@ class RemotePack:
         try:
             return self.entries[name]
         except KeyError:
+            check_remote_name(self.url, name)  # a layout naming a path out of the pack
             raise UsageError(f"{self.url}: the manifest lists no file {name!r}") from None
 
     def cached(self, name: str) -> bool:
@@ -122,10 +124,24 @@ class RemotePack:
         download(self.store, entry.name, out, entry.size, retry=self.retry, stats=self.stats)
 
 
+def check_remote_name(url: RemoteURL, name: str) -> str:
+    """`name` when it names a file inside the pack at `url` by local packs' rule (unsafe_name),
+    else UnsafePathError naming the object: a remote manifest's names become paths in the
+    cache's view of the pack, so an absolute or ".." name is refused before any fetch or link."""
+    unsafe = unsafe_name(name)
+    if unsafe:
+        raise UnsafePathError(
+            url.child(str(name)), f"{unsafe}; it is not fetched (the manifest is not trusted)"
+        )
+    return name
+
+
 def _entries(manifest: dict[str, Any], url: RemoteURL) -> dict[str, FileEntry]:
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         raise DataError(f"{url.child(MANIFEST_NAME)}: lists no files")
+    for name in files:
+        check_remote_name(url, name)
     try:
         return {
             n: FileEntry(n, int(f["bytes"]), str(f["sha256"]), url.child(n))

@@ -1,0 +1,141 @@
+"""A remote pack's manifest is untrusted (storage/packs.py, storage/remote.py): a name that
+leaves the pack (absolute, "..") is refused before anything is fetched or linked, with the
+error a local pack gets (UnsafePathError naming the object), and the cache's view of a pack
+never gets a link outside itself; the file a crafted name points at is left untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpufeed.data.open import open_dataset
+from gpufeed.errors import UnsafePathError
+from gpufeed.storage import upload_pack
+from gpufeed.tools.verify import verify
+
+pytestmark = pytest.mark.timeout(180)
+PRECIOUS = b"the user's own file\n"
+
+
+def _renamed(rclone_server, url: str, old: str, new: str, *, upload: bool = True) -> None:
+    """The pack at `url` with its file `old` renamed `new` in the manifest (files and the tar
+    layout's shards), as a crafted upload would name it; its bytes uploaded under that key."""
+    manifest = json.loads(rclone_server.get(f"{url}/manifest.json"))
+    manifest["files"][new] = manifest["files"].pop(old)
+    shards = manifest["layout"].get("shards")
+    if shards:
+        manifest["layout"]["shards"] = [new if s == old else s for s in shards]
+    if upload:
+        rclone_server.put(f"{url}/{new.lstrip('/')}", rclone_server.get(f"{url}/{old}"))
+    rclone_server.put(f"{url}/manifest.json", json.dumps(manifest).encode())
+
+
+def _read_all(url: str, cache: Path) -> None:
+    ds = open_dataset(url, cache_dir=cache)
+    for i in range(len(ds)):
+        ds[i]
+
+
+def _untouched(victim: Path) -> None:
+    assert not victim.is_symlink()
+    assert victim.read_bytes() == PRECIOUS
+
+
+def _cli_verify(url: str, cache: Path, python_env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpufeed", "verify", url, "-q", "--cache-dir", str(cache)],
+        capture_output=True, text=True, env={**os.environ, **python_env}, timeout=120,
+    )  # fmt: skip
+
+
+def test_an_absolute_shard_name_is_refused_before_any_fetch_or_link(
+    s3, tar_pack, tmp_path, rclone_server, python_env
+):
+    url = f"{s3}/evil"
+    upload_pack(tar_pack, url)
+    victim = tmp_path / "home" / ".bashrc"
+    victim.parent.mkdir()
+    victim.write_bytes(PRECIOUS)
+    _renamed(rclone_server, url, "shard-000001.tar", str(victim))
+    cache = tmp_path / "cache"
+    with pytest.raises(UnsafePathError, match=rf"{url}/+{victim}: leads outside the pack"):
+        _read_all(url, cache)
+    with pytest.raises(UnsafePathError, match=rf"{url}/+{victim}: leads outside the pack"):
+        verify(url, cache_dir=cache)
+    out = _cli_verify(url, cache, python_env)
+    assert out.returncode == 1 and f"{victim}: leads outside the pack" in out.stderr, out.stderr
+    _untouched(victim)
+    assert not list((cache / "objects").rglob("*")) or all(
+        p.is_dir() for p in (cache / "objects").rglob("*")
+    )  # nothing was fetched
+
+
+def test_a_dotdot_name_whose_bytes_are_already_cached_is_never_linked(
+    s3, tar_pack, tmp_path, rclone_server, python_env
+):
+    """obstore refuses a ".." key on download, but a name whose sha256 is already in the cache
+    needs no download: the name itself must be refused."""
+    url = f"{s3}/evil"
+    upload_pack(tar_pack, url)
+    cache = tmp_path / "cache"
+    _read_all(url, cache)  # every shard's sha256 now in the cache
+    victim = tmp_path / "victim"
+    victim.write_bytes(PRECIOUS)
+    # the view of the pack is cache/packs/s3/<bucket>/evil: five levels below tmp_path
+    name = "../../../../../victim"
+    assert (cache / "packs" / "s3" / "b" / "evil" / name).resolve() == victim.resolve()
+    _renamed(rclone_server, url, "shard-000001.tar", name, upload=False)
+    with pytest.raises(UnsafePathError, match=rf"{url}/{name}: leads outside the pack"):
+        _read_all(url, cache)
+    with pytest.raises(UnsafePathError, match=rf"{url}/{name}: leads outside the pack"):
+        verify(url, cache_dir=cache)
+    out = _cli_verify(url, cache, python_env)
+    assert out.returncode == 1 and f"{name}: leads outside the pack" in out.stderr, out.stderr
+    _untouched(victim)
+
+
+@pytest.mark.parametrize("name", ["a//b.tar", "./b.tar", "a/./b.tar", "b.tar\0x"])
+def test_names_that_are_not_plain_file_names_are_refused(
+    s3, tar_pack, tmp_path, rclone_server, name
+):
+    url = f"{s3}/odd"
+    upload_pack(tar_pack, url)
+    _renamed(rclone_server, url, "shard-000001.tar", name, upload=False)
+    with pytest.raises(UnsafePathError, match="is not a plain file name inside the pack"):
+        open_dataset(url, cache_dir=tmp_path / "cache")
+
+
+def test_a_layout_naming_a_file_the_manifest_does_not_list_is_refused_by_its_name(
+    s3, tar_pack, tmp_path, rclone_server
+):
+    url = f"{s3}/layout"
+    upload_pack(tar_pack, url)
+    manifest = json.loads(rclone_server.get(f"{url}/manifest.json"))
+    manifest["layout"]["shards"][1] = "/etc/passwd"
+    rclone_server.put(f"{url}/manifest.json", json.dumps(manifest).encode())
+    with pytest.raises(UnsafePathError, match=rf"{url}/+etc/passwd: leads outside the pack"):
+        _read_all(url, tmp_path / "cache")
+
+
+def test_a_link_in_the_cache_view_leading_out_is_never_followed(
+    s3, tar_pack, tmp_path, rclone_server
+):
+    """Defence in depth: a folder of the pack's view replaced by a link out of the cache
+    (someone sharing the cache) gets no link written through it."""
+    url = f"{s3}/nested"
+    upload_pack(tar_pack, url)
+    _renamed(rclone_server, url, "shard-000001.tar", "sub/shard-000001.tar")
+    cache = tmp_path / "cache"
+    ds = open_dataset(url, cache_dir=cache)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (ds.reader.root / "sub").symlink_to(outside)
+    with pytest.raises(UnsafePathError, match=r"sub/shard-000001.tar: would be linked outside"):
+        ds.reader.read_batch(np.arange(len(ds)))  # the reader's own error (datasets wrap it)
+    assert list(outside.iterdir()) == []
