@@ -338,6 +338,28 @@ def test_a_file_changed_before_the_resume_is_read_again_never_kept_stale(tmp_pat
     assert texts[3] == "edited after it was packed" and texts[6] == "fixed"
 
 
+def test_a_text_rewritten_with_its_size_and_mtime_put_back_is_read_again(tmp_path, capsys):
+    """Issue 37 item 8: only the file's ctime tells it changed; the resume says what it kept
+    and what it reads again."""
+    _text_tree(tmp_path / "src", n=4)
+    (tmp_path / "src" / "pos" / "2.txt").write_bytes(b"\xff")  # stops the pack at item 6
+    dest = tmp_path / "out"
+    with pytest.raises(SourceError):
+        gpufeed.pack(tmp_path / "src", dest, format="tar", workers=1, quiet=True, part_size=2)
+    (tmp_path / "src" / "pos" / "2.txt").write_text("fixed")
+    edited = tmp_path / "src" / "neg" / "3.txt"  # in part 1, committed already
+    st = os.stat(edited)
+    edited.write_bytes(edited.read_bytes().upper())  # the same size
+    os.utime(edited, ns=(st.st_atime_ns, st.st_mtime_ns))
+    capsys.readouterr()
+    gpufeed.pack(tmp_path / "src", dest, format="tar", workers=1, part_size=2, resume=True)
+    err = capsys.readouterr().err
+    texts = [s["text"] for s in _samples(dest)]
+    assert texts[3] == "NEG REVIEW 3: NAïVE CAFé ☕\nSECOND LINE" and texts[6] == "fixed"
+    assert "3.txt: changed since it was read; reading part-000001.npz again" in err, err
+    assert "resuming: 1 part(s) kept (2 samples of 2 inputs" in err, err
+
+
 def test_resume_with_another_listing_is_refused(tmp_path):
     _text_tree(tmp_path / "src")
     (tmp_path / "src" / "pos" / "1.txt").write_bytes(b"\xff")

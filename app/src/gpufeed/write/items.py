@@ -17,7 +17,16 @@ from gpufeed.pixels import to_8bit
 from gpufeed.system.native import jpeg_module
 from gpufeed.write.scan import IMAGE_EXTS, suffix
 
-__all__ = ["LoadOptions", "encoded_image", "jpeg_decodes", "load_item", "load_pt_array", "stamp"]
+__all__ = [
+    "STAMP_FIELDS",
+    "LoadOptions",
+    "encoded_image",
+    "jpeg_decodes",
+    "load_item",
+    "load_pt_array",
+    "stamp",
+    "stamp_changed",
+]
 
 
 # --------------------------------------------------------------------------- reading items
@@ -27,19 +36,33 @@ class LoadOptions:
     resize: tuple[int, int] | None = None  # (height, width)
 
 
-def stamp(path: str) -> tuple[int, int]:
-    """(size, mtime_ns) of a source file, (-1, -1) when it cannot be stat'ed: what a resume
-    compares to notice a file changed since its part was committed."""
+# what a resume compares to notice a source file changed since its part was committed:
+# ctime moves on any write or utime, so a rewrite that restores size and mtime (cp -p,
+# rsync -t, os.utime) is still seen; the inode changes when the file is replaced
+STAMP_FIELDS = ("size", "mtime_ns", "ctime_ns", "inode")
+
+
+def stamp(path: str) -> tuple[int, ...]:
+    """(size, mtime_ns, ctime_ns, inode) of a source file, all -1 when it cannot be
+    stat'ed (each an int64: an inode past 2**63 is stored as its two's complement)."""
     try:
         st = os.stat(path)
     except OSError:
-        return (-1, -1)
-    return (st.st_size, st.st_mtime_ns)
+        return (-1,) * len(STAMP_FIELDS)
+    ino = st.st_ino - (1 << 64) if st.st_ino >= 1 << 63 else st.st_ino
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, ino)
+
+
+def stamp_changed(path: str, was) -> bool:
+    """Whether the file differs from its recorded stamp (a part an older gpufeed committed
+    recorded (size, mtime_ns) only: those are compared)."""
+    was = tuple(int(x) for x in was)
+    return stamp(path)[: len(was)] != was
 
 
 def load_item(path: str, opts: LoadOptions) -> tuple:
     """Read one source file. Returns ("ok", stamp, payload, spec_json, ext, crc) or
-    ("error", stamp, msg); stamp is the file's (size, mtime_ns) before it was read.
+    ("error", stamp, msg); stamp is the file's stamp() before it was read.
 
     Runs in pack worker processes: no exception escapes, so one bad file cannot take the
     pool down, and the parent decides whether it stops the pack or is skipped.

@@ -63,7 +63,12 @@ from gpufeed.write.items import LoadOptions
 from gpufeed.write.options import MANIFEST_OPTIONS, check_options, parse_resize
 from gpufeed.write.remote import pack_to_store
 from gpufeed.write.scan import Source, scan_source
-from gpufeed.write.staging import commit_parts, drop_changed_parts, drop_torn_parts
+from gpufeed.write.staging import (
+    commit_parts,
+    drop_changed_parts,
+    drop_torn_parts,
+    say_resumed,
+)
 from gpufeed.write.streamed import keep_streamed
 from gpufeed.write.writer import Listing
 
@@ -298,6 +303,7 @@ def _stream(src: Source, partial: Path, nparts: int, state: dict, say) -> Stream
         keep_streamed(partial)
         drop_torn_parts(parts_dir, nparts, partial, say)
         drop_changed_parts(src, parts_dir, nparts, state["part_size"], say)
+        say_resumed(parts_dir, nparts, state["part_size"], len(src), say)
     fresh = not any(parts_dir.glob("part-*.npz"))
     if fresh and (partial / STREAMED_DIR).exists():
         remove_tree(partial / STREAMED_DIR, "drop output no kept part names")

@@ -24,7 +24,7 @@ from gpufeed.errors import SourceError
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.write import progress
-from gpufeed.write.items import stamp
+from gpufeed.write.items import STAMP_FIELDS, stamp_changed
 from gpufeed.write.pool import default_workers, ordered_map
 from gpufeed.write.scan import Source
 from gpufeed.write.streamed import check_part
@@ -37,6 +37,7 @@ __all__ = [
     "first_spec",
     "items_of",
     "part_path",
+    "say_resumed",
     "spec_text",
 ]
 
@@ -58,7 +59,7 @@ class PartBuilder:
         self.exts: list[str] = []
         self.skip_items: list[int] = []
         self.skip_errors: list[str] = []
-        self.stamps: list[tuple[int, int]] = []
+        self.stamps: list[tuple[int, ...]] = []
         self.spec: dict | None = None
 
     def add(self, i: int, result: tuple, spec: dict | None, src: Source):
@@ -105,7 +106,7 @@ class PartBuilder:
             skip_items=np.asarray(self.skip_items, dtype=np.int64),
             skip_errors=np.asarray(self.skip_errors, dtype=str),
             spec=SampleSpec.from_json(self.spec) if self.spec else None,
-            stamps=np.asarray(self.stamps, dtype=np.int64).reshape(-1, 2),
+            stamps=np.asarray(self.stamps, dtype=np.int64).reshape(-1, len(STAMP_FIELDS)),
         )
 
 
@@ -145,8 +146,9 @@ def drop_torn_parts(parts_dir: Path, nparts: int, partial: Path, say) -> None:
 
 
 def drop_changed_parts(src: Source, parts_dir: Path, nparts: int, part_size: int, say) -> None:
-    """On resume: a committed part any of whose source files changed (size or mtime) since it
-    was read is read again, never kept stale. Parts of older gpufeeds (no stamps) are kept."""
+    """On resume: a committed part any of whose source files changed (size, mtime, ctime or
+    inode: gpufeed.write.items.stamp) since it was read is read again, never kept stale.
+    Parts of older gpufeeds (no stamps) are kept."""
     for p in range(nparts):
         path = part_path(parts_dir, p)
         if not path.exists():
@@ -156,12 +158,32 @@ def drop_changed_parts(src: Source, parts_dir: Path, nparts: int, part_size: int
         if stamps is None:
             continue
         items = items_of(p, part_size, len(src))
-        old = [tuple(x) for x in stamps.tolist()]
-        changed = [i for i, was in zip(items, old, strict=True) if stamp(src.paths[i]) != was]
+        if len(stamps) != len(items):  # not what this part's range records: read again
+            changed = list(items)
+        else:
+            changed = [
+                i
+                for i, was in zip(items, stamps.tolist(), strict=True)
+                if stamp_changed(src.paths[i], was)
+            ]
         if changed:
             more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-            say(f"{src.paths[changed[0]]}{more}: changed since it was read; reading it again")
+            say(
+                f"{src.paths[changed[0]]}{more}: changed since it was read; reading "
+                f"{path.name} again"
+            )
             path.unlink()
+
+
+def say_resumed(parts_dir: Path, nparts: int, part_size: int, count: int, say) -> None:
+    """What a resume keeps (committed parts whose files did not change) and what it reads
+    (again), in one line."""
+    kept = [p for p in range(nparts) if part_path(parts_dir, p).exists()]
+    items = sum(len(items_of(p, part_size, count)) for p in kept)
+    say(
+        f"resuming: {len(kept)} of {nparts} part(s) kept ({items} of {count} source files, "
+        f"as committed earlier); {nparts - len(kept)} part(s) to read"
+    )
 
 
 def commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error, quiet, stream):

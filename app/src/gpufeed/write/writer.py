@@ -42,7 +42,7 @@ from gpufeed.formats.files import atomic_write_json
 from gpufeed.formats.lock import PackLock
 from gpufeed.formats.manifest import PARTIAL_SUFFIX
 from gpufeed.formats.parts import Part
-from gpufeed.formats.record import record_encoder
+from gpufeed.formats.record import encode_value, record_encoder
 from gpufeed.formats.schema import Schema, infer_schema, parse_schema
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.storage.urls import require_local
@@ -55,7 +55,7 @@ from gpufeed.write.guard import (
     occupied,
     remove_partial,
 )
-from gpufeed.write.items import stamp
+from gpufeed.write.items import STAMP_FIELDS, stamp, stamp_changed
 from gpufeed.write.options import check_options
 from gpufeed.write.staging import part_path
 from gpufeed.write.streamed import check_part, keep_streamed
@@ -164,6 +164,7 @@ class Writer:
         }
         self.listing = listing
         self._lock: PackLock | None = None
+        self._inferred = False  # the schema was taken from the first sample
         self._open(resume, overwrite)
 
     # -- opening -------------------------------------------------------------------------
@@ -192,7 +193,7 @@ class Writer:
         # what each input was (sources.txt); gpufeed.pack(fn, inputs) sets it
         self.item_names: list[str] | None = None
         self._pending: list[tuple[int, bytes, int, int]] = []  # item, record, label, crc32
-        self._stamps: dict[int, tuple[int, int]] = {}  # item -> its listed file's stamp
+        self._stamps: dict[int, tuple[int, ...]] = {}  # item -> its listed file's stamp
         self._pending_bytes = 0
         self._items = 0  # inputs done: gpufeed.pack(fn, inputs) goes on from here
         # parts are written (and fed to the stream) in one thread while the next part's
@@ -248,19 +249,31 @@ class Writer:
         while part_path(parts_dir, self.parts).exists():
             part = check_part(part_path(parts_dir, self.parts), self.partial)
             if part is None:  # torn (not fsynced, then a power loss): redone, as those after
+                self._say(f"{part_path(parts_dir, self.parts).name}: torn; writing it again")
                 break
             changed = self._changed(part)
             if changed is not None:  # never kept stale: redone, as those after
-                if not self.quiet:
-                    print(f"{changed}: changed since it was read; reading again", file=sys.stderr)
+                name = part_path(parts_dir, self.parts).name
+                self._say(f"{changed}: changed since it was read; reading {name} again")
                 break
             self.written += len(part)
             items = np.concatenate([part.items, part.skip_items])
             self._items = max(self._items, int(items.max()) + 1 if len(items) else 0)
             self.parts += 1
+        redo = 0
         for stale in parts_dir.glob("part-*.npz"):
             if int(stale.stem.removeprefix("part-")) >= self.parts:
                 stale.unlink()  # after a gap: not part of the committed run, written again
+                redo += 1
+        self._say(
+            f"{self.partial}: resuming: {self.parts} part(s) kept ({self.written} samples of "
+            f"{self._items} inputs, as committed earlier), {redo} dropped to be written "
+            f"again; going on from input {self._items}"
+        )
+
+    def _say(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, file=sys.stderr)
 
     # -- writing -------------------------------------------------------------------------
     def write(self, sample: Mapping[str, Any]) -> None:
@@ -285,7 +298,18 @@ class Writer:
         self._check_open()
         if samples and self.schema is None:
             self.set_schema(infer_schema(samples[0]))
-        self.add_records(item, [encoded(self.schema, s) for s in samples])
+            self._inferred = True
+        self.add_records(item, [self._encoded(s, k) for k, s in enumerate(samples)])
+
+    def _encoded(self, sample: Mapping[str, Any], k: int) -> tuple[bytes, int, int]:
+        """encoded(), its refusal naming the sample (the k-th of this input)."""
+        try:
+            return encoded(self.schema, sample)
+        except UsageError as e:
+            hint = ""
+            if self._inferred and "wider dtype" in str(e):
+                hint = " (this Writer took the schema from the first sample: pass schema=)"
+            raise UsageError(f"{self.dest}: sample {self.written + k}: {e}{hint}") from None
 
     def add_records(self, item: int, records: list[tuple[bytes, int, int]]) -> None:
         """Encoded samples of input ``item``: (record, label, crc32) each (add_item's
@@ -313,18 +337,20 @@ class Writer:
         return self.listing.paths if self.listing is not None else None
 
     def _stamp(self, item: int) -> None:
-        """The listed file's (size, mtime_ns), taken as its samples arrive (just after the
-        read: a change inside that moment is not seen; one before a resume is)."""
+        """The listed file's stamp (gpufeed.write.items.stamp), taken as its samples arrive
+        (just after the read: a change inside that moment is not seen; one before a resume
+        is)."""
         if self._listed is not None:
             self._stamps.setdefault(item, stamp(self._listed[item]))
 
     def _part_stamps(self, pending: list, skipped: list) -> np.ndarray | None:
-        """int64 [items, 2]: the stamps of a part's items (written and skipped), in item
+        """int64 [items, 4]: the stamps of a part's items (written and skipped), in item
         order; None where the samples come from no listed files."""
         if self._listed is None:
             return None
         items = sorted({i for i, *_ in pending} | {i for i, _ in skipped})
-        return np.asarray([self._stamps.pop(i) for i in items], np.int64).reshape(-1, 2)
+        stamps = [self._stamps.pop(i) for i in items]
+        return np.asarray(stamps, np.int64).reshape(-1, len(STAMP_FIELDS))
 
     def _changed(self, part: Part) -> str | None:
         """The first listed file of a committed part that changed since it was read (a
@@ -335,7 +361,7 @@ class Writer:
         if len(items) != len(part.stamps):
             return self._listed[items[0]] if items else None
         for i, was in zip(items, part.stamps.tolist(), strict=True):
-            if stamp(self._listed[i]) != tuple(was):
+            if stamp_changed(self._listed[i], was):
                 return self._listed[i]
         return None
 
@@ -410,7 +436,7 @@ class Writer:
             return self.manifest
         self.flush()
         if self.schema is None:
-            raise UsageError(f"{self.dest}: no sample was written; nothing to pack")
+            self._close_empty()
         if self.parts == 0:
             self.flush(empty=True)
         src = WrittenSource(count=self._items, names=self.item_names)
@@ -423,6 +449,19 @@ class Writer:
         remove_partial(self.partial, self._lock)
         self._release()
         return self.manifest
+
+    def _close_empty(self) -> None:
+        """No sample and no schema: no pack is made; DEST.partial (nothing in it to resume)
+        is removed and the lock released, so DEST is free for the next writer."""
+        skipped = f" ({self._items} input(s), every one skipped)" if self._items else ""
+        self._stop_committer()
+        self._stream.stop()
+        remove_partial(self.partial, self._lock)
+        self._release()
+        raise UsageError(
+            f"{self.dest}: no sample was written{skipped}; nothing to pack (no pack made, "
+            "its staging folder removed); pass schema= to write a pack of no samples"
+        )
 
     def abandon(self) -> None:
         """Stop without finishing: committed parts stay (resume=True continues)."""
@@ -457,9 +496,23 @@ class Writer:
 def encoded(schema: Schema, sample: Mapping[str, Any]) -> tuple[bytes, int, int]:
     """A sample as a part holds it: (record, label, crc32 of the record)."""
     encode, has_label = _encoder(schema)
-    record = encode(sample)
+    try:
+        record = encode(sample)
+    except (ValueError, TypeError, OverflowError) as e:  # numpy's or PIL's, on a bad value
+        raise UsageError(f"{_failing_field(schema, sample)}cannot be stored ({e})") from None
     label = int(sample["label"]) if has_label else -1
     return record, label, crc32(record)
+
+
+def _failing_field(schema: Schema, sample: Mapping[str, Any]) -> str:
+    """'field NAME: ' of the first field whose value does not encode on its own ('' if none
+    does: the error is the sample's)."""
+    for f in schema.fields:
+        try:
+            encode_value(f, sample[f.name])
+        except Exception:  # noqa: BLE001 - any failure names this field
+            return f"field {f.name!r}: "
+    return ""
 
 
 _ENCODERS: dict[int, tuple[Schema, Any, bool]] = {}  # id(schema): (schema, encoder, label?)
