@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from gpufeed.errors import UsageError
 from gpufeed.storage import Cache, CacheFullError, ChecksumError, FileEntry, Prefetcher
 
 KIB = 1024
@@ -244,3 +245,62 @@ def test_a_forked_child_does_not_keep_the_parents_locks_or_pins(tmp_path):
 def _ready_then_wait(ready, go) -> None:
     ready.set()
     go.wait(60)
+
+
+@pytest.fixture()
+def umask_022():
+    old = os.umask(0o022)  # the usual default: what made the cache world-readable
+    yield
+    os.umask(old)
+
+
+def modes(root) -> dict[str, int]:
+    """Every folder and file under `root` (root itself as "."): its permission bits."""
+    out = {".": root.stat().st_mode & 0o777}
+    for p in root.rglob("*"):
+        if not p.is_symlink():
+            out[str(p.relative_to(root))] = p.stat().st_mode & 0o777
+    return out
+
+
+def test_the_cache_is_private_to_its_user(tmp_path, umask_022, monkeypatch):
+    monkeypatch.delenv("GPUFEED_CACHE_SHARED", raising=False)
+    cache = Cache(tmp_path / "c", cache_limit="1MiB")
+    entry, data = blob(5, 10 * KIB)
+    cache.get(entry, writer(data)).release()
+    found = modes(cache.root)
+    assert {"objects", "locks", "cache.lock", str(cache.path(entry).relative_to(cache.root))} <= (
+        set(found)
+    )
+    for name, mode in found.items():
+        want = 0o700 if (cache.root / name).is_dir() else 0o600
+        assert mode == want, f"{name}: {oct(mode)}"
+
+
+def test_an_older_world_readable_cache_is_closed_on_open(tmp_path, umask_022, monkeypatch):
+    monkeypatch.delenv("GPUFEED_CACHE_SHARED", raising=False)
+    for sub in ("objects", "locks"):
+        (tmp_path / "c" / sub).mkdir(parents=True, mode=0o755)
+    Cache(tmp_path / "c")
+    assert modes(tmp_path / "c")["objects"] == modes(tmp_path / "c")["locks"] == 0o700
+
+
+def test_a_shared_cache_follows_the_umask(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFEED_CACHE_SHARED", "1")
+    old = os.umask(0o002)  # a group sharing one cache
+    try:
+        cache = Cache(tmp_path / "c")
+        entry, data = blob(6, 10 * KIB)
+        cache.get(entry, writer(data)).release()
+    finally:
+        os.umask(old)
+    for name, mode in modes(cache.root).items():
+        want = 0o775 if (cache.root / name).is_dir() else 0o664
+        assert mode == want, f"{name}: {oct(mode)}"
+    assert Cache(tmp_path / "c2", shared=False).shared is False  # the argument wins
+
+
+def test_a_bad_shared_setting_names_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFEED_CACHE_SHARED", "maybe")
+    with pytest.raises(UsageError, match=r"GPUFEED_CACHE_SHARED='maybe': expected 1"):
+        Cache(tmp_path / "c")

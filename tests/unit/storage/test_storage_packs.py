@@ -139,3 +139,29 @@ def test_a_link_in_the_cache_view_leading_out_is_never_followed(
     with pytest.raises(UnsafePathError, match=r"sub/shard-000001.tar: would be linked outside"):
         ds.reader.read_batch(np.arange(len(ds)))  # the reader's own error (datasets wrap it)
     assert list(outside.iterdir()) == []
+
+
+def test_a_remote_packs_cache_and_staging_are_private(
+    s3, tar_pack, array_folder, tmp_path, monkeypatch
+):
+    """Under the usual umask (022) the cache would be world-readable: everything gpufeed
+    makes there is 0700 (folders) or 0600 (files), the pack's view and staging included."""
+    from gpufeed.write.pack import pack
+
+    monkeypatch.delenv("GPUFEED_CACHE_SHARED", raising=False)
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "cache"))
+    old = os.umask(0o022)
+    try:
+        upload_pack(tar_pack, f"{s3}/train")
+        _read_all(f"{s3}/train", tmp_path / "cache")
+        pack(array_folder, f"{s3}/p", "tar", shard_size=4, quiet=True, keep_staging=True)
+    finally:
+        os.umask(old)
+    cache = tmp_path / "cache"
+    assert (cache / "packs" / "s3").is_dir() and (cache / "staging" / "s3").is_dir()
+    for p in [cache, *cache.rglob("*")]:
+        parts = p.relative_to(cache).parts
+        if p.is_symlink() or (parts[:1] == ("staging",) and len(parts) > 3):
+            continue  # links; the staged pack itself (made by pack, inside a 0700 folder)
+        want = 0o700 if p.is_dir() else 0o600
+        assert p.stat().st_mode & 0o777 == want, f"{p}: {oct(p.stat().st_mode & 0o777)}"

@@ -8,6 +8,12 @@ Layout (cache_dir):
                                  deleting a lock file others may hold breaks the lock)
   cache.lock                     held while space is reserved and files are evicted
 
+Who may read it: the cache holds other people's training data, so its folders are made 0700
+and its files 0600 (folders of an older, world-readable cache are closed on open), unless
+the cache is shared between users on purpose: shared=True (Cache, open_pack) or
+$GPUFEED_CACHE_SHARED=1; modes then follow the umask (a group-writable umask and a setgid
+group folder let a group share one cache).
+
 How processes share one cache without double downloads or corruption (flock, so the kernel
 drops a dead process's locks):
   - A file in use is pinned: an open descriptor with a shared lock on it. Eviction takes an
@@ -49,6 +55,38 @@ LOCKS = "locks"
 CACHE_LOCK = "cache.lock"
 PART = ".part"
 LANDING_STEP = 1 << 20  # a download in progress is readable (storage/landing.py) in these steps
+CACHE_SHARED_ENV = "GPUFEED_CACHE_SHARED"
+PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
+SHARED_DIR, SHARED_FILE = 0o777, 0o666  # less the umask
+
+
+def cache_shared(shared: bool | None = None) -> bool:
+    """`shared`, else whether $GPUFEED_CACHE_SHARED asks for a cache other users may read."""
+    if shared is not None:
+        return bool(shared)
+    value = os.environ.get(CACHE_SHARED_ENV, "").strip().lower()
+    if value in ("", "0", "no", "false", "off"):
+        return False
+    if value in ("1", "yes", "true", "on"):
+        return True
+    raise UsageError(f"${CACHE_SHARED_ENV}={value!r}: expected 1 (a shared cache) or 0")
+
+
+def make_cache_dirs(root: Path, path: Path, shared: bool) -> None:
+    """`path` (root itself or a folder under it) and the folders between, made 0700 (0777
+    less the umask when `shared`); a private cache's first folder under root, when an older
+    gpufeed left it open to others, is closed (what is inside is then out of their reach)."""
+    mode = SHARED_DIR if shared else PRIVATE_DIR
+    if not root.is_dir():
+        os.makedirs(root, mode=mode, exist_ok=True)
+    cur = root
+    for i, part in enumerate(path.relative_to(root).parts):
+        cur = cur / part
+        try:
+            os.mkdir(cur, mode)
+        except FileExistsError:
+            if i == 0 and not shared:
+                _close_to_others(cur)
 
 
 @dataclass(frozen=True)
@@ -112,16 +150,23 @@ class Cache:
         cache_limit: int | str | None = None,
         *,
         stats: StorageStats | None = None,
+        shared: bool | None = None,
     ):
         self.root = Path(cache_dir).absolute()
         self.limit = parse_size(cache_limit, "cache_limit")
         self.stats = stats or StorageStats()
+        self.shared = cache_shared(shared)
+        self.file_mode = SHARED_FILE if self.shared else PRIVATE_FILE
         self._paths: dict[str, Path] = {}  # sha256 -> its path (pathlib joins cost ~10 us)
         for sub in (OBJECTS, LOCKS):
-            try:
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise UsageError(f"cache_dir {self.root}: cannot create it: {e.strerror}") from None
+            self.make_dirs(self.root / sub)
+
+    def make_dirs(self, path: Path) -> None:
+        """`path`, a folder under the cache, made with the cache's modes (make_cache_dirs)."""
+        try:
+            make_cache_dirs(self.root, path, self.shared)
+        except OSError as e:
+            raise UsageError(f"cache_dir {self.root}: cannot create {path}: {e.strerror}") from None
 
     # ------------------------------------------------------------------ paths
     def path(self, entry: FileEntry) -> Path:
@@ -157,7 +202,7 @@ class Cache:
     def pin_after_download(self, entry: FileEntry) -> Pin | None:
         """pin(entry) once a download of it in progress (any process's) has ended: its
         download lock, taken and let go at once; None when it did not land."""
-        with _Flock(self._lock_path(entry)):
+        with _Flock(self._lock_path(entry), mode=self.file_mode):
             return self.pin(entry)
 
     def holds(self, entry: FileEntry) -> bool:
@@ -174,7 +219,7 @@ class Cache:
         if pin is not None:
             self.stats.add(hits=1)
             return pin
-        with _Flock(self._lock_path(entry)):
+        with _Flock(self._lock_path(entry), mode=self.file_mode):
             pin = self.pin(entry)  # another process or thread fetched it while we waited
             if pin is not None:
                 self.stats.add(hits=1)
@@ -220,13 +265,14 @@ class Cache:
         """Make room for `entry` (evicting the least recently used unpinned files) and create
         its .part file at full size, all under the cache lock."""
         final = self.path(entry)
-        final.parent.mkdir(exist_ok=True)
+        if not final.parent.is_dir():
+            self.make_dirs(final.parent)
         part = final.with_name(f"{final.name}.{os.getpid()}-{threading.get_ident()}{PART}")
-        with _Flock(self.root / CACHE_LOCK):
+        with _Flock(self.root / CACHE_LOCK, mode=self.file_mode):
             files = self._scan()  # also sweeps .part files left by dead downloads
             if self.limit is not None:
                 self._make_room(entry, files)
-            fd = _open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+            fd = _open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, self.file_mode)
             fcntl.flock(fd, fcntl.LOCK_EX)  # marks it live for the orphan sweep
             try:
                 if entry.size:
@@ -270,7 +316,7 @@ class Cache:
 
     def _evict(self, path: Path) -> bool:
         """Remove `path` unless it is pinned or being landed; True when removed."""
-        lock = _Flock(self.root / LOCKS / f"{path.name}.lock", wait=False)
+        lock = _Flock(self.root / LOCKS / f"{path.name}.lock", wait=False, mode=self.file_mode)
         if not lock.acquire():
             return False
         try:
@@ -381,6 +427,14 @@ def _same_file(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
 
 
+def _close_to_others(path: Path) -> None:
+    """chmod 0700 a folder of ours that others may enter (made by an older gpufeed)."""
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        if st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(path, PRIVATE_DIR)
+
+
 def _unlink(path: Path) -> None:
     try:
         path.unlink()
@@ -391,15 +445,16 @@ def _unlink(path: Path) -> None:
 class _Flock:
     """An exclusive flock on a lock file, as a context manager (wait=False: try once)."""
 
-    def __init__(self, path: Path, wait: bool = True):
+    def __init__(self, path: Path, wait: bool = True, mode: int = PRIVATE_FILE):
         self.path = path
         self.wait = wait
+        self.mode = mode
         self.fd = -1
         self._pid = os.getpid()
 
     def acquire(self) -> bool:
         self._pid = os.getpid()
-        self.fd = _open(self.path, os.O_RDWR | os.O_CREAT)
+        self.fd = _open(self.path, os.O_RDWR | os.O_CREAT, self.mode)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
         except BlockingIOError:
@@ -426,8 +481,8 @@ _lock_fds: set[int] = set()
 _lock_fds_guard = threading.Lock()
 
 
-def _open(path: Path, flags: int) -> int:
-    fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+def _open(path: Path, flags: int, mode: int = PRIVATE_FILE) -> int:
+    fd = os.open(path, flags | os.O_CLOEXEC, mode)
     with _lock_fds_guard:
         _lock_fds.add(fd)
     return fd

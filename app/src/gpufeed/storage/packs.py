@@ -23,7 +23,7 @@ from gpufeed.formats import open_reader, reader_class
 from gpufeed.formats.base import Reader
 from gpufeed.formats.files import atomic_write_bytes
 from gpufeed.formats.manifest import MANIFEST_NAME, read_manifest
-from gpufeed.storage.cache import Pin
+from gpufeed.storage.cache import Pin, make_cache_dirs
 from gpufeed.storage.landing import Landing
 from gpufeed.storage.remote import RemotePack, check_remote_name, open_pack
 from gpufeed.storage.urls import RemoteURL, parse_location
@@ -161,7 +161,7 @@ class RemoteFiles:
             pin = pins[name] = pin if pin is not None else self._fetch_now(name)
         link = self._links.get(name)
         if link is None:  # a name's copy is named by its sha256: its link never changes
-            link = self._links[name] = _link(self.root, name, pin.path, self.url)
+            link = self._links[name] = _link(self.root, name, pin.path, self.pack)
         return link
 
     def _fetch_now(self, name: str) -> Pin:
@@ -203,11 +203,12 @@ class RemoteFiles:
         self.__init__(state["pack"], state["root"])
 
 
-def _link(root: Path, name: str, target: Path, url: RemoteURL) -> Path:
+def _link(root: Path, name: str, target: Path, pack: RemotePack) -> Path:
     """root/name made a symbolic link to `target` (atomically: readers of the pack's view in
     other processes see the old link or the new one, never none). The name was checked when
     the manifest was read (check_remote_name); checked again here, with where the link's
     folder really is, so that nothing but the view's own folders is ever written."""
+    url = pack.url
     check_remote_name(url, name)
     link = root / name
     try:
@@ -217,7 +218,7 @@ def _link(root: Path, name: str, target: Path, url: RemoteURL) -> Path:
         pass
     try:
         _inside(root, link.parent, url, name)  # before mkdir, which would follow a link out
-        link.parent.mkdir(parents=True, exist_ok=True)
+        make_cache_dirs(pack.cache.root, link.parent, pack.cache.shared)
         _inside(root, link.parent, url, name)
         tmp = link.with_name(f".{link.name}.{os.getpid()}.{threading.get_ident()}.link")
         with contextlib.suppress(FileNotFoundError):
@@ -257,8 +258,10 @@ def view_root(pack: RemotePack) -> Path:
     path = root / MANIFEST_NAME
     try:
         if not path.exists() or path.read_bytes() != text:
-            root.mkdir(parents=True, exist_ok=True)
+            make_cache_dirs(pack.cache.root, root, pack.cache.shared)
             atomic_write_bytes(path, text, shared=True)
+            if not pack.cache.shared:  # written with the umask's mode, in a 0700 folder
+                os.chmod(path, pack.cache.file_mode)
     except OSError as e:
         where = f"cache_dir {pack.cache.root}"
         raise UsageError(f"{where}: cannot write {path}: {e.strerror}") from None

@@ -160,9 +160,11 @@ def open_pack(
     *,
     retry: RetryPolicy | None = None,
     stats: StorageStats | None = None,
+    shared: bool | None = None,
 ) -> RemotePack:
-    """The pack at `url` (s3://bucket/prefix, ...), its files cached under `cache_dir`."""
+    """The pack at `url` (s3://bucket/prefix, ...), its files cached under `cache_dir`
+    (private to this user unless `shared`, default $GPUFEED_CACHE_SHARED: storage/cache.py)."""
     loc = parse_location(url)
     if not isinstance(loc, RemoteURL):
         raise UsageError(f"{url}: open_pack reads object storage (s3://, gs://, az://, https://)")
-    return RemotePack(loc, Cache(cache_dir, cache_limit, stats=stats), retry=retry)
+    return RemotePack(loc, Cache(cache_dir, cache_limit, stats=stats, shared=shared), retry=retry)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpufeed.storage.cache import cache_shared, make_cache_dirs
 from gpufeed.storage.packs import default_cache_dir
 from gpufeed.storage.upload import check_upload_destination, upload_pack
 from gpufeed.storage.urls import RemoteURL
@@ -44,7 +45,10 @@ def pack_to_store(
     """pack_locally(dest=the staging folder, **options), then upload_pack(it, url)."""
     check_upload_destination(url, overwrite=overwrite, resume=resume)  # before the work
     staged = staging_path(url, staging_dir)
-    staged.parent.mkdir(parents=True, exist_ok=True)
+    if staging_dir is None:  # in the cache folder: as private as the cache (storage/cache.py)
+        make_cache_dirs(default_cache_dir().absolute(), staged.parent, cache_shared())
+    else:
+        staged.parent.mkdir(parents=True, exist_ok=True)
     # the staging folder is ours: a finished pack left there by an upload that failed is
     # replaced unless resuming (then it is reused, if made from the same source and settings)
     manifest = pack_locally(dest=staged, resume=resume, overwrite=not resume, **options)
