@@ -33,7 +33,7 @@ from gpufeed.data.distributed import DistributedBlockSampler, rank_and_world
 from gpufeed.data.order import DEFAULT_BLOCK_SIZE
 from gpufeed.data.samplers import BlockShuffleSampler, SortedBatchSampler
 from gpufeed.data.streaming import TarShardDataset
-from gpufeed.errors import ShmBudgetWarning
+from gpufeed.errors import ShmBudgetWarning, UsageError
 from gpufeed.formats.readahead import PREFETCH_MIN_BYTES
 from gpufeed.loading.loader import GpufeedLoader
 from gpufeed.loading.outlook import loader_cpus
@@ -159,6 +159,7 @@ def make_loader(
     - ``check_shm``: warn (:class:`~gpufeed.errors.ShmBudgetWarning`) when ``/dev/shm`` cannot hold
       workers x prefetch_factor batches.
     """
+    _check_dataset(dataset)
     _check_dataloader_args(batch_size, shuffle, sampler, batch_sampler, drop_last)
     seed = _seed_from(seed, generator)
     arguments = locals()  # the tunable ones by LoaderSettings' field names
@@ -377,6 +378,16 @@ def _sample_bytes(dataset, batch_size, collate, batched: bool) -> int | None:
     except Exception as exc:  # sizing is advisory; the real error surfaces when iterating
         warnings.warn(f"could not size a batch for the /dev/shm check: {exc!r}", stacklevel=4)
         return None
+
+
+def _check_dataset(dataset) -> None:
+    """A path is not a dataset: a str would be read as a sequence of its characters."""
+    if isinstance(dataset, (str, bytes, bytearray, os.PathLike)):
+        shown = repr(os.fsdecode(dataset) if isinstance(dataset, os.PathLike) else dataset)
+        raise UsageError(
+            f"make_loader got the path {shown[:200]}, not a dataset; open it first: "
+            f"make_loader(gpufeed.open_dataset({shown[:200]}), batch_size=...)"
+        )
 
 
 def _check_dataloader_args(batch_size, shuffle, sampler, batch_sampler, drop_last):
