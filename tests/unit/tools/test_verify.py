@@ -157,3 +157,92 @@ def test_inspect_each_format(packs):
     assert inspect(packs["hdf5"])["compression"] is None
     assert inspect(packs["mmap"])["container"] == "npy"
     assert (packs["mmap"] / MANIFEST_NAME).is_file()
+
+
+def _replace_labels(dest, fmt, labels) -> tuple[str, str]:
+    """Write `labels` where `fmt` keeps its labels, update the manifest's entry; (the file,
+    the dataset in it) as a message should name them."""
+    if fmt == "hdf5":
+        import h5py
+
+        with h5py.File(dest / "data.h5", "a") as f:
+            del f["labels"]
+            if labels.dtype.kind == "U":  # HDF5's own strings, read back as objects
+                f.create_dataset("labels", data=labels.astype(object), dtype=h5py.string_dtype())
+            else:
+                f["labels"] = labels
+        name, dataset = "data.h5", "/labels"
+    elif fmt == "mmap":
+        np.save(dest / "labels.npy", labels)
+        name, dataset = "labels.npy", "labels.npy"
+    elif fmt == "tar":
+        with np.load(dest / "index.npz") as z:
+            arrays = dict(z)
+        arrays["labels"] = labels
+        np.savez(dest / "index.npz", **arrays)
+        name, dataset = "index.npz", "labels"
+    else:
+        import io
+
+        import lmdb
+
+        buf = io.BytesIO()
+        np.save(buf, labels)
+        env = lmdb.open(str(dest), subdir=True, lock=False)
+        with env.begin(write=True) as txn:
+            txn.put(b"__labels__", buf.getvalue())
+        env.close()
+        name, dataset = "data.mdb", "__labels__"
+    m = read_manifest(dest)
+    m["files"][name] = file_entry(dest, name)
+    write_manifest(dest, m)
+    return name, dataset
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(
+    "labels",
+    [
+        np.array([b"a"] * 17),
+        np.array(["cat"] * 17),
+        np.arange(17, dtype=np.float64),
+        np.zeros((17, 2), np.int64),
+    ],
+    ids=["bytes", "str", "float", "2d"],
+)
+def test_labels_of_the_wrong_dtype_or_shape_are_a_problem_naming_file_and_dataset(
+    tmp_path, array_folder, fmt, labels
+):
+    """A string /labels crashed verify with UFuncTypeError: it is a problem naming the file
+    and the dataset, in every format."""
+    dest = fresh(tmp_path, array_folder, fmt)
+    name, dataset = _replace_labels(dest, fmt, labels)
+    report = verify(dest)
+    assert not report.ok and report.samples_checked == 0
+    text = "\n".join(str(p) for p in report.problems)
+    assert str(dest / name) in text and dataset in text, text
+    found = "object" if fmt == "hdf5" and labels.dtype.kind == "U" else str(labels.dtype)
+    assert found in text, text  # what was found
+    json.dumps(report.to_json())  # and the report is still plain data
+
+
+def test_verify_of_an_index_the_reader_does_not_check(tmp_path, array_folder):
+    """verify's own check: readers may accept an index verify cannot compare (a reader
+    built over crafted arrays directly); a problem, never a numpy error."""
+    from gpufeed.formats import open_reader
+
+    dest = fresh(tmp_path, array_folder, "mmap")
+    reader = open_reader(dest)
+    reader.crc32 = np.array(["x"] * reader.count)
+    report = verify_mod.VerifyReport(str(dest), "mmap", reader.count)
+    verify_mod._read_samples(reader, report, False, 256, True)
+    assert [str(p) for p in report.problems] == [
+        f"{dest / 'crc32.npy'}: holds <U1[17], expected 17 integers (crc32, one a "
+        "sample, as the manifest's count says); the pack is damaged or was crafted (re-pack it)"
+    ]
+
+
+def test_inspect_does_not_follow_a_link_out_of_the_pack(tmp_path, array_folder):
+    dest = fresh(tmp_path, array_folder)
+    (dest / "dangling").symlink_to(tmp_path / "nowhere")
+    assert inspect(dest)["count"] == 17

@@ -10,7 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.errors import CorruptSampleError, DataError, StorageError, UnsafePathError
+from gpufeed.errors import (
+    CorruptSampleError,
+    DataError,
+    GpufeedError,
+    StorageError,
+    UnsafePathError,
+)
 from gpufeed.formats import reader_class
 from gpufeed.formats.checksums import crc32, row_crcs, sha256_file
 from gpufeed.formats.manifest import pack_file, read_manifest
@@ -125,7 +131,8 @@ def verify(
     try:
         reader = reader_class(manifest["format"])(dest, manifest)
     except Exception as e:  # noqa: BLE001 - an unreadable index is a finding, not a crash
-        report.add(Problem(str(dest), f"cannot open: {type(e).__name__}: {e}"))
+        why = str(e) if isinstance(e, GpufeedError) else f"{type(e).__name__}: {e}"
+        report.add(Problem(str(dest), f"cannot open: {why}"))
         return report
     return _read_samples(reader, report, decode, chunk, quiet)
 
@@ -172,17 +179,50 @@ def _check_file(path: Path, entry: Any) -> Problem | None:
     return None
 
 
-def _check_samples(reader, report: VerifyReport, decode: bool, chunk: int, quiet: bool) -> None:
-    if len(reader.labels) != reader.count or len(reader.crc32) != reader.count:
-        report.add(
-            Problem(
-                str(reader.root),
-                f"index holds {len(reader.labels)} labels and {len(reader.crc32)} crc32s, "
-                f"manifest says {reader.count} samples",
-            )
+# where each format keeps its labels and crc32 arrays (file, and the dataset or key in it)
+INDEX_AT = {
+    "hdf5": ("data.h5", "/{}"),
+    "lmdb": ("data.mdb", "key __{}__"),
+    "tar": ("index.npz", "{}"),
+    "mmap": ("{}.npy", ""),
+}
+
+
+def _index_problem(reader) -> Problem | None:
+    """The labels and crc32 arrays as the checks below use them: one dimension of integers,
+    one a sample. A crafted dtype (strings, floats) or shape is a finding naming the file and
+    dataset, never a numpy error out of verify."""
+    for what in ("labels", "crc32"):
+        arr = np.asarray(getattr(reader, what))
+        if arr.ndim == 1 and arr.dtype.kind in "iu" and len(arr) == reader.count:
+            continue
+        file, dataset = INDEX_AT.get(reader.format_name, ("", what))
+        path = str(reader.root / file.format(what)) if file else str(reader.root)
+        inside = f"{dataset.format(what)}: " if dataset else ""
+        return Problem(
+            path,
+            f"{inside}holds {arr.dtype}{list(arr.shape)}, expected "
+            f"{reader.count} integers ({what}, one a sample, as the manifest's count says); "
+            "the pack is damaged or was crafted (re-pack it)",
         )
+    return None
+
+
+def _sources(reader, report: VerifyReport) -> list[str]:
+    """The samples' source files, to name them in problems; an unreadable list is one."""
+    try:
+        return reader.sources() or []
+    except (DataError, OSError) as e:
+        report.add(Problem(str(reader.root), f"sources.txt unreadable: {e}"))
+        return []
+
+
+def _check_samples(reader, report: VerifyReport, decode: bool, chunk: int, quiet: bool) -> None:
+    problem = _index_problem(reader)
+    if problem is not None:
+        report.add(problem)
         return
-    sources = reader.sources() or []
+    sources = _sources(reader, report)
 
     def bad(i: int, message: str) -> None:
         src = sources[i] if i < len(sources) else None
@@ -255,7 +295,7 @@ def _dir_size(root: Path) -> tuple[int, int]:
     content = allocated = 0
     for dirpath, _, names in os.walk(root):
         for name in names:
-            st = os.stat(os.path.join(dirpath, name))
+            st = os.lstat(os.path.join(dirpath, name))  # a link's own size: never followed
             content += st.st_size
             allocated += getattr(st, "st_blocks", 0) * 512
     return content, allocated
