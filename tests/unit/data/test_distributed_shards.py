@@ -2,7 +2,12 @@ import warnings
 
 import pytest
 
-from gpufeed.data.distributed import rank_and_world, split_shards
+from gpufeed.data.distributed import (
+    rank_and_world,
+    rank_counts_by_shards,
+    split_samples,
+    split_shards,
+)
 from gpufeed.errors import ShardSplitWarning
 
 SHARDS = [f"shard-{i:04d}.tar" for i in range(23)]
@@ -114,3 +119,101 @@ def test_worker_from_get_worker_info_in_dataloader():
     got = list(DataLoader(DS(), batch_size=None, num_workers=2))
     assert sorted(got) == sorted(SHARDS)
     assert torch.utils.data.get_worker_info() is None
+
+
+# -------------------------------------------------------------- split_samples (the default)
+
+LAYOUTS = [
+    [100] * 10 + [1],  # the issue's 11 shards of 1001: whole shards gave ranks 600 and 401
+    [5] * 11,
+    [7],  # one shard, read by every rank
+    [3, 0, 9, 1, 1, 40, 2],  # an empty shard among uneven ones
+    [1] * 13,
+    [2] * 9 + [1],
+    [1000, 1, 1, 1],
+]
+
+
+def _samples(sizes, epoch, world, workers, shuffle=True):
+    """{(rank, worker): [(shard, position), ...]} of split_samples."""
+    return {
+        (r, w): [
+            (shard, p)
+            for shard, a, b in split_samples(
+                sizes,
+                seed=3,
+                epoch=epoch,
+                rank=r,
+                world_size=world,
+                worker_id=w,
+                num_workers=workers,
+                shuffle=shuffle,
+            )  # fmt: skip
+            for p in range(a, b)
+        ]
+        for r in range(world)
+        for w in range(workers)
+    }
+
+
+@pytest.mark.parametrize("sizes", LAYOUTS)
+@pytest.mark.parametrize("world,workers", [(1, 1), (2, 1), (2, 2), (3, 4), (4, 3), (7, 2)])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_split_samples_gives_every_rank_and_worker_equal_disjoint_shares(
+    sizes, world, workers, shuffle
+):
+    n = sum(sizes)
+    if n < world:
+        pytest.skip("fewer samples than ranks: refused (below)")
+    for epoch in (0, 1):
+        parts = _samples(sizes, epoch, world, workers, shuffle)
+        per_worker = {w: {len(parts[r, w]) for r in range(world)} for w in range(workers)}
+        # worker w yields as many samples on every rank: every rank, as many batches
+        assert all(len(counts) == 1 for counts in per_worker.values()), per_worker
+        counts = [len(p) for p in parts.values()]
+        assert max(counts) - min(counts) <= 1
+        seen = [s for p in parts.values() for s in p]
+        assert len(seen) == len(set(seen))  # disjoint: each sample at most once
+        assert all(0 <= pos < sizes[shard] for shard, pos in seen)
+        # the rule: each rank n // world, the remainder (fewer than the ranks) unread
+        assert len(seen) == n // world * world and n - len(seen) < world
+
+
+def test_split_samples_reads_whole_shards_but_at_the_shares_edges():
+    sizes = [100] * 10 + [1]
+    parts = [
+        split_samples(sizes, seed=0, epoch=0, rank=r, world_size=2, worker_id=w, num_workers=2)
+        for r in range(2)
+        for w in range(2)
+    ]
+    split = {s for p in parts for s, a, b in p if (a, b) != (0, sizes[s])}
+    assert len(split) <= 2 * 2 - 1 + 1  # at the 3 edges between 4 shares, and the tail dropped
+    assert max(len(p) for p in parts) <= 4  # long sequential runs, not scattered samples
+
+
+def test_split_samples_ranks_step_in_lockstep_where_whole_shards_do_not():
+    sizes = [100] * 10 + [1]
+    by_shards = rank_counts_by_shards(sizes, seed=0, epoch=0, world_size=2)
+    assert len(set(by_shards)) == 2 and sum(by_shards) == 1001  # the hang of issue 38
+    counts = [
+        sum(b - a for _, a, b in split_samples(sizes, seed=0, epoch=0, rank=r, world_size=2))
+        for r in range(2)
+    ]
+    assert counts == [500, 500]
+
+
+def test_split_samples_changes_with_epoch_and_is_deterministic():
+    sizes = [10] * 7
+    assert _samples(sizes, 1, 2, 2) == _samples(sizes, 1, 2, 2)
+    assert _samples(sizes, 1, 2, 2) != _samples(sizes, 2, 2, 2)
+    unread = [set(), set()]
+    for epoch in range(2):
+        seen = {s for p in _samples(sizes, epoch, 3, 1).values() for s in p}
+        unread[epoch] = {(k, p) for k in range(7) for p in range(10)} - seen
+    assert len(unread[0]) == len(unread[1]) == 70 % 3 and unread[0] != unread[1]
+
+
+def test_split_samples_refuses_fewer_samples_than_ranks():
+    with pytest.raises(ValueError, match="3 sample\\(s\\) cannot be split over 4 ranks"):
+        split_samples([2, 1], seed=0, epoch=0, rank=0, world_size=4)
+    assert split_samples([], seed=0, epoch=0, rank=1, world_size=2) == []

@@ -1,9 +1,11 @@
-"""Real 2-process torchrun (gloo, CPU): sharding, per-epoch order and mid-epoch resumption.
+"""Real 2-process torchrun (gloo, CPU): sharding, per-epoch order and mid-epoch resumption;
+a streamed tar pack of 11 uneven shards trained in lockstep (an all_reduce a step).
 
 Run as a script by torchrun (see ``_rank_main``); the test launches it and checks what rank 0
 gathered from both ranks.
 """
 
+import datetime
 import json
 import os
 import socket
@@ -15,6 +17,7 @@ import pytest
 
 N, BATCH, SHARDS = 103, 8, [f"shard-{i:03d}.tar" for i in range(10)]
 STOP_AFTER = {0: 3, 1: 5}  # batches each rank consumes before "crashing" in epoch 2
+UNEVEN, UNEVEN_SHARD, UNEVEN_BATCH = 1001, 100, 16  # 11 shards: whole ones gave 600 and 401
 
 
 def _tar_epochs(tar_path, rank):
@@ -40,7 +43,33 @@ def _tar_epochs(tar_path, rank):
     return {"full": full, "before": before, "after": [k for b in resumed for k in keys(b)]}
 
 
-def _rank_main(out_path, tar_path):
+def _lockstep(uneven_path):
+    """For 0 and 2 workers: the steps of an epoch of the 11-shard stream, each step an
+    all_reduce (a rank that ran out would leave the other waiting: gloo's timeout), and the
+    samples this rank trained on."""
+    import torch
+    import torch.distributed as dist
+
+    import gpufeed
+    from gpufeed.loading.make import make_loader
+
+    runs = {}
+    for workers in (0, 2):
+        ds = gpufeed.open_dataset(uneven_path, map_style=False)
+        dl = make_loader(ds, UNEVEN_BATCH, num_workers=workers, seed=4)
+        steps, seen = 0, []
+        for batch in dl:
+            total = torch.tensor([1])
+            dist.all_reduce(total)  # both ranks take this step
+            assert int(total) == 2
+            steps += 1
+            seen += batch["i"].flatten().tolist()
+        dist.barrier()
+        runs[workers] = {"steps": steps, "seen": seen}
+    return runs
+
+
+def _rank_main(out_path, tar_path, uneven_path):
     import torch
     import torch.distributed as dist
 
@@ -54,7 +83,8 @@ def _rank_main(out_path, tar_path):
         def __getitem__(self, i):
             return torch.tensor([i]), i
 
-    dist.init_process_group("gloo")
+    # a rank left waiting fails in seconds, not gloo's default 30 minutes
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     rank = dist.get_rank()
     ds = DS()
 
@@ -90,6 +120,7 @@ def _rank_main(out_path, tar_path):
         "state": state,
         "shards": split_shards(SHARDS, seed=1, epoch=0),
         "tar": _tar_epochs(tar_path, rank),
+        "lockstep": _lockstep(uneven_path),
     }
     gathered = [None, None]
     dist.all_gather_object(gathered, mine)
@@ -117,16 +148,30 @@ def _tar_pack(tmp_path_factory):
     return root / "tar"
 
 
+def _uneven_pack(tmp_path_factory):
+    """1001 samples {"i": [i]} in 11 tar shards, written by gpufeed's Writer."""
+    import numpy as np
+
+    import gpufeed
+
+    dest = tmp_path_factory.mktemp("torchrun_uneven") / "tar"
+    with gpufeed.Writer(dest, format="tar", shard_size=UNEVEN_SHARD) as w:
+        for i in range(UNEVEN):
+            w.write({"i": np.array([i], dtype=np.int64)})
+    return dest
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("torchrun") / "gathered.json"
     tar = _tar_pack(tmp_path_factory)
+    uneven = _uneven_pack(tmp_path_factory)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env["OMP_NUM_THREADS"] = "1"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-        __file__, str(out), str(tar),
+        __file__, str(out), str(tar), str(uneven),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -172,12 +217,27 @@ def test_split_shards_reads_rank_from_torch_distributed(ranks):
 
 def test_tar_shards_under_ddp_cover_once_and_resume_per_rank(ranks):
     full = [k for r in ranks for k in r["tar"]["full"]]
-    assert len(full) == len(set(full)) == 55  # whole shards per rank: no padding needed
+    # equal shares of the 55 samples: 27 a rank, the one left over unread this epoch
+    assert len(full) == len(set(full)) == 54
+    assert len(ranks[0]["tar"]["full"]) == len(ranks[1]["tar"]["full"])
     for r in ranks:
         t = r["tar"]
         assert len(t["before"]) == 4 * STOP_AFTER[r["rank"]]
         assert t["before"] + t["after"] == t["full"]
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_streamed_pack_of_uneven_shards_trains_in_lockstep(ranks, workers):
+    """Issue 38: whole shards gave the ranks 38 and 26 batches; rank 1 stopped and the job
+    died on gloo's timeout. Every rank now takes the same steps, each sample at most once."""
+    runs = [r["lockstep"][workers] for r in ranks]
+    per_rank = UNEVEN // 2
+    # 500 a rank: 32 batches of 16 in one stream, or 2 x 16 from two workers of 250 each
+    assert runs[0]["steps"] == runs[1]["steps"] == 32
+    seen = runs[0]["seen"] + runs[1]["seen"]
+    assert len(seen) == len(set(seen)) == per_rank * 2  # the one left over: unread
+    assert set(seen) <= set(range(UNEVEN))
+
+
 if __name__ == "__main__":
-    _rank_main(sys.argv[1], sys.argv[2])
+    _rank_main(sys.argv[1], sys.argv[2], sys.argv[3])

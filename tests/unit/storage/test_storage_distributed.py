@@ -68,7 +68,7 @@ def test_two_ranks_share_a_node_cache_and_fetch_only_their_shards(
     r0, r1 = results
     assert not set(r0["shards"]) & set(r1["shards"])
     assert sorted(r0["shards"] + r1["shards"]) == sorted(n for n in size if n.endswith(".tar"))
-    assert r0["n"] + r1["n"] == 17
+    assert r0["n"] == r1["n"] == 8  # equal shares (issue 38): the 17th is unread this epoch
     for r in results:  # a rank fetched its shards and, maybe, the index: nothing else
         fetched = r["stats"]["bytes_fetched"] - sum(size[n] for n in r["shards"])
         assert fetched in (0, size["index.npz"]), r

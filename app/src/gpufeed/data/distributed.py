@@ -1,5 +1,6 @@
-"""Rank/world sharding for torchrun: shard lists split by node and worker, block-shuffled
-distributed sampling for map-style datasets.
+"""Rank/world sharding for torchrun: a stream's samples split by node and worker into equal
+shares (split_samples), shard lists split whole (split_shards), block-shuffled distributed
+sampling for map-style datasets.
 
 Every function here reads the process's place in the job the same way
 (:func:`rank_and_world`): ``torch.distributed`` when it is initialised, else the ``RANK`` and
@@ -30,7 +31,9 @@ T = TypeVar("T")
 __all__ = [
     "DistributedBlockSampler",
     "rank_and_world",
+    "rank_counts_by_shards",
     "shard_rng",
+    "split_samples",
     "split_shards",
     "worker_and_count",
 ]
@@ -131,9 +134,11 @@ def split_shards(
     - ``len(shards) < world_size * num_workers`` warns (:class:`ShardSplitWarning`) and the
       surplus workers get an empty list: they finish at once, the result is still correct,
       but only ``len(shards)`` readers work. Repack into more shards or use fewer workers.
-    - ``len(shards)`` not a multiple of ``world_size``: ranks get shard counts differing by
-      one. Every sample is still read once; ranks that finish early must be handled by the
-      training loop (e.g. ``Join`` or dropping the last steps), as with any uneven split.
+    - ``len(shards)`` not a multiple of ``world_size``, or shards of different sizes: ranks
+      get different sample counts. Every sample is still read once, but a rank that runs out
+      first leaves the others waiting at their next collective: DDP hangs unless the training
+      loop handles it (``Join``). That is why gpufeed's tar stream splits samples by default
+      (:func:`split_samples`) and uses this split only with ``split="shards"``.
     """
     shards = list(shards)
     rank, world_size = rank_and_world(rank, world_size)
@@ -154,11 +159,90 @@ def split_shards(
             ShardSplitWarning,
             stacklevel=2,
         )
-    if shuffle:
-        order = shard_rng(seed, epoch).permutation(n)
-        shards = [shards[i] for i in order]
+    shards = [shards[i] for i in _shard_order(n, seed, epoch, shuffle)]
     mine = shards[rank::world_size]
     return mine[worker_id::num_workers]
+
+
+def split_samples(
+    sizes: Sequence[int],
+    *,
+    seed: int,
+    epoch: int,
+    rank: int | None = None,
+    world_size: int | None = None,
+    worker_id: int | None = None,
+    num_workers: int | None = None,
+    shuffle: bool = True,
+) -> list[tuple[int, int, int]]:
+    """This (rank, DataLoader worker)'s runs of samples for ``epoch``, in reading order:
+    ``(shard, first, stop)`` reads positions ``first..stop-1`` of shard ``shard``, which holds
+    ``sizes[shard]`` samples.
+
+    All ranks order the shards alike (shuffled by ``(seed, epoch)`` as :func:`split_shards`
+    does) and see their samples as one sequence of ``n = sum(sizes)``. Rank ``r`` reads the
+    ``r``-th contiguous ``n // world_size`` of it; the last ``n % world_size`` (fewer than the
+    ranks) are not read that epoch (others each epoch when the shards are shuffled). Worker
+    ``w`` of the rank reads the ``w``-th contiguous share of the rank's, the first
+    ``(n // world_size) % num_workers`` workers one sample more. A worker's count depends on
+    its number alone, so every rank yields as many samples, and batches, from each worker:
+    DDP never waits on a rank that ran out. Shares are contiguous, so reads stay
+    sequential and at most ``world_size * num_workers - 1`` shards are split between two
+    readers.
+
+    Fewer samples than ranks raises ``ValueError`` (every rank would read nothing).
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    rank, world_size = rank_and_world(rank, world_size)
+    worker_id, num_workers = worker_and_count(worker_id, num_workers)
+    n = int(sizes.sum())
+    if 0 < n < world_size:
+        raise ValueError(
+            f"{n} sample(s) cannot be split over {world_size} ranks: every rank would read "
+            f"none; use fewer ranks or a larger dataset"
+        )
+    lo, hi = _worker_share(n // world_size, worker_id, num_workers)
+    base = rank * (n // world_size)
+    return _runs_in(sizes, _shard_order(len(sizes), seed, epoch, shuffle), base + lo, base + hi)
+
+
+def _worker_share(count: int, worker_id: int, num_workers: int) -> tuple[int, int]:
+    """Positions ``[lo, hi)`` of worker ``worker_id``'s contiguous share of ``count``."""
+    each, extra = divmod(count, num_workers)
+    lo = worker_id * each + min(worker_id, extra)
+    return lo, lo + each + (worker_id < extra)
+
+
+def _shard_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The order every rank reads ``n`` shards in for ``epoch``."""
+    return shard_rng(seed, epoch).permutation(n) if shuffle else np.arange(n)
+
+
+def _runs_in(sizes: np.ndarray, order: np.ndarray, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """``(shard, first, stop)`` covering positions ``[lo, hi)`` of the shards' samples
+    concatenated in ``order``."""
+    ordered = sizes[order]
+    ends = np.cumsum(ordered)
+    starts = ends - ordered
+    hit = np.flatnonzero((starts < hi) & (ends > lo) & (ordered > 0))
+    return [
+        (
+            int(order[k]),
+            max(lo, int(starts[k])) - int(starts[k]),
+            min(hi, int(ends[k])) - int(starts[k]),
+        )
+        for k in hit.tolist()
+    ]
+
+
+def rank_counts_by_shards(
+    sizes: Sequence[int], *, seed: int, epoch: int, world_size: int, shuffle: bool = True
+) -> list[int]:
+    """The samples each rank reads in ``epoch`` when ranks get whole shards
+    (:func:`split_shards`): unequal ones leave DDP waiting on the rank that ran out."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    order = _shard_order(len(sizes), seed, epoch, shuffle)
+    return [int(sizes[order[r::world_size]].sum()) for r in range(world_size)]
 
 
 class DistributedBlockSampler(Sampler[int]):

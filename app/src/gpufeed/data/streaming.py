@@ -1,12 +1,13 @@
-"""Streaming tar shards: each rank and DataLoader worker reads its own shards in runs of
-consecutive samples (the next ones read ahead), through a seeded shuffle buffer
-(gpufeed.data.pool)."""
+"""Streaming tar shards: each rank and DataLoader worker reads its own equal share of the
+samples in runs of consecutive samples (the next ones read ahead), through a seeded shuffle
+buffer (gpufeed.data.pool)."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -14,28 +15,43 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from gpufeed.batch import to_batch, to_samples
+from gpufeed.data import distributed
 from gpufeed.data.pool import SamplePool, make_pool
 from gpufeed.data.reading import SampleReading
-from gpufeed.errors import UsageError
+from gpufeed.errors import ShardSplitWarning, UsageError
 from gpufeed.storage.packs import open_reader_at
 
 __all__ = ["SamplePool", "TarShardDataset"]  # SamplePool: gpufeed.data.pool
 
 # concurrent downloads per reading process (a DataLoader worker) of a remote pack's shards
 FETCH_WORKERS = 4
+# how a stream's samples are split across ranks and workers (TarShardDataset's ``split``)
+SPLITS = ("samples", "shards")
+# the options replace() may change
+REPLACEABLE = frozenset(
+    ("rank", "world_size", "shuffle_buffer", "shuffle_shards", "seed", "read_size", "split")
+)
 # bytes of the runs to come that a stream has populated ahead of the one it reads (a local
 # pack, cold: the read-ahead threads keep the disk busy while the pool is drawn from)
 STREAM_AHEAD_BYTES = 16 << 20
 
 
 class TarShardDataset(SampleReading, IterableDataset):
-    """Streams tar shards: each rank and DataLoader worker reads its own shards
-    (gpufeed.data.distributed.split_shards) sequentially, through a seeded shuffle buffer.
+    """Streams tar shards: each rank and DataLoader worker reads its own share of the
+    samples sequentially, through a seeded shuffle buffer.
+
+    ``split="samples"`` (the default): every rank reads the same number of samples, so the
+    same number of batches, and each worker of a rank as many as that worker on every other
+    rank (gpufeed.data.distributed.split_samples): contiguous shares of the epoch's shard
+    order, whole shards but at the shares' edges, and the last ``len % world_size`` samples
+    (fewer than the ranks) skipped that epoch. ``split="shards"``: whole shards per rank and
+    worker (split_shards), every sample read, but ranks whose counts differ leave DDP waiting
+    at a collective: a ShardSplitWarning says so.
 
     Iterating yields samples, ``(image, label)`` as ``dataset[i]`` of the map-style datasets,
     so a plain ``DataLoader(dataset, batch_size=32, num_workers=4)`` works: its workers split
-    the shards, every sample is read once. (``shuffle=True`` is PyTorch's error for any
-    IterableDataset: this one shuffles itself, through ``shuffle_buffer`` and
+    the rank's share, every sample is read at most once. (``shuffle=True`` is PyTorch's error
+    for any IterableDataset: this one shuffles itself, through ``shuffle_buffer`` and
     ``shuffle_shards``.) ``iter_batches`` is the fast path that make_loader uses.
 
     The rank and world size come from ``rank``/``world_size`` when given, else from
@@ -66,10 +82,13 @@ class TarShardDataset(SampleReading, IterableDataset):
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None,
         fetch_ahead: int = 2,
+        split: str = "samples",
     ):
         reader = open_reader_at(path, cache_dir=cache_dir, cache_limit=cache_limit)
         if reader.format_name != "tar":
             raise UsageError(f"{path}: is a {reader.format_name} dataset, not tar shards")
+        if split not in SPLITS:
+            raise UsageError(f"split={split!r}: expected one of {', '.join(SPLITS)}")
         if batch_transform is not None:
             raise UsageError("batch_transform applies to map-style datasets; use transform")
         self.path = str(path)
@@ -79,6 +98,7 @@ class TarShardDataset(SampleReading, IterableDataset):
         self.read_size = int(read_size)
         self.fetch_ahead = int(fetch_ahead)
         self.rank, self.world_size = rank, world_size
+        self.split = split
         self.epoch = 0
         self._init_reading(reader, transform, None, verify_crc, on_error, decode, pad)
 
@@ -91,14 +111,14 @@ class TarShardDataset(SampleReading, IterableDataset):
             "shuffle_buffer": self.shuffle_buffer,
             "shuffle_shards": self.shuffle_shards,
             "read_size": self.read_size,
+            "split": self.split,
         }
 
     def replace(self, **changes: Any) -> TarShardDataset:
         """A copy with some options changed (``rank``, ``world_size``, ``shuffle_buffer``,
-        ``shuffle_shards``, ``seed``, ``read_size``); this dataset stays as it is.
+        ``shuffle_shards``, ``seed``, ``read_size``, ``split``); this dataset stays as it is.
         make_loader uses it to apply its ``rank``/``world_size`` and ``shuffle`` arguments."""
-        allowed = {"rank", "world_size", "shuffle_buffer", "shuffle_shards", "seed", "read_size"}
-        unknown = sorted(set(changes) - allowed)
+        unknown = sorted(set(changes) - REPLACEABLE)
         if unknown:
             raise TypeError(f"replace() cannot change {', '.join(unknown)}")
         clone = copy.copy(self)
@@ -109,34 +129,52 @@ class TarShardDataset(SampleReading, IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def _split(self, **worker) -> list[int]:
-        from gpufeed.data.distributed import split_shards
+    def _split(self, **worker) -> list[tuple[int, int, int]]:
+        """This rank's and worker's ``(shard, first, stop)`` runs this epoch, ``first`` and
+        ``stop`` sample numbers of the pack (see ``split``)."""
+        start = self.reader.shard_start
+        sizes = np.diff(start)
+        common = dict(seed=self.seed, epoch=self.epoch, shuffle=self.shuffle_shards)
+        place = dict(rank=self.rank, world_size=self.world_size, **worker)
+        if self.split == "samples":
+            runs = distributed.split_samples(sizes, **common, **place)
+            return [(s, int(start[s]) + a, int(start[s]) + b) for s, a, b in runs]
+        self._warn_uneven(sizes, common, worker)
+        shards = distributed.split_shards(list(range(len(sizes))), **common, **place)
+        return [(s, *self.reader.shard_range(s)) for s in shards]
 
-        return split_shards(
-            list(range(len(self.reader.shards))),
-            seed=self.seed,
-            epoch=self.epoch,
-            shuffle=self.shuffle_shards,
-            rank=self.rank,
-            world_size=self.world_size,
-            **worker,
-        )
+    def _warn_uneven(self, sizes: np.ndarray, common: dict, worker: dict) -> None:
+        """split="shards": a ShardSplitWarning (rank 0's first worker) when the ranks' sample
+        counts differ this epoch, naming them."""
+        rank, world = distributed.rank_and_world(self.rank, self.world_size)
+        if rank != 0 or distributed.worker_and_count(**worker)[0] != 0:
+            return
+        counts = distributed.rank_counts_by_shards(sizes, world_size=world, **common)
+        if len(set(counts)) > 1:
+            warnings.warn(
+                f"{self.path}: split='shards' gives the {world} ranks {counts} samples in "
+                f"epoch {self.epoch}: the ranks that run out first stop while the others wait "
+                f"at their next collective, and DDP hangs unless your loop handles it (Join); "
+                f"the default split='samples' gives every rank the same number",
+                ShardSplitWarning,
+                stacklevel=3,
+            )
 
     def my_shards(self) -> list[int]:
-        """Shard numbers this rank and worker read this epoch."""
-        return self._split()
+        """Shard numbers this rank and worker read this epoch, in reading order."""
+        return [s for s, _, _ in self._split()]
 
     def __len__(self) -> int:
         """Samples this rank reads per epoch (all its workers together)."""
-        start = self.reader.shard_start
-        shards = self._split(worker_id=0, num_workers=1)
-        return int(sum(start[s + 1] - start[s] for s in shards))
+        return sum(b - a for _, a, b in self._split(worker_id=0, num_workers=1))
 
-    def _chunks(self, shards: list[int], size: int):
+    def _chunks(self, ranges: list[tuple[int, int, int]], size: int):
         """(indices, payloads) of up to ``size`` consecutive samples of one shard, each chunk
-        one read. A remote pack's shards are fetched ahead, in this order (fetch_ahead); a
-        local pack's next runs are read ahead, STREAM_AHEAD_BYTES of them (_runs_ahead)."""
-        ranges = [self.reader.shard_range(s) for s in shards]
+        one read, over ``ranges`` (shard, first, stop). A remote pack's shards are fetched
+        ahead, in this order (fetch_ahead); a local pack's next runs are read ahead,
+        STREAM_AHEAD_BYTES of them (_runs_ahead)."""
+        shards = [s for s, _, _ in ranges]
+        ranges = [(lo, hi) for _, lo, hi in ranges]
         runs = [(a, min(a + size, hi)) for lo, hi in ranges for a in range(lo, hi, size)]
         ahead = self._runs_ahead(runs)
         with self._fetch_ahead(shards) as fetched, contextlib.closing(ahead):
@@ -187,10 +225,10 @@ class TarShardDataset(SampleReading, IterableDataset):
     def _stream(self, batch_size: int, drop_last: bool):
         """(samples, labels, kept positions) of each batch of this rank's and worker's
         stream (see iter_batches)."""
-        shards = self.my_shards()
+        ranges = self._split()
         info = get_worker_info()
         worker = info.id if info is not None else 0
-        rng = np.random.default_rng([self.seed, self.epoch, worker, *shards[:4]])
+        rng = np.random.default_rng([self.seed, self.epoch, worker, *(r[1] for r in ranges[:4])])
         shuffle = self.shuffle_buffer > 1
         keep_back = self.shuffle_buffer if shuffle else 0
         pool = None
@@ -206,7 +244,7 @@ class TarShardDataset(SampleReading, IterableDataset):
 
         size = max(self.read_size, batch_size)
         gather = self._gather()
-        for idx, payloads in self._chunks(shards, size):
+        for idx, payloads in self._chunks(ranges, size):
             if pool is None:
                 pool = make_pool(payloads, keep_back + batch_size + size, shuffle, gather)
             pool.put(idx, payloads)
