@@ -10,7 +10,7 @@ import torch
 from unit_sources import write_arrays
 
 import gpufeed
-from gpufeed.errors import CorruptSampleError
+from gpufeed.errors import CorruptSampleError, DataError
 from gpufeed.formats import maps, open_reader
 from gpufeed.formats.tar_rows import gather_rows, shard_rows, shard_strides
 
@@ -180,3 +180,14 @@ def test_make_loader_reads_a_map_style_tar_pack_ahead_by_block(tar_pack, monkeyp
     xs = torch.cat([x for x, _ in loader]).numpy()
     assert sorted(x.tobytes() for x in xs) == sorted(w.tobytes() for w in want)
     assert announced and sorted(a for a, _ in announced) == list(range(0, N, 4))
+
+
+def test_the_strided_view_builder_refuses_rows_outside_its_map():
+    # the last line behind index.npz's checks at open: numbers that would put a row before
+    # the map are an error, never a view of other memory
+    data = np.zeros(4096, np.uint8)
+    assert shard_rows(data, 512, 3, 1024, 480, "s.tar").shape == (3, 480)
+    assert shard_rows(data, 512, 5, 1024, 480, "s.tar") is None  # past the end: truncated
+    for first, stride in ((-1000, 1024), (512, -1024), (-(10**9), 10**8)):
+        with pytest.raises(DataError, match="s.tar: rows at byte .* leave the shard's map"):
+            shard_rows(data, first, 3, stride, 480, "s.tar")

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import io
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from gpufeed.errors import DataError
 
-__all__ = ["NPY_HEADER_MAX", "npy_bytes", "npy_from_bytes", "npy_header", "npy_shape"]
+__all__ = [
+    "NPY_HEADER_MAX",
+    "npy_bytes",
+    "npy_from_bytes",
+    "npy_header",
+    "npy_shape",
+    "read_npz_vectors",
+]
 
 
 def npy_bytes(arr: np.ndarray) -> bytes:
@@ -48,3 +56,47 @@ def _read_header(f, where) -> tuple[int, ...]:
     except ValueError as e:
         raise DataError(f"{where}: not a readable .npy file: {e}") from None
     return shape
+
+
+def read_npz_vectors(path: Path, names: tuple[str, ...], length: int) -> list[np.ndarray]:
+    """The 1-D integer arrays ``names`` of the .npz file ``path`` (np.savez's members
+    NAME.npy), each of ``length`` entries. What the zip and each .npy header declare is
+    checked before anything is allocated (np.load sizes its buffers from them: a small
+    crafted file could ask for gigabytes); no pickle is ever loaded."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return [_vector(z, path, name, length) for name in names]
+    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile) as e:
+        raise DataError(f"{path}: not a readable .npz file: {e}") from None
+
+
+def _vector(z: zipfile.ZipFile, path: Path, name: str, length: int) -> np.ndarray:
+    member = f"{name}.npy"
+    try:
+        info = z.getinfo(member)
+    except KeyError:
+        raise DataError(f"{path}: has no {member}; the file is damaged (re-pack it)") from None
+    bound = NPY_HEADER_MAX + 8 * length  # integer entries are 8 bytes at most
+    if info.file_size > bound:
+        raise DataError(
+            f"{path}: {member} declares {info.file_size:,} bytes, more than {length:,} "
+            f"entries take (at most {bound:,}); the file is damaged or crafted (re-pack it)"
+        )
+    with z.open(info) as f:
+        fmt = np.lib.format
+        try:
+            version = fmt.read_magic(f)
+            read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, _, dtype = read(f)
+        except ValueError as e:
+            raise DataError(f"{path}: {member} is not a readable .npy array: {e}") from None
+        if shape != (length,) or dtype.kind not in "iu" or dtype.itemsize > 8:
+            raise DataError(
+                f"{path}: {member} holds {dtype} {list(shape)}, the manifest says {length:,} "
+                "integers; the file is damaged or crafted (re-pack it)"
+            )
+        out = np.empty(length, dtype=dtype)
+        got = f.readinto(out.view(np.uint8)) if out.nbytes else 0
+    if got != out.nbytes:
+        raise DataError(f"{path}: {member} ends after {got:,} of its {out.nbytes:,} bytes")
+    return out

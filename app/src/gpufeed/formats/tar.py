@@ -28,7 +28,9 @@ import numpy as np
 
 from gpufeed.errors import CorruptSampleError, DataError
 from gpufeed.formats.base import Reader
+from gpufeed.formats.manifest import MANIFEST_NAME
 from gpufeed.formats.maps import kept_map
+from gpufeed.formats.npy import read_npz_vectors
 from gpufeed.formats.pagecache import file_cached, mincore_sees
 from gpufeed.formats.readahead import (
     PREFETCH_MIN_BYTES,
@@ -41,6 +43,7 @@ from gpufeed.formats.readahead import (
     looks_warm,
 )
 from gpufeed.formats.record import record_from_members
+from gpufeed.formats.tar_index import INDEX_ARRAYS, check_index
 from gpufeed.formats.tar_rows import gather_rows, shard_rows, shard_strides
 from gpufeed.formats.tar_write import (  # noqa: F401 - the format's names, in one place
     DEFAULT_SHARD_BYTES,
@@ -82,24 +85,48 @@ class TarReader(Reader):
         for name in self.shards:
             self.file(name)  # inside the pack, a regular file; pinned
         index = self.file(INDEX_NAME, whole=True)
-        try:
-            with np.load(index, allow_pickle=False) as z:
-                self.shard = z["shard"]
-                self.offset = z["offset"]
-                self.size = z["size"]
-                self.labels = z["labels"]
-                self.crc32 = z["crc32"]
-        except (OSError, ValueError, KeyError) as e:
-            raise DataError(f"{index}: cannot read the shard index: {e}") from None
-        for what in ("shard", "offset", "size", "labels", "crc32"):
-            self.check_count(f"{INDEX_NAME} {what}", len(getattr(self, what)))
-        counts = np.asarray(layout["shard_counts"], dtype=np.int64)
-        self.check_count("layout shard_counts", len(counts), len(self.shards))
-        self.check_count("the shards (shard_counts)", counts.sum())
-        if self.count and not 0 <= int(self.shard.min()) <= int(self.shard.max()) < len(counts):
-            raise DataError(f"{index}: names shards outside the manifest's {len(counts)}")
+        self.shard, self.offset, self.size, self.labels, self.crc32 = read_npz_vectors(
+            index, INDEX_ARRAYS, self.count
+        )
+        # as int64 (a uint64 past 2**63 turns negative: check_index refuses it)
+        self.offset, self.size, self.labels = (
+            a.astype(np.int64, copy=False) for a in (self.offset, self.size, self.labels)
+        )
+        counts = self._shard_counts()
+        check_index(index, self.shard, self.offset, self.size, counts, self._declared_bytes())
         self.shard_start = np.concatenate([[0], np.cumsum(counts)])
         self.ahead = BlocksAhead()  # a stream's next runs populated ahead (read_runs_ahead)
+
+    def _shard_counts(self) -> np.ndarray:
+        """The manifest's samples a shard, checked: one a shard, none negative, adding up to
+        the count."""
+        where = self.root / MANIFEST_NAME
+        try:
+            counts = np.asarray(self.manifest["layout"]["shard_counts"], dtype=np.int64)
+        except (KeyError, TypeError, ValueError, OverflowError):
+            counts = None
+        if counts is None or counts.ndim != 1 or (counts < 0).any():
+            raise DataError(f"{where}: layout shard_counts is not a list of sample counts")
+        self.check_count("layout shard_counts", len(counts), len(self.shards))
+        self.check_count("the shards (shard_counts)", counts.sum())
+        return counts
+
+    def _declared_bytes(self) -> np.ndarray:
+        """Each shard's size as the manifest records it (what a fetched copy is checked
+        against), else as found here: what check_index holds the index to. A shard found
+        shorter is left to the reads, which check their ends against its map."""
+        files = self.manifest.get("files")
+        files = files if isinstance(files, dict) else {}
+        sizes = []
+        for name in self.shards:
+            entry = files.get(name)
+            recorded = entry.get("bytes") if isinstance(entry, dict) else None
+            if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 0:
+                sizes.append(recorded)
+                continue
+            found = self.pinned_identity(name) if self.source is None else None
+            sizes.append(found[2] if found else 0)  # file_identity's size
+        return np.asarray(sizes, dtype=np.int64)
 
     def _open(self):
         if self.source is not None:
@@ -132,6 +159,7 @@ class TarReader(Reader):
                 stop - first,
                 int(self.strides[shard]),
                 self.spec.nbytes,
+                self.location(first),
             )
         return views[shard]
 
@@ -429,13 +457,13 @@ class TarReader(Reader):
             raise CorruptSampleError(self.location(i), i, "index size differs from spec")
         raw, rel = self._read_run(int(indices[0]), int(indices[-1]))
         steps = np.diff(rel)
+        flat = None
         if len(steps) and np.all(steps == steps[0]) and rel[0] == 0:
             # same-size members sit at a fixed stride: the rows are one strided view
             # (read-only, over the map: whoever keeps a sample copies it once)
-            flat = np.lib.stride_tricks.as_strided(
-                raw, shape=(len(indices), width), strides=(int(steps[0]), 1), writeable=False
-            )
-        else:
+            where = self.location(int(indices[0]))
+            flat = shard_rows(raw, 0, len(indices), int(steps[0]), width, where)
+        if flat is None:
             flat = np.empty((len(indices), width), dtype=np.uint8)
             for j, o in enumerate(rel.tolist()):
                 flat[j] = raw[o : o + width]

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from gpufeed.errors import DataError
 from gpufeed.formats.rowcopy import PARALLEL_COPY_MIN_BYTES, copy_buffers
 
 __all__ = ["gather_rows", "shard_rows", "shard_strides"]
@@ -52,10 +53,17 @@ def shard_strides(
     return strides
 
 
-def shard_rows(data: np.ndarray, first: int, count: int, stride: int, width: int):
+def shard_rows(data: np.ndarray, first: int, count: int, stride: int, width: int, where=""):
     """A shard's ``count`` samples as a read-only ``[count, width]`` view of its map
     ``data``, the first at byte ``first``; None when the map ends before the last row (a
-    truncated shard: the per-sample read names the sample)."""
+    truncated shard: the per-sample read names the sample). Numbers that would put a row
+    before the map (index.npz is checked at open: this is the last line) are a DataError
+    naming ``where``, never a view of other memory."""
+    if min(first, stride, width) < 0:
+        raise DataError(
+            f"{where}: rows at byte {first} + k * {stride} of {width} bytes leave the shard's "
+            "map; its index is damaged or crafted: re-pack the dataset or get it again"
+        )
     if count < 1 or first + (count - 1) * stride + width > len(data):
         return None
     return np.lib.stride_tricks.as_strided(
