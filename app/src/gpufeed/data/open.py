@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpufeed.data.imagefolder import ImageFolderReader, is_image_folder
@@ -15,6 +19,9 @@ from gpufeed.data.map_style import (
 )
 from gpufeed.data.streaming import TarShardDataset
 from gpufeed.errors import NotPackedError, UsageError
+from gpufeed.formats import reader_class
+from gpufeed.formats.manifest import is_hugging_face_folder
+from gpufeed.formats.webdataset import WebDatasetReader
 from gpufeed.storage.packs import read_manifest_at
 
 __all__ = ["MAP_STYLE", "open_dataset"]
@@ -28,51 +35,172 @@ MAP_STYLE = {
     "tar": TarIndexedDataset,
 }
 
+# options asked for that no dataset takes yet: what to say instead of "unknown"
+PLANNED = {
+    "block_size": (
+        "block_size= (token windows over a pack) is not supported yet; it is planned. "
+        "The block shuffle's block_size is make_loader's argument"
+    ),
+}
 
-def open_dataset(path: str | os.PathLike, **options: Any):
-    """The dataset for a finished pack, by its manifest's format: HDF5Dataset, LMDBDataset,
-    MmapDataset or TarIndexedDataset, all map-style. ``map_style=False`` on a tar pack gives
-    TarShardDataset instead, an IterableDataset that streams whole shards in order (with
-    ``shuffle_buffer``, ``shuffle_shards``, ``fetch_ahead``...): the explicit extra for tar
-    sets read front to back, e.g. from object storage past the cache's size.
-    A path without manifest.json is read in place when it is WebDataset tar shards, an
-    image-folder tree or an HDF5 file given ``datasets=`` (gpufeed.formats.inplace; an
-    index is cached in ``index_dir=``); anything else (an unfinished pack, say) raises
-    NotPackedError.
-    A URL (s3://bucket/prefix, gs://, az://, https://) reads the pack from object storage
-    through a local cache: cache_dir= (default $GPUFEED_CACHE_DIR or ~/.cache/gpufeed),
-    cache_limit= ("50GB"; default $GPUFEED_CACHE_LIMIT, else the disk's free space)."""
-    map_style = options.pop("map_style", None)
-    cache = {k: options[k] for k in ("cache_dir", "cache_limit") if k in options}
+
+def open_dataset(
+    path: str | os.PathLike,
+    *,
+    transform: Callable | None = None,
+    batch_transform: Callable | None = None,
+    verify_crc: bool = False,
+    on_error: str = "raise",
+    decode: bool | Callable = True,
+    pad: dict[str, Any] | None = None,
+    map_style: bool = True,
+    cache_dir: str | os.PathLike | None = None,
+    cache_limit: int | str | None = None,
+    datasets: dict[str, str] | None = None,
+    index_dir: str | os.PathLike | None = None,
+    **options: Any,
+):
+    """The dataset for a finished pack, by its manifest's format.
+
+    HDF5Dataset, LMDBDataset, MmapDataset or TarIndexedDataset, all map-style.
+    ``map_style=False`` on a tar pack gives TarShardDataset instead, an IterableDataset that
+    streams whole shards in order (with ``shuffle_buffer``, ``shuffle_shards``,
+    ``fetch_ahead``...): the explicit extra for tar sets read front to back, e.g. from object
+    storage past the cache's size. A path without manifest.json is read in place when it is
+    WebDataset tar shards, an image-folder tree or an HDF5 file given ``datasets=``
+    (gpufeed.formats.inplace); anything else (an unfinished pack, say) raises NotPackedError.
+
+    Args:
+        path: the pack's folder, or a URL (s3://bucket/prefix, gs://, az://, https://) read
+            from object storage through a local cache.
+        transform: applied to each sample (a tensor, or a multi-field pack's dict).
+        batch_transform: applied to each read's samples stacked [B, ...] (map-style only).
+        verify_crc: check each sample's crc32 on read.
+        on_error: "raise" a CorruptSampleError naming file and sample, or "skip" it (counted
+            in ``skipped``).
+        decode: True decodes encoded images; False hands them out as 1-D uint8 tensors; a
+            batch decoder such as ``gpufeed.RandomResizedCrop(224)`` decodes and augments.
+        pad: multi-field packs: ragged field -> fill value (get_batch pads it, adds a mask).
+        map_style: False streams a tar pack (TarShardDataset).
+        cache_dir: a URL's cache (default $GPUFEED_CACHE_DIR or ~/.cache/gpufeed); unused
+            for a local path.
+        cache_limit: the cache's bound, e.g. "50GB" (default $GPUFEED_CACHE_LIMIT, else the
+            disk's free space); unused for a local path.
+        datasets: an HDF5 file without a manifest, read in place: which datasets hold a row
+            per sample, e.g. ``{'image': '/images', 'label': '/labels'}``.
+        index_dir: where data read in place keeps its cached index.
+        **options: the reader's own (hdf5: use_mmap, rdcc_mb; lmdb: readahead) or, with
+            map_style=False, the stream's (shuffle_buffer, shuffle_shards, seed, read_size,
+            rank, world_size, fetch_ahead, ...: see TarShardDataset).
+
+    Returns:
+        A map-style gpufeed dataset, or a TarShardDataset with map_style=False.
+
+    Raises:
+        NotPackedError: ``path`` is neither a finished pack nor data read in place.
+        UsageError: an option this kind of dataset does not take (named, with the closest
+            valid one and the list of valid ones), or map_style=False on a pack not tar.
+    """
+    common = {
+        "transform": transform,
+        "batch_transform": batch_transform,
+        "verify_crc": verify_crc,
+        "on_error": on_error,
+        "decode": decode,
+        "pad": pad,
+    }
+    cache = _given(cache_dir=cache_dir, cache_limit=cache_limit)
+    in_place = _given(datasets=datasets, index_dir=index_dir)
     try:
         fmt = read_manifest_at(path, **cache)["format"]
     except NotPackedError:
-        if is_image_folder(path) and options.get("datasets") is None:
-            return PackedDataset(path, reader=ImageFolderReader, **options)
-        return PackedDataset(path, **options)  # in place, or NotPackedError again
-    if fmt == "tar" and map_style is False:
-        return TarShardDataset(path, **options)
-    if map_style is False:
+        if isinstance(path, (str, os.PathLike)) and is_hugging_face_folder(Path(path)):
+            raise  # its message says what to do (its split folders are no class folders)
+        return _open_in_place(path, map_style, common, in_place, options)
+    if in_place:
+        raise UsageError(
+            f"{path}: {', '.join(f'{k}=' for k in in_place)} apply to data read in place "
+            f"(no manifest); this is a gpufeed {fmt} pack: leave them out"
+        )
+    if fmt == "tar" and not map_style:
+        _check_options(path, options, _stream_options(), "a streamed tar pack", PACK_OPTIONS)
+        return TarShardDataset(path, **common, **cache, **options)
+    if not map_style:
         raise UsageError(f"{path}: map_style=False streams tar shards only; this pack is {fmt}")
     _refuse_streaming_options(path, options)
-    return MAP_STYLE[fmt](path, **options)
+    reader_options = _keywords(reader_class(fmt).__init__)
+    _check_options(path, options, reader_options, f"a {fmt} pack", PACK_OPTIONS)
+    return MAP_STYLE[fmt](path, **common, **cache, **options)
 
 
-# options only the streamed tar dataset takes (TarShardDataset's signature)
-STREAMING_OPTIONS = (
-    "shuffle_buffer",
-    "shuffle_shards",
-    "seed",
-    "read_size",
-    "rank",
-    "world_size",
-    "fetch_ahead",
+# open_dataset's own options for every dataset, for a pack, for data read in place
+COMMON_OPTIONS = frozenset(
+    ("transform", "batch_transform", "verify_crc", "on_error", "decode", "pad", "map_style")
 )
+PACK_OPTIONS = COMMON_OPTIONS | {"cache_dir", "cache_limit"}
+IN_PLACE_OPTIONS = COMMON_OPTIONS | {"datasets", "index_dir"}
+
+
+def _open_in_place(path, map_style, common, in_place, options) -> PackedDataset:
+    """Data without a manifest (gpufeed.formats.inplace), map-style only."""
+    if not map_style:
+        raise UsageError(
+            f"{path}: map_style=False streams gpufeed tar packs only; data read in place "
+            "(no manifest) opens map-style: leave map_style out"
+        )
+    if is_image_folder(path) and "datasets" not in in_place:
+        extra = _keywords(ImageFolderReader.__init__) - IN_PLACE_OPTIONS
+        _check_options(path, options, extra, "an image folder read in place", IN_PLACE_OPTIONS)
+        return PackedDataset(path, reader=ImageFolderReader, **common, **in_place, **options)
+    from gpufeed.formats.inplace import HDF5FileReader  # h5py, imported when needed
+
+    readers = (WebDatasetReader.__init__, HDF5FileReader.__init__)
+    extra = set().union(*map(_keywords, readers)) - IN_PLACE_OPTIONS
+    _check_options(path, options, extra, "data read in place", IN_PLACE_OPTIONS)
+    # read in place, or NotPackedError again
+    return PackedDataset(path, **common, **in_place, **options)
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    """The options given (not None): passed on only then, so each reader keeps its default."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _keywords(fn: Callable) -> set[str]:
+    """The keyword options `fn` takes (a reader's or dataset's __init__): its signature is
+    the one list of them, so a new option needs no second list here."""
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = {p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds}
+    return names - {"self", "path", "root", "manifest"}
+
+
+def _stream_options() -> set[str]:
+    """What only the streamed tar dataset takes, beyond open_dataset's own options."""
+    return _keywords(TarShardDataset.__init__) - PACK_OPTIONS
+
+
+def _check_options(path, options: dict[str, Any], extra: set[str], what: str, own) -> None:
+    """Options beyond open_dataset's own (`own`) must be the reader's or the stream's
+    (`extra`): a typo is named with the closest valid option, never a reader's TypeError."""
+    unknown = sorted(set(options) - extra)
+    if not unknown:
+        return
+    name = unknown[0]
+    if name in PLANNED:
+        raise UsageError(f"{path}: {PLANNED[name]}")
+    valid = sorted(extra | own)
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f" (did you mean {close[0]}=?)" if close else ""
+    raise UsageError(
+        f"{path}: open_dataset got an unknown option {name}={hint}; the options for {what} "
+        f"are: {', '.join(valid)}"
+    )
 
 
 def _refuse_streaming_options(path, options) -> None:
     """A streamed tar option given to a map-style dataset names the way to stream."""
-    given = [k for k in STREAMING_OPTIONS if k in options]
+    stream = _stream_options()
+    given = [k for k in options if k in stream]
     if given:
         raise UsageError(
             f"{path}: {', '.join(given)} apply to streamed tar shards: pass map_style=False "

@@ -1,0 +1,100 @@
+"""gpufeed.data.open: open_dataset's signature, and every option it cannot take named as a
+UsageError with the closest valid one (never a reader's TypeError)."""
+
+from __future__ import annotations
+
+import inspect
+
+import h5py
+import numpy as np
+import pytest
+
+import gpufeed
+from gpufeed.data import open as open_mod
+from gpufeed.data.map_style import PackedDataset
+from gpufeed.data.open import open_dataset
+from gpufeed.data.streaming import TarShardDataset
+from gpufeed.errors import UsageError
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory, array_folder):
+    root = tmp_path_factory.mktemp("open")
+    out = {}
+    for fmt in ("hdf5", "lmdb", "tar", "mmap"):
+        out[fmt] = root / fmt
+        gpufeed.pack(array_folder, out[fmt], format=fmt, workers=1, quiet=True)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "lmdb", "tar", "mmap"])
+def test_a_typo_is_named_with_the_closest_option(packs, fmt):
+    """transfrom= was "LMDBReader.__init__() got an unexpected keyword argument"."""
+    with pytest.raises(UsageError) as e:
+        open_dataset(packs[fmt], transfrom=lambda x: x)
+    message = str(e.value)
+    assert message.startswith(f"{packs[fmt]}: open_dataset got an unknown option transfrom=")
+    assert "did you mean transform=?" in message
+    assert f"the options for a {fmt} pack are: " in message and "on_error" in message
+
+
+def test_the_reader_options_of_each_format_are_listed_and_taken(packs):
+    with pytest.raises(UsageError, match=r"did you mean use_mmap=\?.*rdcc_mb"):
+        open_dataset(packs["hdf5"], use_map=False)
+    with pytest.raises(UsageError, match=r"did you mean readahead=\?"):
+        open_dataset(packs["lmdb"], read_ahead=False)
+    with pytest.raises(UsageError, match="unknown option readahead="):  # lmdb's, not mmap's
+        open_dataset(packs["mmap"], readahead=False)
+    assert len(open_dataset(packs["hdf5"], use_mmap=False, rdcc_mb=8)) == 17
+    assert len(open_dataset(packs["lmdb"], readahead=False)) == 17
+
+
+def test_block_size_is_not_supported_yet(packs):
+    for path in (packs["mmap"], packs["tar"]):
+        with pytest.raises(UsageError, match="block_size= .*not supported yet") as e:
+            open_dataset(path, block_size=128)
+        assert str(path) in str(e.value) and "make_loader" in str(e.value)
+
+
+def test_streamed_tar_options(packs):
+    with pytest.raises(UsageError, match=r"did you mean shuffle_buffer=\?.*streamed tar pack"):
+        open_dataset(packs["tar"], map_style=False, shufle_buffer=4)
+    with pytest.raises(UsageError, match="apply to streamed tar shards: pass map_style=False"):
+        open_dataset(packs["tar"], shuffle_buffer=4)
+    with pytest.raises(UsageError, match="map_style=False streams tar shards only"):
+        open_dataset(packs["hdf5"], map_style=False)
+    ds = open_dataset(packs["tar"], map_style=False, shuffle_buffer=0, seed=3)
+    assert isinstance(ds, TarShardDataset) and ds.shuffle_buffer == 0 and ds.seed == 3
+
+
+def test_in_place_options_on_a_pack_and_pack_options_in_place(packs, tmp_path, image_folder):
+    with pytest.raises(UsageError, match="index_dir= apply to data read in place"):
+        open_dataset(packs["mmap"], index_dir=tmp_path)
+    with pytest.raises(UsageError, match=r"unknown option use_mmap=.*image folder read in place"):
+        open_dataset(image_folder, use_mmap=True, index_dir=tmp_path / "idx")
+    with pytest.raises(UsageError, match="map_style=False streams gpufeed tar packs only"):
+        open_dataset(image_folder, map_style=False, index_dir=tmp_path / "idx")
+    assert len(open_dataset(image_folder, index_dir=tmp_path / "idx")) > 0
+
+
+def test_an_hdf5_file_read_in_place_refuses_unknown_options(tmp_path):
+    path = tmp_path / "other.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.zeros((4, 2), np.float32)
+        f["y"] = np.arange(4)
+    datasets = {"x": "/x", "y": "/y"}
+    with pytest.raises(UsageError, match=r"unknown option dataset=.*did you mean datasets="):
+        open_dataset(path, dataset=datasets)
+    assert len(open_dataset(path, datasets=datasets)) == 4
+
+
+def test_the_signature_is_real_and_its_defaults_are_the_datasets():
+    """help() and IDEs show the options; their defaults are the datasets' own."""
+    sig = inspect.signature(open_dataset)
+    own = {n for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY}
+    assert own == open_mod.PACK_OPTIONS | open_mod.IN_PLACE_OPTIONS
+    assert "Args:" in open_dataset.__doc__ and "transform:" in open_dataset.__doc__
+    for cls in (PackedDataset, TarShardDataset):
+        theirs = inspect.signature(cls.__init__).parameters
+        for name in open_mod.COMMON_OPTIONS - {"map_style"}:
+            assert sig.parameters[name].default == theirs[name].default, (cls, name)
