@@ -94,6 +94,21 @@ def test_a_reader_never_takes_a_pack_without_its_manifest(s3, tar_pack, tmp_path
         open_pack(f"{s3}/half", tmp_path / "cache")
 
 
+def test_a_remote_manifest_of_the_wrong_structure_names_object_and_field(
+    s3, tar_pack, tmp_path, rclone_server
+):
+    """A remote manifest is checked as a local one is (check_manifest): `count: "abc"` or
+    `layout.shards: 42` is a DataError naming the object and field, not a reader's error."""
+    from gpufeed.errors import DataError
+
+    manifest = json.loads((tar_pack / "manifest.json").read_text())
+    for field, value in (("count", "abc"), ("layout", {**manifest["layout"], "shards": 42})):
+        url = f"{s3}/bad-{field}"
+        rclone_server.put(f"{url}/manifest.json", json.dumps({**manifest, field: value}).encode())
+        with pytest.raises(DataError, match=rf"bad-{field}/manifest.json: field \S*{field[:5]}"):
+            open_pack(url, tmp_path / "cache")
+
+
 def test_multipart_upload_of_a_large_file(s3, tmp_path, rclone_server):
     """A file over the part size goes up in parts and comes back byte for byte."""
     from gpufeed.storage.store import MULTIPART_CHUNK

@@ -16,7 +16,7 @@ from gpufeed.errors import (
     UnsafePathError,
     UsageError,
 )
-from gpufeed.formats.manifest import FORMATS, MANIFEST_NAME, unsafe_name
+from gpufeed.formats.manifest import MANIFEST_NAME, check_manifest, unsafe_name
 from gpufeed.storage.cache import Cache, FileEntry, OnLanding, Pin
 from gpufeed.storage.download import download
 from gpufeed.storage.helper import FetchHelper
@@ -72,9 +72,7 @@ class RemotePack:
             manifest = json.loads(raw)
         except ValueError as e:
             raise DataError(f"{where}: unreadable manifest: {e}") from None
-        if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS:
-            raise DataError(f"{where}: not a gpufeed manifest (format is not one of {FORMATS})")
-        return manifest
+        return check_manifest(manifest, where)  # the structure a local manifest has
 
     def entry(self, name: str) -> FileEntry:
         try:
