@@ -21,14 +21,15 @@ import io
 import json
 import math
 import struct
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from gpufeed.errors import UsageError
+from gpufeed.formats import zstd
 from gpufeed.formats.schema import Field, Schema, fit_array, fit_float, fit_int, sniff_image
+from gpufeed.formats.ustar import header_size
 
 __all__ = [
     "TAR_EXT",
@@ -53,30 +54,7 @@ __all__ = [
 TAR_EXT = {"array": "npy", "ragged": "npy", "str": "txt", "int": "cls", "float": "json"}
 TAR_EXT.update(bytes="bin", json="json")
 IMAGE_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp"}
-ZSTD_LEVEL = 3
 _INT64 = np.dtype("<i8")
-
-
-_ZSTD = threading.local()  # one compressor and decompressor per thread: making one per
-# value cost more than decompressing a 16 KiB field
-
-
-def _zstd(kind: str):
-    """This thread's zstd compressor ("c") or decompressor ("d")."""
-    codec = getattr(_ZSTD, kind, None)
-    if codec is None:
-        try:
-            import zstandard
-        except ImportError:
-            raise UsageError(
-                "zstd field compression needs the zstandard package (pip install 'gpufeed[zstd]')"
-            ) from None
-        if kind == "c":
-            codec = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-        else:
-            codec = zstandard.ZstdDecompressor()
-        setattr(_ZSTD, kind, codec)
-    return codec
 
 
 def _as_array(field: Field, value: Any) -> np.ndarray:
@@ -161,7 +139,7 @@ def encode_value(field: Field, value: Any) -> bytes:
     """One field's stored bytes (compressed when the field says so)."""
     data = _encode_plain(field, value)
     if field.compression == "zstd":
-        return _zstd("c").compress(data)
+        return zstd.compress(data)
     return data
 
 
@@ -328,17 +306,37 @@ def split_joined(schema: Schema, buf: np.ndarray, begins: np.ndarray, lens: np.n
     return Records(buf, starts, sizes, bad)
 
 
+def decompressed_limit(field: Field) -> int:
+    """The most bytes ``field``'s stored bytes may decompress to: what its schema fixes (a
+    fixed-shape array, an int or float), else max_decompressed_bytes()."""
+    if field.type == "array":
+        return math.prod(field.shape) * np.dtype(field.dtype).itemsize
+    if field.type in ("int", "float"):
+        return 8
+    return zstd.max_decompressed_bytes()
+
+
 def plain_bytes(field: Field, data) -> memoryview | bytes:
-    """A field's stored bytes with its compression undone."""
+    """A field's stored bytes with its compression undone, never more than
+    decompressed_limit(field) of them (else ValueError, before anything that size is
+    allocated)."""
     if field.compression == "zstd":
-        return _zstd("d").decompress(data)
+        limit = decompressed_limit(field)
+        if field.type in ("array", "int", "float"):
+            most = f"the {limit:,} bytes of the schema's {field.describe()}"
+        else:
+            most = f"the {limit:,} bytes a field may hold ({zstd.MAX_DECOMPRESSED_ENV} sets more)"
+        return zstd.decompress(data, limit, most)
     return data
 
 
 def decode_value(field: Field, data) -> Any:
     """A field's stored bytes -> numpy array (array, ragged), bytes (image, bytes), str, int,
     float or the JSON value. Arrays are fresh (writable) copies."""
-    data = plain_bytes(field, data)
+    try:
+        data = plain_bytes(field, data)
+    except ValueError as e:
+        raise ValueError(f"field {field.name!r}: {e}") from None
     kind = field.type
     if kind == "array":
         return np.frombuffer(data, dtype=field.dtype).reshape(field.shape).copy()
@@ -456,7 +454,7 @@ def record_from_members(schema: Schema, span) -> bytes:
         if b".%s." % field.name.encode() not in name:
             name = name.rstrip(b"\0").decode("utf-8", "replace")
             raise ValueError(f"member {name!r} found where field {field.name!r} should be")
-        size = int(data[pos + 124 : pos + 136].strip(b"\0 ") or b"0", 8)
+        size = header_size(data[pos : pos + 512])
         pos += 512
         if pos + size > end:
             raise ValueError(f"field {field.name!r}'s member is truncated")

@@ -7,7 +7,7 @@ import tarfile
 
 import numpy as np
 
-__all__ = ["BLOCK", "field_header", "member_header", "member_headers"]
+__all__ = ["BLOCK", "field_header", "header_size", "member_header", "member_headers"]
 
 BLOCK = 512
 
@@ -32,6 +32,22 @@ def member_header(name: str, size: int) -> bytes:
     checksum = b"%06o\0 " % (_HEADER_SUM + sum(raw) + sum(size_field))
     return b"".join((raw.ljust(100, b"\0"), _HEADER[100:124], size_field, _HEADER_MID,
                      checksum, _HEADER_END))  # fmt: skip
+
+
+def header_size(head: bytes) -> int:
+    """The member size a tar header declares (the one parser of it): octal digits, NUL- or
+    space-padded, as ustar writes them, or GNU base-256 (first byte 0x80: members of 8 GiB
+    and up). ValueError for anything else (a negative base-256 size, signs, other digits),
+    which int(text, 8) alone would accept or turn into another number."""
+    field = bytes(head[124:136])
+    if len(field) != 12:
+        raise ValueError(f"a tar header of {len(head)} bytes has no size field")
+    if field[0] == 0x80:
+        return int.from_bytes(field[1:], "big")
+    digits = field.strip(b"\0 ")
+    if field[0] & 0x80 or digits.strip(b"01234567"):
+        raise ValueError(f"tar header size field {field!r} is not a size")
+    return int(digits or b"0", 8)
 
 
 def _header_template() -> bytes:
