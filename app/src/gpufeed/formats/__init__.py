@@ -86,7 +86,34 @@ def open_reader(path: str | Path, **options: Any) -> Reader:
     root = Path(path)
     if root.is_file():
         root = root.parent
-    return reader_class(manifest["format"])(root, manifest, **options)
+    cls = reader_class(manifest["format"])
+    check_reader_options(cls, options, path)
+    return cls(root, manifest, **options)
 
 
-__all__ = ["FORMATS", "Format", "open_reader", "reader_class", "writer_class"]
+def check_reader_options(cls: type[Reader], options: dict[str, Any], path) -> None:
+    """Options a reader's __init__ does not take: a UsageError naming the first, the closest
+    one it takes and all of them (its signature is the one list), never Python's TypeError."""
+    import difflib
+    import inspect
+
+    kinds = (inspect.Parameter.KEYWORD_ONLY,)
+    valid = [p.name for p in inspect.signature(cls.__init__).parameters.values() if p.kind in kinds]
+    unknown = [name for name in options if name not in valid]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], valid, n=1)
+        hint = f" (did you mean {close[0]}=?)" if close else ""
+        raise UsageError(
+            f"{path}: the {cls.format_name} reader takes no option {unknown[0]}={hint}; "
+            f"its options: {', '.join(valid) or 'none'}"
+        )
+
+
+__all__ = [
+    "FORMATS",
+    "Format",
+    "check_reader_options",
+    "open_reader",
+    "reader_class",
+    "writer_class",
+]
