@@ -21,7 +21,19 @@ from gpufeed.formats.pagecache import cache_probe
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
 
-__all__ = ["ContiguousWriter", "Reader", "Writer", "make_room", "span_views"]
+__all__ = [
+    "ContiguousWriter",
+    "Reader",
+    "Writer",
+    "check_offsets",
+    "check_spans",
+    "index_array",
+    "make_room",
+    "span_views",
+]
+
+# what a message about a damaged or crafted index tells the user to do
+REPACK = "the pack is damaged or was crafted: check it with gpufeed verify, or re-pack it"
 
 
 class Reader:
@@ -265,6 +277,61 @@ class Reader:
     def data_files(self) -> list[str]:
         """Files (relative to root) that hold sample bytes."""
         return sorted(self.manifest.get("files", {}))
+
+
+def index_array(where, arr, dtype=np.int64) -> np.ndarray:
+    """``arr``, an index read from ``where`` (a file, and the dataset or key in it), as
+    ``dtype``: one dimension of integers that fit it, or an error naming it (a crafted dtype
+    or shape must not reach the arithmetic). Its length is the caller's to check
+    (Reader.check_count)."""
+    arr = np.asarray(arr)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise DataError(
+            f"{where}: holds {arr.dtype}{list(arr.shape)}, expected one dimension of integers; "
+            f"{REPACK}"
+        )
+    if arr.dtype == dtype:
+        return arr
+    info = np.iinfo(dtype)
+    if len(arr) and (int(arr.min()) < info.min or int(arr.max()) > info.max):
+        raise DataError(f"{where}: holds values beyond {np.dtype(dtype)}; {REPACK}")
+    return arr.astype(dtype)
+
+
+def check_spans(path, starts, ends, limit: int, *, first: int = 0, ordered: bool = False) -> None:
+    """Raise a DataError naming ``path`` and the first bad sample unless every span
+    ``[starts[j], ends[j])`` (sample ``first + j``) lies inside the ``limit`` bytes there:
+    0 <= start <= end <= limit, and each after the one before where ``ordered``. Checked
+    before any view is built from them: a view past a map reads other memory, or faults."""
+    starts, ends = np.asarray(starts), np.asarray(ends)
+    for arr in (starts, ends):
+        if arr.dtype.kind not in "iu":
+            raise DataError(f"{path}: offsets of dtype {arr.dtype}, expected integers; {REPACK}")
+    # a uint64 past int64 turns negative here, and is refused as such
+    starts = starts.astype(np.int64, copy=False)
+    ends = ends.astype(np.int64, copy=False)
+    outside = (starts < 0) | (ends < starts) | (ends > limit)
+    before = np.zeros_like(outside)
+    if ordered and len(starts) > 1:
+        before[1:] = starts[1:] < ends[:-1]
+    bad = outside | before
+    if bad.any():
+        j = int(np.argmax(bad))
+        where = (
+            f"outside the {int(limit):,} bytes there"
+            if outside[j]
+            else f"overlapping sample {first + j - 1}, which ends at {int(ends[j - 1]):,}"
+        )
+        raise DataError(
+            f"{path}: sample {first + j} lies at bytes [{int(starts[j]):,}, {int(ends[j]):,}), "
+            f"{where}; {REPACK}"
+        )
+
+
+def check_offsets(path, offsets: np.ndarray, limit: int) -> None:
+    """An ``[N + 1]`` offsets index (sample j is ``data[offsets[j]:offsets[j + 1]]``):
+    non-decreasing, inside the ``limit`` bytes of ``path`` (check_spans)."""
+    check_spans(path, offsets[:-1], offsets[1:], limit)
 
 
 def span_views(data, starts: np.ndarray, ends: np.ndarray) -> list:

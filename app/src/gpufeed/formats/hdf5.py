@@ -16,13 +16,21 @@ from the page cache (numpy memmap at the dataset's file offset); with compressio
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import h5py
 import numpy as np
 
-from gpufeed.errors import DataError, UsageError
-from gpufeed.formats.base import ContiguousWriter, Reader, span_views
+from gpufeed.errors import DataError, UnsafePathError, UsageError
+from gpufeed.formats.base import (
+    REPACK,
+    ContiguousWriter,
+    Reader,
+    check_offsets,
+    index_array,
+    span_views,
+)
 from gpufeed.formats.maps import kept_map
 from gpufeed.formats.readahead import (
     BlocksAhead,
@@ -55,6 +63,49 @@ def compression_args(compression: str | None) -> dict[str, Any]:
             raise UsageError("lzf takes no level; use --compression lzf")
         return {"compression": "lzf"}
     raise UsageError(f"unknown HDF5 compression {compression!r}; use none, lzf or gzip[:1-9]")
+
+
+def plain_dataset(f: h5py.File, name: str, path) -> h5py.Dataset:
+    """Dataset ``name`` of ``f`` (the file at ``path``), refused unless its bytes are that
+    file's own: HDF5 can keep a dataset's bytes in other files (external raw storage, a
+    virtual dataset's sources) or link a name to another file (an external link) or to
+    another name (a soft link), and a file from elsewhere must not serve another file's
+    bytes as its samples."""
+    parts = [p for p in str(name).split("/") if p]
+    node: h5py.Group | h5py.Dataset = f
+    for i, part in enumerate(parts):
+        where = "/" + "/".join(parts[: i + 1])
+        link = node.get(part, getlink=True) if isinstance(node, h5py.Group) else None
+        if link is None:
+            raise DataError(f"{path}: no dataset {where}")
+        if not isinstance(link, h5py.HardLink):
+            kind = "an external link" if isinstance(link, h5py.ExternalLink) else "a soft link"
+            raise UnsafePathError(path, f"{where} is {kind} ({_link_target(link)}); it is not read")
+        node = node[part]
+    where = "/" + "/".join(parts)
+    if not isinstance(node, h5py.Dataset):
+        raise DataError(f"{path}: {where} is not a dataset")
+    dcpl = node.id.get_create_plist()
+    if dcpl.get_external_count() > 0:
+        files = [
+            dcpl.get_external(i)[0].decode(errors="replace")
+            for i in range(dcpl.get_external_count())
+        ]
+        raise UnsafePathError(
+            path,
+            f"dataset {where} keeps its bytes in other files ({', '.join(files)}); it is not read",
+        )
+    if dcpl.get_layout() == h5py.h5d.VIRTUAL:
+        raise UnsafePathError(
+            path, f"dataset {where} is a virtual dataset over other datasets; it is not read"
+        )
+    return node
+
+
+def _link_target(link) -> str:
+    if isinstance(link, h5py.ExternalLink):
+        return f"to {link.filename}:{link.path}"
+    return f"to {link.path}"
 
 
 class HDF5Writer(ContiguousWriter):
@@ -131,29 +182,64 @@ class HDF5Reader(Reader):
         self.ahead = BlocksAhead()  # blocks of the order populated ahead (prefetch_ranges)
         try:
             with h5py.File(self.path, "r") as f:
-                self.labels = f["labels"][...]
-                self.crc32 = f["crc32"][...]
-                self.offsets = f["offsets"][...] if self.spec.kind != "array" else None
-                ds = f[self.data_name]
-                stored = ds.shape[0]
+                labels = plain_dataset(f, "labels", self.path)[...]
+                crc32 = plain_dataset(f, "crc32", self.path)[...]
+                offsets = None
+                if self.spec.kind != "array":
+                    offsets = plain_dataset(f, "offsets", self.path)[...]
+                ds = plain_dataset(f, self.data_name, self.path)
+                stored = (ds.dtype, ds.shape)
                 offset = ds.id.get_offset()
                 contiguous = ds.chunks is None and offset is not None
-        except (OSError, KeyError) as e:  # h5py's messages do not name the file
+        except (OSError, KeyError, ValueError, TypeError) as e:  # h5py's do not name the file
             raise DataError(f"{self.path}: cannot read the HDF5 index: {e}") from None
+        self.labels = index_array(f"{self.path}: /labels", labels)
+        self.crc32 = index_array(f"{self.path}: /crc32", crc32, np.uint32)
+        self.offsets = None if offsets is None else index_array(f"{self.path}: /offsets", offsets)
         if use_mmap and not contiguous:
             raise UsageError(f"{self.path}: /{self.data_name} is chunked; it cannot be mapped")
         self.mmap_offset = offset if contiguous and use_mmap is not False else None
         self.check_count("/labels", len(self.labels))
         self.check_count("/crc32", len(self.crc32))
-        if self.offsets is None:
-            self.check_count(f"/{self.data_name}", stored)
-        else:
+        if self.offsets is not None:
             self.check_count("/offsets", len(self.offsets), self.count + 1)
-            self.check_count("/encoded bytes", stored, int(self.offsets[-1]))
+        self._check_data(*stored)
+        if contiguous:
+            self._check_mapped(offset)
+
+    def _check_data(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        """The sample dataset is what the manifest says: the samples' dtype and shape, or
+        the encoded bytes the offsets index (inside them: base.check_offsets)."""
+        if self.offsets is None:
+            want_dtype, want_shape = np.dtype(self.spec.dtype), (self.count, *self.spec.shape)
+        else:
+            want_dtype, want_shape = np.dtype(np.uint8), (int(self.offsets[-1]),)
+            if len(shape) == 1:
+                check_offsets(f"{self.path}: /offsets", self.offsets, shape[0])
+        if dtype != want_dtype or tuple(shape) != want_shape:
+            raise DataError(
+                f"{self.path}: /{self.data_name} holds {dtype}{list(shape)}, the manifest says "
+                f"{want_dtype}{list(want_shape)}; {REPACK}"
+            )
+
+    def _check_mapped(self, offset: int) -> None:
+        """A contiguous dataset's bytes lie inside the file: it is mapped from there (a map
+        past the end of a file is a SIGBUS when touched)."""
+        if self.offsets is None:
+            need = self.count * self.spec.nbytes
+        else:
+            need = int(self.offsets[-1])
+        size = os.stat(self.path).st_size
+        if offset < 0 or offset + need > size:
+            raise DataError(
+                f"{self.path}: /{self.data_name} lies at bytes [{offset:,}, {offset + need:,}), "
+                f"past the file's {size:,} bytes: truncated or crafted (check it with gpufeed "
+                "verify, or re-pack it)"
+            )
 
     def _open(self):
         self.check_pinned(FILE_NAME)
-        if self.mmap_offset is not None:
+        if self.mmap_offset is not None:  # inside the file: _check_mapped
             if self.spec.kind == "array":
                 shape, dtype = (self.count, *self.spec.shape), self.spec.dtype
             else:

@@ -18,8 +18,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from gpufeed.errors import DataError, UsageError
+from gpufeed.errors import DataError, UnsafePathError, UsageError
 from gpufeed.formats.base import Reader
+from gpufeed.formats.hdf5 import plain_dataset
 from gpufeed.formats.manifest import MANIFEST_NAME
 from gpufeed.formats.record import encode_value, join_record
 from gpufeed.formats.schema import Field, Schema
@@ -118,8 +119,14 @@ class HDF5FileReader(Reader):
         self.names = _datasets(datasets)
         try:
             with h5py.File(self.path, "r") as f:
-                found = {n: f[p] for n, p in self.names.items() if p in f}
-                missing = [p for n, p in self.names.items() if n not in found]
+                found, missing = {}, []
+                for n, p in self.names.items():
+                    try:  # its bytes this file's own: no link out, no external storage
+                        found[n] = plain_dataset(f, p, self.path)
+                    except UnsafePathError:
+                        raise
+                    except DataError:
+                        missing.append(p)
                 if missing:
                     have = _dataset_names(f)[:20]
                     raise DataError(f"{self.path}: no dataset {missing}; it has {have}")
@@ -130,7 +137,7 @@ class HDF5FileReader(Reader):
                     if "label" in found and fields[list(found).index("label")].type == "int"
                     else None
                 )
-        except OSError as e:
+        except (OSError, KeyError, TypeError, ValueError) as e:
             raise DataError(f"{self.path}: not a readable HDF5 file: {e}") from None
         if len(set(counts.values())) != 1 or None in counts.values():
             raise DataError(f"{self.path}: the datasets hold different numbers of rows: {counts}")

@@ -18,11 +18,18 @@ import numpy as np
 
 from gpufeed.errors import DataError, UsageError
 from gpufeed.formats import pt
-from gpufeed.formats.base import ContiguousWriter, Reader, span_views
+from gpufeed.formats.base import (
+    REPACK,
+    ContiguousWriter,
+    Reader,
+    check_offsets,
+    index_array,
+    span_views,
+)
 from gpufeed.formats.checksums import crc32, row_crcs
 from gpufeed.formats.files import preallocate
 from gpufeed.formats.maps import kept_map
-from gpufeed.formats.npy import NPY_HEADER_MAX, npy_header, npy_shape
+from gpufeed.formats.npy import NPY_HEADER_MAX, npy_header
 from gpufeed.formats.readahead import (
     BlocksAhead,
     advise_buffers,
@@ -116,7 +123,7 @@ class MmapReader(Reader):
             if self.container == "npy":
                 self._landing = self.source.landing(self.data_name)
         self.labels = self._load("labels.npy")
-        self.crc32 = self._load("crc32.npy")
+        self.crc32 = self._load("crc32.npy", np.uint32)
         self.offsets = self._load("offsets.npy") if self.spec.kind != "array" else None
         self.check_count("labels.npy", len(self.labels))
         self.check_count("crc32.npy", len(self.crc32))
@@ -127,14 +134,50 @@ class MmapReader(Reader):
             self._land()
 
     def _land(self) -> None:
-        """The data file whole (fetched and pinned, for a remote pack), its header checked."""
-        data = self.file(self.data_name, whole=True)
-        if self.container == "npy":
-            self._check_shape(npy_shape(data))
+        """The data file whole (fetched and pinned, for a remote pack), its header checked
+        against the manifest and the file's size (the map is kept for _open)."""
+        self.file(self.data_name, whole=True)
+        self._check_rows(self._rows())
         self._landing, self._landed = None, True
+
+    def _rows(self) -> np.ndarray:
+        """The data file's map as a plain ndarray (np.memmap's slicing costs more than the
+        copy itself), kept for the next reader of this file in this process (maps.py). A
+        file shorter than its header declares is an error here, never a map past its end."""
+        path, identity = self.data_path, self.pinned_identity(self.data_name)
+        if self.container == "pt":
+            return kept_map(path, identity, "pt", lambda: pt.map_pt(path))
+
+        def mapped():
+            try:
+                return np.load(path, mmap_mode="r", allow_pickle=False).view(np.ndarray)
+            except (OSError, ValueError) as e:
+                raise DataError(
+                    f"{path}: not a readable .npy file, or shorter than its "
+                    f"header says: {e}; {REPACK}"
+                ) from None
+
+        return kept_map(path, identity, "npy", mapped)
+
+    def _check_rows(self, rows: np.ndarray) -> None:
+        """The data file's array is what the manifest says: the samples' dtype and shape
+        (C order), or the encoded bytes the offsets index."""
+        if self.offsets is not None:
+            want_dtype, want_shape = np.dtype(np.uint8), (int(self.offsets[-1]),)
+            if rows.ndim == 1:
+                check_offsets(self.root / "offsets.npy", self.offsets, rows.shape[0])
+        else:
+            want_dtype, want_shape = np.dtype(self.spec.dtype), (self.count, *self.spec.shape)
+        if rows.dtype != want_dtype or rows.shape != want_shape or not rows.flags.c_contiguous:
+            order = "" if rows.flags.c_contiguous else " in Fortran order"
+            raise DataError(
+                f"{self.data_path}: holds {rows.dtype}{list(rows.shape)}{order}, the manifest "
+                f"says {want_dtype}{list(want_shape)}; {REPACK}"
+            )
 
     def _check_shape(self, shape: tuple[int, ...]) -> None:
         if self.offsets is not None:
+            check_offsets(self.root / "offsets.npy", self.offsets, shape[0])
             self.check_count("encoded.npy bytes", shape[0], int(self.offsets[-1]))
         else:
             self.check_count("samples.npy", shape[0])
@@ -178,12 +221,14 @@ class MmapReader(Reader):
         state["_landing"] = None  # this process's download; another one reads the landed file
         return state
 
-    def _load(self, name: str) -> np.ndarray:
+    def _load(self, name: str, dtype=np.int64) -> np.ndarray:
+        """Index file ``name``: integers as ``dtype`` (base.index_array)."""
         path = self.file(name, whole=True)
         try:
-            return np.load(path, allow_pickle=False)
-        except ValueError as e:
+            arr = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
             raise DataError(f"{path}: not a readable .npy file: {e}") from None
+        return index_array(path, arr, dtype)
 
     @property
     def data_name(self) -> str:
@@ -199,20 +244,8 @@ class MmapReader(Reader):
         if not self._landed:
             self._land()
         self.check_pinned(self.data_name)
-        identity = self.pinned_identity(self.data_name)
-        if self.container == "pt":
-            rows = kept_map(self.data_path, identity, "pt", lambda: pt.map_pt(self.data_path))
-            self.check_count("samples.pt", rows.shape[0])
-        else:
-            # a plain ndarray over the map: np.memmap's slicing costs more than the copy
-            # itself; the map is kept for the next reader of this file in this process
-            # (formats/maps.py)
-            rows = kept_map(
-                self.data_path,
-                identity,
-                "npy",
-                lambda: np.load(self.data_path, mmap_mode="r").view(np.ndarray),
-            )
+        rows = self._rows()
+        self._check_rows(rows)
         if rows.size:
             self.see_cache(self.data_path, rows.ctypes.data)
         return rows

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed.errors import DataError
+
 __all__ = ["map_pt", "save_npy_as_pt"]
 
 
@@ -25,8 +27,18 @@ def save_npy_as_pt(npy: Path, pt: Path) -> None:
 
 
 def map_pt(path: Path) -> np.ndarray:
-    """The tensor in `path`, memory-mapped (nothing read yet), as a numpy array over the map."""
+    """The tensor in `path`, memory-mapped (nothing read yet), as a numpy array over the map.
+    weights_only: torch's restricted unpickler, so no code in the file is ever run; anything
+    but one plain tensor is an error naming the file."""
     import torch
 
-    t = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
-    return t.numpy()
+    try:
+        t = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"holds a {type(t).__name__}, not one tensor")
+        return t.numpy()
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds for a crafted file
+        raise DataError(
+            f"{path}: not a readable tensor file ({type(e).__name__}: {e}); check it with "
+            "gpufeed verify, or re-pack it"
+        ) from None
