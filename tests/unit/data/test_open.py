@@ -98,3 +98,21 @@ def test_the_signature_is_real_and_its_defaults_are_the_datasets():
         theirs = inspect.signature(cls.__init__).parameters
         for name in open_mod.COMMON_OPTIONS - {"map_style"}:
             assert sig.parameters[name].default == theirs[name].default, (cls, name)
+
+
+def test_a_hugging_face_dataset_dict_is_not_taken_for_an_image_folder(tmp_path):
+    """Its split folders looked like class folders: "not an image folder to read in place"."""
+    import json
+
+    from gpufeed.errors import NotPackedError
+
+    root = tmp_path / "dd"
+    for split in ("train", "test"):
+        folder = root / split
+        folder.mkdir(parents=True)
+        (folder / "data-00000-of-00001.arrow").write_bytes(b"\xff\xff\xff\xff" + b"\0" * 60)
+        (folder / "dataset_info.json").write_text("{}")
+        (folder / "state.json").write_text(json.dumps({"_data_files": []}))
+    (root / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    with pytest.raises(NotPackedError, match=rf"{root}: a Hugging Face datasets folder"):
+        open_dataset(root)
