@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 
 import h5py
@@ -281,3 +282,42 @@ def test_zstd_fields_are_smaller_on_disk_and_recorded_in_the_manifest(tmp_path):
     assert fields == [{"name": "t", "type": "str", "compression": "zstd"},
                       {"name": "image", "type": "image", "format": "png"}]  # fmt: skip
     assert gpufeed.open_dataset(tmp_path / "zstd")[7]["t"] == text + "7"
+
+
+@pytest.mark.parametrize("shape", ["ab", "12", 42, [1.5], [True], [None]])
+def test_an_array_shape_that_is_not_a_list_of_sizes_is_a_usage_error(shape):
+    from gpufeed.formats.schema import parse_schema
+
+    with pytest.raises(UsageError, match=r"field 'x': shape .*: expected a list of sizes"):
+        parse_schema({"x": {"type": "array", "dtype": "int8", "shape": shape}})
+
+
+@pytest.mark.parametrize(
+    ("dtype", "values", "refused"),
+    [
+        ("int16", np.array([70000]), "70000"),
+        ("int8", np.array([1, 200]), "200"),
+        ("uint8", np.array([-1]), "-1"),
+        ("int32", np.array([2**40], dtype=np.uint64), str(2**40)),
+        ("int64", np.array([2**64 - 1], dtype=np.uint64), str(2**64 - 1)),
+        ("float16", np.array([1e6]), "1000000.0"),
+        ("float32", np.array([np.inf, 1e300]), "1e+300"),
+    ],
+)
+def test_encode_record_refuses_a_value_its_dtype_cannot_hold(dtype, values, refused):
+    from gpufeed.formats.schema import parse_schema
+
+    schema = parse_schema({"x": f"{dtype}[-1]"})
+    with pytest.raises(UsageError, match=rf"field 'x': value {re.escape(refused)} does not fit"):
+        encode_record(schema, {"x": values})
+
+
+def test_encode_record_stores_values_that_fit_of_any_integer_type():
+    from gpufeed.formats.schema import parse_schema
+
+    schema = parse_schema({"x": "uint8[-1]", "f": "float16[-1]"})
+    sample = {"x": np.array([0, 255], dtype=np.int64), "f": np.array([np.inf, np.nan, 1.5])}
+    out = decode_record(schema, encode_record(schema, sample))
+    assert np.asarray(out["x"]).tolist() == [0, 255]
+    f = np.asarray(out["f"])
+    assert f[0] == np.inf and np.isnan(f[1]) and f[2] == 1.5

@@ -66,3 +66,100 @@ def test_a_sample_that_is_none_of_these_says_how_to_name_fields(tmp_path):
     with pytest.raises(SourceError, match=r"a sample is a dict of named fields.*got int"):
         gpufeed.pack([1, 2], tmp_path / "p", quiet=True)
     assert not (tmp_path / "p").exists()
+
+
+# ------------------------------------------------------------------ a generator is streamed
+# issue 37 item 9: pack(generator, DEST) held every sample before writing one (MemoryError
+# under a limit the Writer loop over the same data stays within). The child's address space
+# is limited to what it uses after its imports plus LIMIT_MIB, less than the samples hold.
+STREAM_CHILD = r"""
+import resource, sys
+import numpy as np
+import torch  # noqa: F401 - what pack(samples) imports, counted in the baseline
+import gpufeed, gpufeed.write.convert  # noqa: F401
+
+def vm_size():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) << 10
+
+limit = vm_size() + (int(sys.argv[2]) << 20)
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+def samples():
+    for i in range(int(sys.argv[3])):
+        yield {"x": np.full(2 << 20, i % 251, dtype=np.uint8)}
+
+try:
+    m = gpufeed.pack(samples(), sys.argv[1], format="tar", quiet=True, part_size=4)
+except MemoryError:
+    sys.exit("MemoryError")
+print("packed", m["count"])
+"""
+LIMIT_MIB, SAMPLES = 128, 100  # 100 x 2 MiB = 200 MiB of samples; streamed, < 96 MiB used
+
+
+def test_a_generator_of_large_samples_is_packed_in_bounded_memory(tmp_path, python_env):
+    import subprocess
+    import sys
+
+    dest = tmp_path / "p"
+    env = {**python_env, "MALLOC_ARENA_MAX": "2"}  # glibc's per-thread arenas reserve 64 MiB
+    r = subprocess.run(
+        [sys.executable, "-c", STREAM_CHILD, str(dest), str(LIMIT_MIB), str(SAMPLES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "packed 100" in r.stdout, (r.returncode, r.stderr[-2000:])
+    ds = gpufeed.open_dataset(dest, map_style=True)
+    assert len(ds) == SAMPLES
+    for i in (0, 57, SAMPLES - 1):
+        x = ds[i]["x"]
+        assert x.shape == (2 << 20,) and int(x[0]) == int(x[-1]) == i % 251
+
+
+def test_a_generator_is_consumed_as_written_and_a_resume_goes_on_after_the_committed(tmp_path):
+    taken = []
+
+    def samples(stop_at=None):
+        for i in range(10):
+            if i == stop_at:
+                raise RuntimeError("stopped")
+            taken.append(i)
+            yield {"x": np.full(3, i, dtype=np.int16)}
+
+    dest = tmp_path / "p"
+    with pytest.raises(RuntimeError, match="stopped"):
+        gpufeed.pack(samples(stop_at=7), dest, format="mmap", quiet=True, part_size=3)
+    taken.clear()
+    m = gpufeed.pack(samples(), dest, format="mmap", quiet=True, part_size=3, resume=True)
+    assert taken == list(range(10))  # the committed 6 read and passed over, not converted
+    ds = gpufeed.open_dataset(dest, map_style=True)
+    assert m["count"] == len(ds) == 10
+    assert [int(ds[i]["x"][0]) for i in range(10)] == list(range(10))
+
+
+def test_a_generator_of_paths_through_workers_names_its_inputs(tmp_path):
+    paths = []
+    for i in range(40):
+        path = tmp_path / f"in{i:02d}.txt"
+        path.write_text(f"text {i}")
+        paths.append(path)
+
+    def read(path):
+        text = path.read_text()
+        if text == "text 33":
+            raise ValueError("bad input")
+        return {"text": text}
+
+    m = gpufeed.pack(
+        read, (p for p in paths), tmp_path / "p", format="lmdb", workers=2, quiet=True,
+        on_error="skip",
+    )  # fmt: skip
+    assert m["count"] == 39
+    assert [s["item"] for s in m["skipped"]] == [33]
+    assert m["skipped"][0]["path"].endswith("in33.txt")
+    ds = gpufeed.open_dataset(tmp_path / "p", map_style=True)
+    assert [ds[i]["text"] for i in (0, 32, 33)] == ["text 0", "text 32", "text 34"]

@@ -406,3 +406,24 @@ def test_closing_an_empty_writer_releases_its_lock_and_leaves_nothing(tmp_path):
     with gpufeed.Writer(dest, format="hdf5", schema=SCHEMA) as w2:  # not "locked by pid ..."
         w2.write(sample(0))
     check(dest, 1)
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"part_size": "abc"}, "part_size: expected a whole number, got 'abc'"),
+        ({"part_size": None, "schema": {"x": {"type": "array", "dtype": "int8", "shape": "ab"}}},
+         "field 'x': shape 'ab': expected a list of sizes"),
+        ({"schema": {"x": {"type": "array", "dtype": "int8", "shape": 42}}},
+         "field 'x': shape 42: expected a list of sizes"),
+    ],
+)  # fmt: skip
+def test_a_bad_option_or_schema_is_a_usage_error_naming_it_not_a_raw_error(tmp_path, options, said):
+    with pytest.raises(UsageError, match=re.escape(said)):
+        gpufeed.Writer(tmp_path / "p", format="mmap", **options)
+    assert not (tmp_path / "p.partial").exists()
+
+
+def test_pack_with_workers_that_are_not_a_number_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="workers: expected a whole number, got 'x'"):
+        gpufeed.pack(convert, range(3), tmp_path / "p", format="mmap", workers="x", quiet=True)

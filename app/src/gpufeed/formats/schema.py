@@ -96,7 +96,14 @@ def _array_field(name: str, dtype, shape, compression) -> Field:
         raise UsageError(f"field {name!r}: {dtype!r} is not a numpy dtype") from None
     if dt.hasobject or dt.fields is not None or dt.subdtype is not None:
         raise UsageError(f"field {name!r}: dtype {dt} cannot be stored as raw bytes")
-    shape = tuple(int(s) for s in shape)
+    try:
+        if isinstance(shape, (str, bytes)) or any(isinstance(s, (bool, float)) for s in shape):
+            raise TypeError
+        shape = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise UsageError(
+            f"field {name!r}: shape {shape!r}: expected a list of sizes (-1: varies)"
+        ) from None
     if any(s < -1 for s in shape):
         raise UsageError(f"field {name!r}: shape {list(shape)}: sizes are >= 0, or -1 (varies)")
     kind = "ragged" if -1 in shape else "array"

@@ -8,6 +8,8 @@
 ``fn(inputs[i])`` runs in worker processes (forked where the platform forks, so ``fn`` may be
 a lambda or a closure; spawned elsewhere, where fn and inputs must pickle), a few chunks per
 worker in flight (memory stays bounded); each sample is encoded into its record there too.
+``inputs`` that are not a Sequence (a generator) are consumed as they are written, never
+held whole.
 The samples are written in input order through a :class:`~gpufeed.write.writer.Writer`, so
 the pack is crash-safe and resumable in the same way: ``resume=True`` keeps the committed
 inputs and converts the rest. ``on_error="stop"`` raises a SourceError naming the input (the
@@ -33,9 +35,9 @@ from gpufeed.errors import PackWorkerError, SourceError, UsageError
 from gpufeed.formats.checksums import crc32
 from gpufeed.formats.schema import Schema, infer_schema, sniff_image
 from gpufeed.write import progress
-from gpufeed.write.options import ON_ERROR
+from gpufeed.write.options import ON_ERROR, positive_int
 from gpufeed.write.pool import chunk_inputs, default_workers, die_with_parent
-from gpufeed.write.writer import PART_BYTES, Writer, encoded
+from gpufeed.write.writer import PART_BYTES, Writer, encoded, item_name
 
 __all__ = ["as_sample", "pack_function", "pack_in_place"]
 
@@ -92,7 +94,7 @@ def _convert(fn, item, schema: Schema) -> tuple:
         return "error", f"{type(e).__name__}: {e}"
 
 
-def _start_worker(fn, inputs, schema, parent: int) -> None:
+def _start_worker(fn, inputs: Sequence | None, schema, parent: int) -> None:
     die_with_parent(parent)
     _JOB.update(fn=fn, inputs=inputs, schema=schema)
 
@@ -102,24 +104,55 @@ def _run(lo: int, hi: int) -> list[tuple]:
     return [_convert(fn, inputs[i], schema) for i in range(lo, hi)]
 
 
-def _results(fn, inputs: Sequence, start: int, schema: Schema, workers: int, part_size: int):
-    """(index, result) for inputs[start:], in order; workers processes, or in-process."""
+def _run_items(items: list) -> list[tuple]:
+    """_run for inputs a worker does not hold (an iterable's: sent with the chunk)."""
+    fn, schema = _JOB["fn"], _JOB["schema"]
+    return [_convert(fn, item, schema) for item in items]
+
+
+def _numbered(inputs: Iterable, start: int, names: list[str] | None):
+    """(i, input) from input ``start`` on, an iterable consumed lazily (never held whole:
+    those before ``start`` are read and passed over). ``names``: filled with what each
+    path input is called, as they come (others are '#i': gpufeed.write.writer.item_name)."""
+    if isinstance(inputs, Sequence):
+        yield from ((i, inputs[i]) for i in range(start, len(inputs)))
+        return
+    for i, item in enumerate(inputs):
+        if names is not None and isinstance(item, (str, os.PathLike)):
+            names.extend(f"#{j}" for j in range(len(names), i))
+            names.append(_name(item, i))
+        if i >= start:
+            yield i, item
+
+
+def _results(fn, inputs: Iterable, items, schema: Schema, workers: int, part_size: int):
+    """(index, result) for each (index, input) of ``items`` (_numbered), in order; workers
+    processes, or in-process. A Sequence's inputs are the workers' own (inherited or sent
+    once); an iterable's are sent with each chunk, a bounded number of chunks in flight."""
     if workers <= 1:
-        for i in range(start, len(inputs)):
-            yield i, _convert(fn, inputs[i], schema)
+        for i, item in items:
+            yield i, _convert(fn, item, schema)
         return
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     size = [CHUNK]  # inputs a chunk: re-sized from the records that come back
-    ranges = _ranges(start, len(inputs), size)
+    chunks = _chunks(items, size)
+    held = inputs if isinstance(inputs, Sequence) else None
     with ProcessPoolExecutor(
         workers,
         mp_context=mp.get_context(method),
         initializer=_start_worker,
-        initargs=(fn, inputs, schema, os.getpid()),
+        initargs=(fn, held, schema, os.getpid()),
     ) as ex:
-        pending = deque((r, ex.submit(_run, *r)) for r in islice(ranges, workers * 4))
+
+        def submit(chunk: list) -> tuple:
+            lo = chunk[0][0]
+            if held is not None:
+                return lo, ex.submit(_run, lo, lo + len(chunk))
+            return lo, ex.submit(_run_items, [item for _, item in chunk])
+
+        pending = deque(submit(c) for c in islice(chunks, workers * 4))
         while pending:
-            (lo, _), future = pending.popleft()
+            lo, future = pending.popleft()
             try:
                 chunk = future.result()
             except BrokenProcessPool:
@@ -128,18 +161,18 @@ def _results(fn, inputs: Sequence, start: int, schema: Schema, workers: int, par
                     "inputs are kept: rerun with resume=True"
                 ) from None
             size[0], window = _chunking(workers, part_size, chunk)
-            for nxt in islice(ranges, max(0, window - len(pending))):
-                pending.append((nxt, ex.submit(_run, *nxt)))
+            for nxt in islice(chunks, max(0, window - len(pending))):
+                pending.append(submit(nxt))
             yield from enumerate(chunk, lo)
 
 
-def _ranges(start: int, stop: int, size: list[int]):
-    """(lo, hi) ranges of inputs from start to stop, each size[0] long when it is made."""
-    lo = start
-    while lo < stop:
-        hi = min(lo + size[0], stop)
-        yield lo, hi
-        lo = hi
+def _chunks(items, size: list[int]):
+    """Lists of consecutive (i, input) from ``items``, each size[0] long when it is made."""
+    while True:
+        chunk = list(islice(items, size[0]))
+        if not chunk:
+            return
+        yield chunk
 
 
 def _chunking(workers: int, part_size: int, chunk: list[tuple]) -> tuple[int, int]:
@@ -182,22 +215,31 @@ def pack_function(
     takes them)."""
     if on_error not in ON_ERROR:
         raise UsageError(f"unknown on_error {on_error!r}; use stop or skip")
-    inputs = inputs if isinstance(inputs, Sequence) else list(inputs)
-    workers = default_workers() if workers is None else max(0, int(workers))
-    if names is not None and len(names) != len(inputs):
+    sized = isinstance(inputs, Sequence)  # else an iterable: consumed as it is written
+    workers = default_workers() if workers is None else max(0, positive_int("workers", workers))
+    if names is not None and sized and len(names) != len(inputs):
         raise UsageError(f"names: {len(names)} for {len(inputs)} inputs")
     w = Writer(
         dest, format, schema, resume=resume, overwrite=overwrite, quiet=quiet, **writer_options
     )
-    w.item_names = [_name(x, i) for i, x in enumerate(inputs)] if names is None else list(names)
-    bar = progress.progress_bar(len(inputs), w.inputs_done, quiet, "pack", unit="input")
+    if names is not None:
+        w.item_names = list(names)
+    elif sized:
+        w.item_names = [_name(x, i) for i, x in enumerate(inputs)]
+    else:
+        w.item_names = []  # filled as the inputs come (_numbered)
+    total = len(inputs) if sized else None
+    bar = progress.progress_bar(total, w.inputs_done, quiet, "pack", unit="input")
     with _writing(w, bar):
-        start = w.inputs_done
-        while w.schema is None and start < len(inputs):  # the first sample says the schema
-            _take(w, start, _first(fn, inputs[start]), w.item_names, on_error)
-            bar.update(1)
-            start += 1
-        for i, result in _results(fn, inputs, start, w.schema, workers, w.state["part_size"]):
+        sink = None if sized or names is not None else w.item_names
+        items = _numbered(inputs, w.inputs_done, sink)
+        if w.schema is None:  # the first sample says the schema
+            for i, item in items:
+                _take(w, i, _first(fn, item), w.item_names, on_error)
+                bar.update(1)
+                if w.schema is not None:
+                    break
+        for i, result in _results(fn, inputs, items, w.schema, workers, w.state["part_size"]):
             _take(w, i, result, w.item_names, on_error)
             bar.update(1)
         return w.close()
@@ -230,7 +272,7 @@ def _take(w: Writer, i: int, result: tuple, names: Sequence[str], on_error: str)
     if result[0] == "error":
         if on_error == "stop":
             raise SourceError(
-                f"input {i} ({names[i]}): {result[1]}; the inputs before it are "
+                f"input {i} ({item_name(names, i)}): {result[1]}; the inputs before it are "
                 "committed: fix it and rerun with resume=True (gpufeed pack: --resume), or "
                 "pass on_error='skip' (--on-error skip)"
             )

@@ -14,6 +14,7 @@ __all__ = [
     "ON_ERROR",
     "check_options",
     "parse_resize",
+    "positive_int",
 ]
 
 ENCODE_MODES = ("keep", "raw")
@@ -44,7 +45,10 @@ def parse_resize(resize) -> tuple[int, int] | None:
         except ValueError:
             raise UsageError(f"--resize {resize!r}: expected HEIGHTxWIDTH, e.g. 224x224") from None
     else:
-        vals = [int(v) for v in resize]
+        try:
+            vals = [int(v) for v in resize]
+        except (TypeError, ValueError):
+            raise UsageError(f"resize {resize!r}: expected HEIGHTxWIDTH, e.g. 224x224") from None
     if len(vals) == 1:
         vals = vals * 2
     if len(vals) != 2 or min(vals) <= 0:
@@ -52,6 +56,17 @@ def parse_resize(resize) -> tuple[int, int] | None:
     if max(vals) > MAX_RESIZE:
         raise UsageError(f"resize {resize!r}: each side must be at most {MAX_RESIZE} pixels")
     return vals[0], vals[1]
+
+
+def positive_int(name: str, value) -> int:
+    """An option that is a whole number (an int, or text of one): a UsageError naming it
+    otherwise (its sign is the caller's check)."""
+    if isinstance(value, bool):
+        raise UsageError(f"{name}: expected a whole number, got {value!r}")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name}: expected a whole number, got {value!r}") from None
 
 
 def check_options(fmt, encode, on_error, compression, container, shard_size, shard_bytes, part):
@@ -74,7 +89,7 @@ def check_options(fmt, encode, on_error, compression, container, shard_size, sha
         ("shard_bytes", shard_bytes),
         ("part_size", part),
     ):
-        if value is not None and int(value) <= 0:
+        if value is not None and positive_int(name, value) <= 0:
             raise UsageError(f"{name} must be positive, got {value}")
     if fmt == "mmap" and container not in CONTAINERS:
         raise UsageError(f"unknown mmap container {container!r}; use npy or pt")

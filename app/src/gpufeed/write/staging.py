@@ -25,6 +25,7 @@ from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.write import progress
 from gpufeed.write.items import STAMP_FIELDS, stamp_changed
+from gpufeed.write.options import positive_int
 from gpufeed.write.pool import default_workers, ordered_map
 from gpufeed.write.scan import Source
 from gpufeed.write.streamed import check_part
@@ -200,7 +201,7 @@ def commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error
         return
     spec = first_spec(parts_dir, nparts)
     auto = workers is None
-    workers = default_workers() if auto else max(0, int(workers))
+    workers = default_workers() if auto else max(0, positive_int("workers", workers))
     todo_count = sum(len(items_of(p, part_size, len(src))) for p in todo)
     slow = float(os.environ.get("GPUFEED_TEST_SLOW_MS", "0") or 0) / 1000.0
 

@@ -60,7 +60,15 @@ from gpufeed.write.options import check_options
 from gpufeed.write.staging import part_path
 from gpufeed.write.streamed import check_part, keep_streamed
 
-__all__ = ["PART_BYTES", "Listing", "WrittenSource", "Writer", "encoded", "label_of"]
+__all__ = [
+    "PART_BYTES",
+    "Listing",
+    "WrittenSource",
+    "Writer",
+    "encoded",
+    "item_name",
+    "label_of",
+]
 
 # a part is committed every part_size samples or PART_BYTES bytes, whichever comes first
 PART_BYTES = 64 << 20
@@ -74,9 +82,14 @@ class _Names:
         self.names = names
 
     def __getitem__(self, i: int) -> str:
-        if self.names is not None and i < len(self.names):
-            return self.names[i]
-        return f"#{i}"
+        return item_name(self.names, i)
+
+
+def item_name(names: list[str] | None, i: int) -> str:
+    """What input i is called: its name where one was given (a path), else '#i'."""
+    if names is not None and i < len(names):
+        return names[i]
+    return f"#{i}"
 
 
 @dataclass
