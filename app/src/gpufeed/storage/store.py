@@ -108,14 +108,14 @@ class ObjectStore:
         return self._store
 
     def read_bytes(self, name: str) -> bytes:
-        import obstore
+        obstore = _obstore(self.url)
 
         with _errors(self.url.child(name)):
             return bytes(obstore.get(self.store, name).bytes())
 
     def stream(self, name: str, start: int = 0) -> Iterator[memoryview]:
         """The object's bytes from `start` on, in chunks of about STREAM_CHUNK."""
-        import obstore
+        obstore = _obstore(self.url)
 
         where = self.url.child(name)
         with _errors(where):
@@ -131,7 +131,7 @@ class ObjectStore:
 
     def list(self, prefix: str = "") -> dict[str, int]:
         """name -> size of every object under `prefix` (relative to the store's URL)."""
-        import obstore
+        obstore = _obstore(self.url)
 
         with _errors(self.url.child(prefix)):
             return {
@@ -142,7 +142,7 @@ class ObjectStore:
 
     def put_file(self, name: str, path: str | os.PathLike) -> None:
         """Upload a local file; multipart (in MULTIPART_CHUNK parts) above one part's size."""
-        import obstore
+        obstore = _obstore(self.url)
 
         with _errors(self.url.child(name)):
             obstore.put(
@@ -154,25 +154,34 @@ class ObjectStore:
             )
 
     def put_bytes(self, name: str, data: bytes) -> None:
-        import obstore
+        obstore = _obstore(self.url)
 
         with _errors(self.url.child(name)):
             obstore.put(self.store, name, data)
 
     def delete(self, name: str) -> None:
-        import obstore
+        obstore = _obstore(self.url)
 
         with _errors(self.url.child(name)):
             obstore.delete(self.store, name)
 
 
-def _make_store(url: RemoteURL, options: dict[str, Any]):
+def _obstore(url: RemoteURL):
+    """The obstore module, or an error saying which extra installs it (not a traceback)."""
     try:
-        from obstore.store import from_url
+        import obstore
     except ImportError:
         raise StorageError(
-            f"{url}: reading object storage needs obstore; pip install 'gpufeed[s3]'"
+            f"{url}: object storage needs the obstore package, which is not installed: "
+            "pip install 'gpufeed[s3]'"
         ) from None
+    return obstore
+
+
+def _make_store(url: RemoteURL, options: dict[str, Any]):
+    _obstore(url)
+    from obstore.store import from_url
+
     kwargs: dict[str, Any] = {
         # gpufeed retries itself (storage/download.py): each retry is counted and resumes
         "retry_config": {"max_retries": 0, "retry_timeout": timedelta(seconds=60)},

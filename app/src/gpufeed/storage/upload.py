@@ -61,8 +61,16 @@ def check_upload_destination(
     resume: objects without a manifest may be this pack's own interrupted upload (upload_pack
     tells, by their names)."""
     listed = with_retries(ObjectStore(url).list, RetryPolicy(), StorageStats())
-    if resume and MANIFEST_NAME not in listed:
-        return
+    if listed and MANIFEST_NAME not in listed:
+        if resume:
+            return
+        # what the pack would upload is not known yet: both readings, and what to do in each
+        raise UsageError(
+            f"{url}: holds {len(listed)} objects and no {MANIFEST_NAME}: an unfinished upload "
+            "(the manifest is uploaded last), or objects that are not a gpufeed pack. If it "
+            "is an interrupted upload of this pack, rerun with --resume (resume=True) to "
+            "finish it; otherwise delete those objects, or pack to an empty prefix"
+        )
     check_destination(url, listed, overwrite)
 
 

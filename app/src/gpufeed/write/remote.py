@@ -14,10 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpufeed.errors import DataError
+from gpufeed.formats.manifest import MANIFEST_NAME, SOURCES_NAME, read_manifest, read_sources
 from gpufeed.storage.cache import cache_shared, make_cache_dirs
 from gpufeed.storage.packs import default_cache_dir
 from gpufeed.storage.upload import check_upload_destination, upload_pack
 from gpufeed.storage.urls import RemoteURL
+from gpufeed.write.guard import is_pack
 
 STAGING = "staging"
 
@@ -29,6 +32,56 @@ def staging_path(url: RemoteURL, staging_dir: str | os.PathLike | None) -> Path:
         return Path(staging_dir).absolute()
     base = default_cache_dir() / STAGING / url.scheme / url.bucket
     return (base / (url.prefix or "_root")).absolute()
+
+
+def changed_sources(staged: Path) -> tuple[int, list[str]] | None:
+    """(source files checked, those changed) for the finished pack at `staged`: a file is
+    changed when it is gone, or its mtime or ctime is not older than the pack's manifest (it
+    was written, or its mtime set back, after the pack was finished: ctime cannot be set
+    back). None when the pack did not record source files (samples from Python)."""
+    try:
+        finished = (staged / MANIFEST_NAME).stat().st_mtime_ns
+        source = read_manifest(staged).get("source") or {}
+        names = read_sources(staged / SOURCES_NAME)
+    except (OSError, DataError):
+        return None
+    if not source.get("path") or source.get("kind") == "python":
+        return None
+    root = Path(source["path"])
+    base = root.parent if source.get("kind") == "listfile" else root
+    changed = _changed(str(root), finished) if source.get("kind") == "listfile" else []
+    for name in names:
+        changed += _changed(str(base / name), finished)  # an absolute name stays as it is
+    return len(names), changed
+
+
+def _changed(path: str, finished: int) -> list[str]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return [path]
+    return [path] if max(st.st_mtime_ns, st.st_ctime_ns) >= finished else []
+
+
+def _reusable(staged: Path, say: Callable[[str], None]) -> bool:
+    """Whether --resume may upload the finished pack staged by an earlier run (killed while
+    uploading, say) as it is; says what it found either way."""
+    found = changed_sources(staged)
+    if found is None:
+        say(f"{staged}: reusing the staged pack as it is (it records no source files to check)")
+        return True
+    count, changed = found
+    if changed:
+        say(
+            f"{staged}: {len(changed)} source file(s) changed since this pack was staged "
+            f"(first: {changed[0]}); packing again instead of uploading the old bytes"
+        )
+        return False
+    say(
+        f"{staged}: reusing the staged pack: none of its {count} source files changed since "
+        "it was finished (mtime and ctime)"
+    )
+    return True
 
 
 def pack_to_store(
@@ -50,7 +103,10 @@ def pack_to_store(
     else:
         staged.parent.mkdir(parents=True, exist_ok=True)
     # the staging folder is ours: a finished pack left there by an upload that failed is
-    # replaced unless resuming (then it is reused, if made from the same source and settings)
+    # replaced unless resuming (then it is reused, if made from the same source and settings
+    # and none of its source files changed since it was finished)
+    if resume and is_pack(staged) and not _reusable(staged, say):
+        resume = False
     manifest = pack_locally(dest=staged, resume=resume, overwrite=not resume, **options)
     say(f"{staged}: packed; uploading to {url}")
     upload_pack(staged, str(url), overwrite=overwrite)
