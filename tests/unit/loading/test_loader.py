@@ -300,6 +300,41 @@ def test_auto_keeps_in_process_when_workers_are_slower(monkeypatch):
     assert dl.plan.measured["speedup_workers_vs_in_process"] < 0.01
 
 
+def _fixed_in_process(seconds_per_batch):
+    """_measure_in_process with a fixed time per batch (the first batch is still read, for
+    its size)."""
+
+    def measure(batches, budget_s, max_batches=16):
+        first = next(batches, None)
+        return seconds_per_batch, first, 8
+
+    return measure
+
+
+def test_a_model_never_overturns_workers_measured_slower(monkeypatch):
+    # In-process measured 20% faster than the workers; the IPC model (the in-process cost
+    # spread over the workers, no IPC) says workers would be far faster. It used to stand in
+    # ("2 workers modelled (the measurement was slower)"); the measurement decides.
+    monkeypatch.setattr(plan_mod, "_measure_in_process", _fixed_in_process(0.010))
+    monkeypatch.setattr(plan_mod, "_measure_workers", lambda *a, **k: (0.012, 0.01))
+    monkeypatch.setattr(plan_mod, "_ipc_seconds", lambda batch: 0.0)
+    dl = make_loader(MemDataset(4000, shape=(3, 8, 8)), 64, probe_budget_s=1.0)
+    assert dl.plan.num_workers == 0, str(dl.plan)
+    assert "modelled" not in dl.plan.reason and "measured" in dl.plan.reason, dl.plan.reason
+    assert dl.plan.measured["speedup_workers_vs_in_process"] == pytest.approx(0.010 / 0.012)
+
+
+def test_the_model_may_still_lift_workers_measured_faster(monkeypatch):
+    # Workers measured a little faster (within the margin): the measurement does not separate
+    # the two, and the model, in the measurement's direction, may stand in.
+    monkeypatch.setattr(plan_mod, "_measure_in_process", _fixed_in_process(0.010))
+    monkeypatch.setattr(plan_mod, "_measure_workers", lambda *a, **k: (0.0095, 0.01))
+    monkeypatch.setattr(plan_mod, "_ipc_seconds", lambda batch: 0.0)
+    dl = make_loader(MemDataset(4000, shape=(3, 8, 8)), 64, probe_budget_s=1.0)
+    assert dl.plan.num_workers == worker_count_for(dl.plan.cpus) >= 1, str(dl.plan)
+    assert "modelled" in dl.plan.reason, dl.plan.reason
+
+
 def test_auto_picks_workers_when_loading_is_slow():
     ds = MemDataset(4000, delay=0.01)  # 10 ms of I/O latency per batch
     dl = make_loader(ds, 16, probe_budget_s=1.5, multiprocessing_context="fork")

@@ -411,8 +411,10 @@ class _Probe:
         self.measured[f"workers{workers}_batches_per_s"] = 1.0 / t_w
         # In-process counts its faster round; the workers get the same allowance (a short
         # probe on a busy machine undersells them, docs/benchmarks.md): the model stands in
-        # when it is faster. It still keeps cheap samples in-process.
-        if t_model < t_w:
+        # when it is faster, but only where the measurement has workers at least as fast as
+        # in-process. Workers measured slower stay slower: a model never overturns a
+        # measurement in the direction the measurement contradicts.
+        if t_model < t_w <= t_in:
             self.measured[f"workers{workers}_batches_per_s_model"] = 1.0 / t_model
             return t_model, "modelled (the measurement was slower)"
         return t_w, "measured"
