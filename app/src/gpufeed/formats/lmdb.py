@@ -20,9 +20,15 @@ import lmdb
 import numpy as np
 
 from gpufeed.errors import CorruptSampleError, DataError, DiskFullError
-from gpufeed.formats.base import Reader, Writer, make_room
+from gpufeed.formats.base import REPACK, Reader, Writer, index_array, make_room
 from gpufeed.formats.files import is_disk_full
-from gpufeed.formats.lmdb_envs import DATA_FILE, DEFAULT_READAHEAD, acquire_env, release_env
+from gpufeed.formats.lmdb_envs import (
+    DATA_FILE,
+    DEFAULT_READAHEAD,
+    acquire_env,
+    lmdb_error,
+    release_env,
+)
 from gpufeed.formats.lmdb_values import (
     SNAPSHOT,
     VALUES_FILE,
@@ -258,6 +264,16 @@ def _check_env(env, path: Path) -> None:
         )
 
 
+def _index(path: Path, name: bytes, value: bytes, dtype=np.int64) -> np.ndarray:
+    """Index key ``name``'s .npy bytes as integers (base.index_array)."""
+    where = f"{path}: key {name.decode()}"
+    try:
+        arr = npy_from_bytes(value)
+    except (ValueError, EOFError) as e:
+        raise DataError(f"{where}: not a readable .npy array: {e}; {REPACK}") from None
+    return index_array(where, arr, dtype)
+
+
 class LMDBReader(Reader):
     format_name = "lmdb"
 
@@ -277,18 +293,31 @@ class LMDBReader(Reader):
             _check_env(env, data)
             with env.begin() as txn:
                 labels, crcs = txn.get(LABELS_KEY), txn.get(CRC_KEY)
-                if labels is None or crcs is None:
-                    raise CorruptSampleError(self.root, 0, "LMDB index keys are missing")
-                self.labels = npy_from_bytes(labels)
-                self.crc32 = npy_from_bytes(crcs)
+        except lmdb.Error as e:
+            raise lmdb_error(data, e) from None
         finally:
             release_env(self.env_key, env)
+        if labels is None or crcs is None:
+            raise CorruptSampleError(data, 0, "LMDB index keys are missing")
+        self.labels = _index(data, LABELS_KEY, labels)
+        self.crc32 = _index(data, CRC_KEY, crcs, np.uint32)
         self.check_count(LABELS_KEY.decode(), len(self.labels))
         self.check_count(CRC_KEY.decode(), len(self.crc32))
 
     def _open(self):
         self.check_pinned(DATA_FILE)
         env = acquire_env(self.env_key, self.readahead)
+        try:
+            return self._opened(env)
+        except lmdb.Error as e:
+            release_env(self.env_key, env)
+            raise lmdb_error(self.data_path, e) from None
+        except BaseException:
+            release_env(self.env_key, env)
+            raise
+
+    def _opened(self, env):
+        """``env``, this process's handle, after finding where its records are read from."""
         self._placed = self._placed_records(env)
         if self._placed is not None:  # records are read from this map (its pages probed)
             self.see_cache(self.data_path, self._placed.base)
@@ -314,7 +343,7 @@ class LMDBReader(Reader):
             return None
         how = ("u8", self.readahead)  # advised as LMDB's own map (DEFAULT_READAHEAD)
         data = kept_map(self.data_path, self.pinned_identity(DATA_FILE), how, self._own_map)
-        return PlacedRecords(data, table)
+        return PlacedRecords(data, table, self.root / VALUES_FILE)
 
     def _own_map(self) -> np.ndarray:
         with open(self.data_path, "rb") as f:
@@ -342,10 +371,13 @@ class LMDBReader(Reader):
             advise_buffers(self._placed.views(indices), cached=self.cached)
             return
         # the values' pages are not touched until copied: look them up, then advise
-        with env.begin(buffers=True) as txn:
-            get = txn.get
-            values = [v for v in map(get, keys(indices)) if v is not None]
-            advise_buffers(values, cached=self.cached)
+        try:
+            with env.begin(buffers=True) as txn:
+                get = txn.get
+                values = [v for v in map(get, keys(indices)) if v is not None]
+                advise_buffers(values, cached=self.cached)
+        except lmdb.Error as e:
+            raise lmdb_error(self.data_path, e) from None
 
     @property
     def reads_ranges_ahead(self) -> bool:
@@ -395,7 +427,8 @@ class LMDBReader(Reader):
             path = self.file(VALUES_FILE, whole=True)
         except DataError:
             return None
-        table = load_value_table(path, self.count, self.data_path.stat().st_size)
+        entry = self.manifest.get("files", {}).get(VALUES_FILE)
+        table = load_value_table(path, self.count, self.data_path.stat().st_size, entry)
         if table is None:
             return None
         at = [0, self.count // 2, self.count - 1]
@@ -428,13 +461,16 @@ class LMDBReader(Reader):
                 advise_buffers(views, cached=self.cached)  # (0.11 ms a JPEG batch, not 0.42)
                 return views
             return self._copied(views, indices)
-        with env.begin(buffers=True) as txn:
-            get = txn.get  # a get per key: faster than cursor.getmulti's tuples
-            values = [get(k) for k in keys(indices)]
-            if None in values:
-                missing = indices[values.index(None)]
-                raise CorruptSampleError(self.location(missing), int(missing), "record missing")
-            return self._copied(values, indices)
+        try:
+            with env.begin(buffers=True) as txn:
+                get = txn.get  # a get per key: faster than cursor.getmulti's tuples
+                values = [get(k) for k in keys(indices)]
+                if None in values:
+                    missing = indices[values.index(None)]
+                    raise CorruptSampleError(self.location(missing), int(missing), "record missing")
+                return self._copied(values, indices)
+        except lmdb.Error as e:  # a damaged B-tree page met on the way (MDB_CORRUPTED, ...)
+            raise lmdb_error(self.data_path, e) from None
 
     def _copied(self, values: list, indices: np.ndarray):
         """The samples of records ``values`` (views into a map, valid until this returns)

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import lmdb
 
+from gpufeed.errors import DataError
 from gpufeed.formats.maps import KEEP_MAPS, covers, on_forget
 
-__all__ = ["DATA_FILE", "DEFAULT_READAHEAD", "acquire_env", "release_env"]
+__all__ = ["DATA_FILE", "DEFAULT_READAHEAD", "acquire_env", "lmdb_error", "release_env"]
 
 DATA_FILE = "data.mdb"
 
@@ -31,6 +32,15 @@ _ENVS: dict[tuple, list] = {}
 DEFAULT_READAHEAD = True
 
 
+def lmdb_error(path: Path, e: lmdb.Error) -> DataError:
+    """An error of LMDB's (MDB_CORRUPTED, MDB_INVALID, MDB_PAGE_NOTFOUND, ...) as one naming
+    the file and what to do."""
+    return DataError(
+        f"{path}: LMDB cannot read it ({type(e).__name__}: {e}); the file is damaged or not "
+        "an LMDB environment: check it with gpufeed verify, or re-pack it"
+    )
+
+
 def acquire_env(key: tuple, readahead: bool = DEFAULT_READAHEAD):
     pid = os.getpid()
     entry = _ENVS.get(key)
@@ -48,15 +58,18 @@ def acquire_env(key: tuple, readahead: bool = DEFAULT_READAHEAD):
     if entry is None:
         for other in [k for k, e in _ENVS.items() if k[0] == key[0] and e[2] <= 0]:
             _ENVS.pop(other)[1].close()  # an idle env of the file this path held before
-        env = lmdb.open(
-            key[0],
-            subdir=True,
-            readonly=True,
-            lock=False,
-            readahead=readahead,
-            meminit=False,
-            max_readers=1024,
-        )
+        try:
+            env = lmdb.open(
+                key[0],
+                subdir=True,
+                readonly=True,
+                lock=False,
+                readahead=readahead,
+                meminit=False,
+                max_readers=1024,
+            )
+        except lmdb.Error as e:  # py-lmdb's messages name no file
+            raise lmdb_error(Path(key[0]) / DATA_FILE, e) from None
         entry = _ENVS[key] = [pid, env, 0, readahead]
     _ENVS[key] = _ENVS.pop(key)  # the most recently used last: idle ones close oldest first
     entry[2] += 1

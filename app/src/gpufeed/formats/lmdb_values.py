@@ -8,9 +8,9 @@ reading them. The writer knows them while the file is still in memory: int64 ``[
 each record's (offset in data.mdb, size). A cold shuffled pass over a JPEG pack measured
 1.08x with its blocks read ahead by the table (docs/benchmarks.md, "LMDB JPEG blocks").
 
-The table is a hint, checked before use: its shape, its bytes inside data.mdb (a read past
-the end of a mapped file is a SIGBUS), and three records' places against LMDB's own
-answer. A pack whose table is missing or does not match reads the same, without it.
+The table is a hint, checked before use: the sha256 the manifest records for it (a table
+edited since is not used), its shape, its bytes inside data.mdb (a read past the end of a
+mapped file is a SIGBUS), and three records' places against LMDB's own answer. A pack whose table is missing or does not match reads the same, without it.
 
 **Records read by their place** (:class:`PlacedRecords`). A warm shuffled batch of 256 raw
 records spent 230 us in lookups (``txn.get``: a Python call and the B-tree's pages each)
@@ -26,12 +26,14 @@ without a lookup; anywhere else it looks them up, as before.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
-from gpufeed.formats.base import span_views
-from gpufeed.formats.files import atomic_write_bytes
+from gpufeed.formats.base import check_spans, span_views
+from gpufeed.formats.checksums import sha256_file
+from gpufeed.formats.files import atomic_write_bytes, file_identity
 from gpufeed.formats.npy import npy_bytes
 from gpufeed.formats.pagecache import map_delta
 from gpufeed.formats.readahead import address
@@ -84,11 +86,21 @@ def write_value_table(path: Path, table: np.ndarray) -> None:
     atomic_write_bytes(path, npy_bytes(table))
 
 
-def load_value_table(path: Path, count: int, file_bytes: int) -> np.ndarray | None:
-    """The table at ``path`` when it fits: ``[count, 2]`` int64, every value inside
-    ``file_bytes``; None otherwise (the pack reads without it)."""
+def load_value_table(
+    path: Path, count: int, file_bytes: int, entry: dict | None = None
+) -> np.ndarray | None:
+    """The table at ``path`` when it fits: the file the manifest's ``entry`` records (its
+    sha256: a table edited since, two rows swapped say, is not used: its rows would serve
+    other records as the samples), ``[count, 2]`` int64, every value inside ``file_bytes``;
+    None otherwise (the pack reads without it)."""
+    want = entry.get("sha256") if isinstance(entry, dict) else None
     try:
+        before = file_identity(os.stat(path))
+        if not isinstance(want, str) or sha256_file(path) != want:
+            return None
         table = np.load(path, mmap_mode="r", allow_pickle=False)
+        if file_identity(os.stat(path)) != before:  # replaced while it was hashed
+            return None
     except (OSError, ValueError):
         return None
     if table.dtype != np.int64 or table.shape != (count, 2) or count == 0:
@@ -137,11 +149,14 @@ class PlacedRecords:
     """Records read by their place in data.mdb: slices of a map of the whole file
     (``data``, uint8) at the table's (offset, size) rows, each a view until copied."""
 
-    def __init__(self, data: np.ndarray, table: np.ndarray):
+    def __init__(self, data: np.ndarray, table: np.ndarray, path: Path):
         self.base = data.ctypes.data
         self.table = table
         self._map = data
         self._starts, self._ends = table[:, 0], table[:, 0] + table[:, 1]
+        # inside this map (the table was checked against the file's size; the map is what
+        # views and rows' strided window are built over)
+        check_spans(path, self._starts, self._ends, len(data))
         self._window: np.ndarray | None = None
 
     def views(self, indices: np.ndarray) -> list[np.ndarray]:
