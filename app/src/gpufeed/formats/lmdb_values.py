@@ -10,7 +10,8 @@ each record's (offset in data.mdb, size). A cold shuffled pass over a JPEG pack 
 
 The table is a hint, checked before use: the sha256 the manifest records for it (a table
 edited since is not used), its shape, its bytes inside data.mdb (a read past the end of a
-mapped file is a SIGBUS), and three records' places against LMDB's own answer. A pack whose table is missing or does not match reads the same, without it.
+mapped file is a SIGBUS), and three records' places against LMDB's own answer. A pack whose
+table is missing or does not match reads the same, without it.
 
 **Records read by their place** (:class:`PlacedRecords`). A warm shuffled batch of 256 raw
 records spent 230 us in lookups (``txn.get``: a Python call and the B-tree's pages each)
