@@ -16,6 +16,7 @@ import gpufeed
 from gpufeed.cli import main
 from gpufeed.errors import DataError, NotPackedError, UsageError
 from gpufeed.formats import webdataset as wdsindex
+from gpufeed.formats import webdataset_scan
 from gpufeed.loading.make import make_loader
 
 wds = pytest.importorskip("webdataset")
@@ -232,7 +233,7 @@ def test_the_header_scan_lists_what_tarfile_lists(tmp_path):
             tf.addfile(_dir_info())
         with tarfile.open(path) as tf:
             want = [(m.name, m.offset_data, m.size) for m in tf if m.isfile()]
-        assert list(wdsindex._members(path)) == want and len(want) == 4
+        assert list(webdataset_scan.members(path)) == want and len(want) == 4
 
 
 def _dir_info():

@@ -21,7 +21,13 @@ import torch
 from gpufeed.batch import FieldBatch
 from gpufeed.data.decoders import array_to_tensor, decode_bytes, raw_bytes_tensor
 from gpufeed.data.fields import decode_batch, field_rows
-from gpufeed.errors import ChecksumError, CorruptSampleError, StorageError, UsageError
+from gpufeed.errors import (
+    ChecksumError,
+    CorruptSampleError,
+    StalePackError,
+    StorageError,
+    UsageError,
+)
 from gpufeed.formats.base import Reader
 from gpufeed.formats.checksums import crc32, row_crcs
 
@@ -160,7 +166,8 @@ class SampleReading:
         try:
             payloads = self.reader.read_batch(idx)
             keep = np.arange(len(idx))
-        except (StorageError, ChecksumError):  # the store or a fetched file, not a sample
+        # the store, a fetched file or a file replaced since the open: not a sample's fault
+        except (StorageError, ChecksumError, StalePackError):
             raise
         except Exception:  # noqa: BLE001 - narrowed below to the sample(s) at fault
             keep_list, payloads_list = [], []
@@ -170,7 +177,7 @@ class SampleReading:
                     keep_list.append(j)
                 except CorruptSampleError as e:
                     self._fail(self._corrupt(i, e.problem))
-                except StorageError:  # the store, not the sample: never skipped as corrupt
+                except (StorageError, StalePackError):  # not the sample's: never skipped
                     raise
                 except Exception as e:  # noqa: BLE001
                     self._fail(self._corrupt(i, f"read failed: {type(e).__name__}: {e}"))

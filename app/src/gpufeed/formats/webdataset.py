@@ -13,33 +13,42 @@ The schema holds the suffixes every sample has (others are left out; the manifes
 
 The index (which shard, each field's data offset and size, labels) is written to
 ``INDEX_DIR/webdataset-<sha256 of the shard paths>.npz``, never beside the shards (they may be
-read-only); it is rebuilt when a shard's size or mtime changed. INDEX_DIR: ``index_dir=``,
-else $GPUFEED_INDEX_DIR, else ~/.cache/gpufeed/index.
+read-only). It is used only for the very files it was built from: keyed by each shard's
+identity (device, inode, size, mtime_ns, ctime_ns: a copy with its size and mtime restored,
+``cp -p`` or ``rsync -t``, is a new file with a new ctime), checked against the shard sizes at
+open, and each member's tar header (type, size, extension) is checked when it is read; a
+mismatch is an error naming the shard, never another member's bytes. INDEX_DIR:
+``index_dir=``, else $GPUFEED_INDEX_DIR, else ~/.cache/gpufeed/index.
+
+A member that cannot be read as its field (a ``.cls`` beyond int64, a damaged ``.npy``) is an
+error naming the shard, sample and member when that sample is read; the folder still opens.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
 import os
 import re
-import tarfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gpufeed.errors import CorruptSampleError, DataError, NotPackedError
+from gpufeed.errors import CorruptSampleError, DataError, NotPackedError, StalePackError
 from gpufeed.formats.base import Reader
-from gpufeed.formats.files import atomic_write_bytes
-from gpufeed.formats.record import join_record, stored_from_member
+from gpufeed.formats.files import atomic_write_bytes, file_identity
+from gpufeed.formats.record import join_record, npy_shape, stored_from_member
 from gpufeed.formats.schema import Field, Schema
+from gpufeed.formats.webdataset_scan import header_mismatch, header_name, name_end, scan_shard
 
 __all__ = [
     "WebDatasetReader",
     "cached_index",
     "expand_shards",
+    "in_place_identity",
     "index_folder",
     "is_webdataset",
     "load_index",
@@ -49,6 +58,16 @@ IMAGE_EXT = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp"}
 INT_EXT = ("cls", "cls2", "index", "id")
 STR_EXT = ("txt", "text")
 BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
+# field types whose stored bytes are the member's own (stored_from_member returns them as
+# given): read as a view of the pread buffer, not copied once more
+AS_IS = frozenset({"image", "bytes", "str", "json"})
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def in_place_identity(st: os.stat_result) -> str:
+    """What tells data read in place from its replacement: file_identity plus ctime_ns, which
+    a copy restoring size and mtime (``cp -p``, ``rsync -t``) cannot set."""
+    return repr((*file_identity(st), st.st_ctime_ns))
 
 
 def index_folder(given: str | os.PathLike | None = None) -> Path:
@@ -100,136 +119,111 @@ def _field(suffix: str, first_data: bytes) -> Field:
     if ext == "json":
         return Field(name, "json")
     if ext == "npy":
-        f = io.BytesIO(first_data)
-        np.lib.format.read_magic(f)
-        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+        shape, _, dtype = _npy_header(first_data)
         return Field(name, "ragged", dtype=dtype.str, shape=(-1,) * len(shape))
     return Field(name, "bytes")
 
 
-def _members(path: Path):
-    """(name, data offset, size) of each regular file in a tar, from its headers alone
-    (tarfile's TarInfo parsing measured 16x slower per member): ustar, GNU long names and
-    pax path records; anything else falls back to tarfile."""
-    import mmap
-
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            pos, long_name = 0, None
-            while pos + 512 <= size:
-                head = mm[pos : pos + 512]
-                if head == bytes(512):
-                    return
-                if head[257:262] != b"ustar":
-                    raise tarfile.ReadError(f"not a ustar header at byte {pos}")
-                n = _octal(head[124:136])
-                kind = head[156:157]
-                data = pos + 512
-                if kind == b"L":
-                    long_name = mm[data : data + n].rstrip(b"\0")
-                elif kind == b"x":
-                    long_name = _pax_path(mm[data : data + n]) or long_name
-                elif kind in (b"0", b"\0", b"7"):
-                    name = long_name or _ustar_name(head)
-                    yield name.decode("utf-8", "surrogateescape"), data, n
-                    long_name = None
-                pos = data + (n + 511) // 512 * 512
-
-
-def _octal(field: bytes) -> int:
-    if field[0] & 0x80:  # base-256 (GNU, members of 8 GiB and up)
-        return int.from_bytes(field[1:], "big")
-    return int(field.strip(b"\0 ") or b"0", 8)
-
-
-def _ustar_name(head: bytes) -> bytes:
-    name, prefix = head[0:100].rstrip(b"\0"), head[345:500].rstrip(b"\0")
-    return prefix + b"/" + name if prefix else name
-
-
-def _pax_path(records: bytes) -> bytes | None:
-    for line in records.split(b"\n"):
-        _, _, kv = line.partition(b" ")
-        if kv.startswith(b"path="):
-            return kv[5:]
-    return None
-
-
-def _scan_shard(path: Path) -> list[dict[str, tuple[int, int]]]:
-    """Each sample of one shard: suffix -> (data offset, size), in member order."""
-    samples: list[dict[str, tuple[int, int]]] = []
-    last_key = None
+def _npy_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran_order, dtype) of a .npy member (ValueError when it is none); a pickled
+    (object) dtype is refused, never loaded."""
+    f = io.BytesIO(data[:65536])
     try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            head = np.lib.format.read_array_header_1_0(f)
+        else:
+            head = np.lib.format.read_array_header_2_0(f)
+    except (ValueError, EOFError, SyntaxError, TypeError) as e:
+        raise ValueError(f"not a .npy array: {e}") from None
+    if head[2].hasobject:
+        raise ValueError(f"a .npy of dtype {head[2]} (Python objects) is not read")
+    return head
+
+
+def _identities(shards: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+    """Each shard's in_place_identity, and its size."""
+    ids, sizes = [], []
+    for s in shards:
         try:
-            members = list(_members(path))
-        except tarfile.ReadError:
-            with tarfile.open(path, "r:") as tf:
-                members = [(m.name, m.offset_data, m.size) for m in tf if m.isfile()]
-        for name, offset, size in members:
-            folder, _, base = name.rpartition("/")
-            stem, dot, suffix = base.partition(".")
-            if not dot or stem.startswith("_"):  # no suffix, or __key__-like metadata
-                continue
-            key = f"{folder}/{stem}"
-            if key != last_key:
-                samples.append({})
-                last_key = key
-            samples[-1][suffix] = (offset, size)
-    except (tarfile.TarError, OSError, ValueError) as e:
-        raise DataError(f"{path}: not a readable tar shard: {e}") from None
-    return samples
-
-
-def _stats(shards: list[Path]) -> np.ndarray:
-    try:
-        return np.array(
-            [(s.stat().st_size, s.stat().st_mtime_ns) for s in shards], dtype=np.int64
-        ).reshape(-1, 2)
-    except FileNotFoundError as e:
-        raise NotPackedError(f"{e.filename}: does not exist") from None
+            st = os.stat(s)
+        except FileNotFoundError:
+            raise NotPackedError(f"{s}: does not exist") from None
+        except OSError as e:
+            raise DataError(f"{s}: cannot read the shard: {e.strerror}") from None
+        ids.append(in_place_identity(st))
+        sizes.append(st.st_size)
+    return np.asarray(ids, dtype=str), np.asarray(sizes, dtype=np.int64)
 
 
 def _build(shards: list[Path]) -> dict[str, Any]:
-    per_shard = [_scan_shard(s) for s in shards]
-    flat = [(k, smp) for k, samples in enumerate(per_shard) for smp in samples]
+    per_shard = [scan_shard(s) for s in shards]
+    flat = [(k, key, smp) for k, samples in enumerate(per_shard) for key, smp in samples]
     if not flat:
         raise DataError(f"{shards[0].parent}: the tar shards hold no samples")
-    common = [s for s in flat[0][1] if all(s in smp for _, smp in flat)]
-    dropped = sorted({s for _, smp in flat for s in smp} - set(common))
+    common = [s for s in flat[0][2] if all(s in smp for *_, smp in flat)]
+    dropped = sorted({s for *_, smp in flat for s in smp} - set(common))
     if not common:
         raise DataError(f"{shards[0]}: no member suffix is in every sample; nothing to read")
-    offsets = np.array([[smp[s][0] for s in common] for _, smp in flat], dtype=np.int64)
-    sizes = np.array([[smp[s][1] for s in common] for _, smp in flat], dtype=np.int64)
-    shard = np.array([k for k, _ in flat], dtype=np.int32)
-    heads = [
-        _pread(shards[shard[0]], int(n), int(o)) for o, n in zip(offsets[0], sizes[0], strict=True)
+    offsets = np.array([[smp[s][0] for s in common] for *_, smp in flat], dtype=np.int64)
+    sizes = np.array([[smp[s][1] for s in common] for *_, smp in flat], dtype=np.int64)
+    shard = np.array([k for k, _, _ in flat], dtype=np.int32)
+    keys = [(shards[k], key) for k, key, _ in flat]
+    fields = [
+        _schema_field(suffix, keys, offsets[:, j], sizes[:, j]) for j, suffix in enumerate(common)
     ]
-    schema = Schema(tuple(_field(s, h) for s, h in zip(common, heads, strict=True)))
     labels = np.full(len(flat), -1, dtype=np.int64)
     if "cls" in common:
         j = common.index("cls")
         for k, path in enumerate(shards):
             with open(path, "rb") as f:
                 for i in np.flatnonzero(shard == k).tolist():
-                    text = os.pread(f.fileno(), int(sizes[i, j]), int(offsets[i, j])).strip()
-                    labels[i] = int(text) if text.lstrip(b"-").isdigit() else -1
+                    size = min(int(sizes[i, j]), 64)  # longer is no int64: -1, named on read
+                    labels[i] = _label(os.pread(f.fileno(), size, int(offsets[i, j])))
     return {
         "shard": shard,
         "offsets": offsets,
         "sizes": sizes,
         "labels": labels,
-        "schema": json.dumps(schema.to_json()),
+        "schema": json.dumps(Schema(tuple(fields)).to_json()),
+        "suffixes": json.dumps(common),
         "dropped": json.dumps(dropped),
     }
 
 
+def _schema_field(suffix: str, keys, offsets: np.ndarray, sizes: np.ndarray) -> Field:
+    """The field of a suffix; a .npy's dtype and rank are the first readable member's (one
+    that is not is named when its sample is read)."""
+    if suffix.rsplit(".", 1)[-1].lower() != "npy":
+        return _field(suffix, b"")
+    first_error = None
+    for i in range(min(len(keys), 100)):
+        path, key = keys[i]
+        head = _pread(path, min(int(sizes[i]), 65536 + 12), int(offsets[i]))
+        try:
+            return _field(suffix, head)
+        except ValueError as e:
+            first_error = first_error or f"{path}: member {key}.{suffix}: {e}"
+    raise DataError(
+        f"{first_error}; and the next {min(len(keys), 100) - 1} samples' .{suffix} are no "
+        ".npy arrays either: the field's dtype cannot be known (rewrite the shards' .npy "
+        "members with numpy.save)"
+    )
+
+
+def _label(text: bytes) -> int:
+    """A .cls member's class as stored_from_member reads it; -1 (unknown) when it is no
+    int64 (reading that sample then names the member)."""
+    try:
+        value = int(text.strip() or b"x")
+    except ValueError:
+        return -1
+    return value if INT64[0] <= value <= INT64[1] else -1
+
+
 def _pread(path: Path, size: int, offset: int) -> bytes:
     with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(size)
+        return os.pread(f.fileno(), size, offset)
 
 
 def cached_index(path: Path, fresh, build) -> dict[str, Any]:
@@ -255,16 +249,85 @@ def cached_index(path: Path, fresh, build) -> dict[str, Any]:
     return index
 
 
-def load_index(shards: list[Path], where: Path) -> dict[str, Any]:
-    """The cached index of these shards, built (and cached) when missing or stale."""
+def index_path(shards: list[Path], where: Path) -> Path:
+    """Where the index of these shards is cached."""
     real = [os.path.realpath(s) for s in shards]
     key = hashlib.sha256("\n".join(real).encode("utf-8", "surrogateescape")).hexdigest()[:24]
-    stats = _stats(shards)
+    return where / f"webdataset-{key}.npz"
+
+
+def load_index(shards: list[Path], where: Path) -> dict[str, Any]:
+    """The cached index of these shards, built (and cached) when missing, stale or unfit."""
+    identity, shard_bytes = _identities(shards)  # before the scan: a change during it shows
     return cached_index(
-        where / f"webdataset-{key}.npz",
-        lambda cached: np.array_equal(cached["stats"], stats),
-        lambda: {**_build(shards), "stats": stats},
+        index_path(shards, where),
+        lambda cached: _fits(cached, identity, shard_bytes) and _ends_fit(shards, cached),
+        lambda: {**_build(shards), "identity": identity, "shard_bytes": shard_bytes},
     )
+
+
+def _fits(index: dict[str, Any], identity: np.ndarray, shard_bytes: np.ndarray) -> bool:
+    """A cached index of exactly these files (their identities), whose arrays agree with each
+    other and put every member inside its shard; any other is rebuilt."""
+    try:
+        if not np.array_equal(index["identity"], identity):
+            return False
+        shard, offsets, sizes = index["shard"], index["offsets"], index["sizes"]
+        width = len(json.loads(str(index["suffixes"])))
+        fields = Schema.from_json(json.loads(str(index["schema"]))).fields
+        n = len(shard)
+        if len(fields) != width or not n or index["labels"].shape != (n,):
+            return False
+        if offsets.shape != (n, width) or sizes.shape != (n, width):
+            return False
+        if any(a.dtype.kind not in "iu" for a in (shard, offsets, sizes, index["labels"])):
+            return False
+        if shard.min() < 0 or shard.max() >= len(shard_bytes):
+            return False
+        end = shard_bytes[shard][:, None]
+        return bool(
+            (offsets >= 512).all() and (sizes >= 0).all() and (sizes <= end - offsets).all()
+        )
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError, DataError):
+        return False
+
+
+def _ends_fit(shards: list[Path], index: dict[str, Any]) -> bool:
+    """Each shard's first and last indexed members have the headers the index expects (a
+    shard rewritten in place within the ctime's tick keeps its identity)."""
+    shard, offsets, sizes = index["shard"], index["offsets"], index["sizes"]
+    suffixes = json.loads(str(index["suffixes"]))
+    ks, first = np.unique(shard, return_index=True)
+    last = len(shard) - 1 - np.unique(shard[::-1], return_index=True)[1]
+    for k, i0, i1 in zip(ks.tolist(), first.tolist(), last.tolist(), strict=True):
+        try:
+            with open(shards[k], "rb") as f:
+                for i, j in ((i0, 0), (i1, len(suffixes) - 1)):
+                    head = os.pread(f.fileno(), 512, int(offsets[i, j]) - 512)
+                    if header_mismatch(head, int(sizes[i, j]), name_end(suffixes[j])):
+                        return False
+        except OSError:
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=1024)
+def _npy_header_of(head: bytes) -> tuple[tuple[int, ...], bool, np.dtype]:
+    return _npy_header(head)
+
+
+def _npy_mismatch(field: Field, data) -> None:
+    """ValueError when a .npy member is not of the field's dtype (the first sample's), or is
+    Fortran-ordered: its bytes would be read as other values."""
+    try:
+        start = npy_shape(data)[1]
+    except (ValueError, EOFError, SyntaxError, TypeError) as e:
+        raise ValueError(f"not a .npy array: {e}") from None
+    shape, fortran, dtype = _npy_header_of(bytes(data[:start]))
+    if dtype != np.dtype(field.dtype):
+        raise ValueError(f"a .npy of dtype {dtype.str}; the field is {field.dtype}")
+    if fortran and len(shape) > 1:
+        raise ValueError("a Fortran-ordered .npy; save it C-ordered")
 
 
 class WebDatasetReader(Reader):
@@ -275,7 +338,8 @@ class WebDatasetReader(Reader):
 
     def __init__(self, path: str | os.PathLike, *, index_dir: str | os.PathLike | None = None):
         shards = expand_shards(path)
-        index = load_index(shards, index_folder(index_dir))
+        where = index_folder(index_dir)
+        index = load_index(shards, where)
         schema = Schema.from_json(json.loads(str(index["schema"])))
         manifest = {
             "format": "webdataset",
@@ -292,12 +356,15 @@ class WebDatasetReader(Reader):
         root = shards[0].parent
         super().__init__(root, manifest)
         self.shards = [str(s) for s in shards]
+        self.index_path = index_path(shards, where)
         self.shard = index["shard"]
         self.offsets = index["offsets"]
         self.sizes = index["sizes"]
         self.labels = index["labels"]
+        self.suffixes = json.loads(str(index["suffixes"]))
+        self.name_ends = [name_end(s) for s in self.suffixes]
         self.crc32 = np.zeros(self.count, dtype=np.uint32)
-        self.stats = index["stats"]
+        self.identity = index["identity"]
 
     def _open(self):
         return {}
@@ -310,10 +377,12 @@ class WebDatasetReader(Reader):
         fds = self.handle
         if k not in fds:
             fd = os.open(self.shards[k], os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            st = os.fstat(fd)
-            if (st.st_size, st.st_mtime_ns) != tuple(self.stats[k].tolist()):
+            if in_place_identity(os.fstat(fd)) != str(self.identity[k]):
                 os.close(fd)
-                raise DataError(f"{self.shards[k]}: changed since it was indexed; open it again")
+                raise StalePackError(
+                    f"{self.shards[k]}: changed since it was indexed (a new file, or new "
+                    "size, mtime or ctime); open it again"
+                )
             fds[k] = fd
         return fds[k]
 
@@ -328,17 +397,38 @@ class WebDatasetReader(Reader):
         out = []
         for i in indices.tolist():
             fd = self._fd(int(self.shard[i]))
-            stored = []
-            for j, field in enumerate(fields):
-                size = int(self.sizes[i, j])
-                data = os.pread(fd, size, int(self.offsets[i, j]))
-                if len(data) != size:
-                    raise CorruptSampleError(self.location(i), i, "shard is truncated")
-                try:
-                    stored.append(stored_from_member(field, data))
-                except ValueError as e:
-                    raise CorruptSampleError(
-                        self.location(i), i, f"field {field.name!r}: {e}"
-                    ) from None
-            out.append(join_record(stored))
+            out.append(join_record([self._member(fd, i, j, f) for j, f in enumerate(fields)]))
         return out
+
+    def _member(self, fd: int, i: int, j: int, field: Field):
+        """Field j of sample i, its tar header checked against the index first."""
+        size, offset = int(self.sizes[i, j]), int(self.offsets[i, j])
+        buf = os.pread(fd, 512 + size, offset - 512)
+        if len(buf) != 512 + size:
+            raise CorruptSampleError(self.location(i), i, "shard is truncated")
+        head = buf[:512]
+        wrong = header_mismatch(head, size, self.name_ends[j])
+        if wrong:
+            self._forget_index()
+            raise StalePackError(
+                f"{self.location(i)}: sample {i}, field {field.name!r}: found {wrong} at byte "
+                f"{offset - 512:,}, where the index has a {size:,}-byte .{self.suffixes[j]} "
+                "member: the shard changed since it was indexed; open it again (the index is "
+                "built anew)"
+            )
+        data = memoryview(buf)[512:] if field.type in AS_IS else buf[512:]
+        try:
+            if field.type == "ragged":
+                _npy_mismatch(field, data)
+            return stored_from_member(field, data)
+        except ValueError as e:
+            raise CorruptSampleError(
+                self.location(i), i, f"member {header_name(head)!r} (field {field.name!r}): {e}"
+            ) from None
+
+    def _forget_index(self) -> None:
+        """The cached index does not describe the shards: the next open builds it anew."""
+        try:
+            self.index_path.unlink()
+        except OSError:
+            pass
