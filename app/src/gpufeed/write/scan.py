@@ -17,10 +17,15 @@ Symbolic links (the policy):
   follow_symlinks=True it is, unless it leads to a folder already listed, by (st_dev, st_ino):
   a loop (`ln -s . cls/self`) or a second link to the same folder is a problem, never a
   second copy of its files;
-- a link to a file is read as the file it points to (wherever that is); a file reached twice
-  (a link to a file that is listed already, or two links to one file) is a problem for every
-  way but one, the real file's own entry kept. Hard links are separate files;
+- a link to a file is read as the file it points to when that is inside SOURCE (its real
+  path under SOURCE's); one leading out of it (`a/key.png -> ~/.ssh/id_rsa` in a tree made by
+  someone else) is a problem ("outside the source folder") and listed in Source.outside,
+  unless follow_symlinks=True, which reads it wherever it is. A file reached twice (a link to a
+  file that is listed already, or two links to one file) is a problem for every way but one,
+  the real file's own entry kept. Hard links are separate files;
 - a broken link with a sample's extension, or a FIFO/device with one, is a problem.
+
+The same listing and policy serve a tree read in place (gpufeed.data.imagefolder).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ AUDIO_EXTS = frozenset({".wav"})
 SUPPORTED_EXTS = IMAGE_EXTS | ARRAY_EXTS | TEXT_EXTS | AUDIO_EXTS
 # a source file's kind, by its extension; a folder holds one kind
 KINDS = {"images": IMAGE_EXTS, "arrays": ARRAY_EXTS, "text": TEXT_EXTS, "audio": AUDIO_EXTS}
+PACK_FIX = "Fix them, or pass --on-error skip to leave them out (listed in the manifest)"
 
 
 def suffix(path: str) -> str:
@@ -75,6 +81,9 @@ class Source:
     linked_dirs: set[str] = field(default_factory=set)
     # float64 targets: a list file whose labels are not all integers (labels are then -1)
     targets: np.ndarray | None = None
+    # (path relative to the source root, its real path): file links leading out of the
+    # source, not followed (also in `problems`)
+    outside: list[tuple[str, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -99,15 +108,15 @@ class Source:
             dirs = {str(self.path)}
         return {os.path.realpath(d) for d in dirs} | self.linked_dirs
 
-    def check(self, on_error: str) -> None:
-        """on_error="stop": problems found while listing are an error naming them."""
+    def check(self, on_error: str, fix: str = PACK_FIX) -> None:
+        """on_error="stop": problems found while listing are an error naming them (and
+        saying `fix`, what to do)."""
         if on_error != "stop" or not self.problems:
             return
         shown = "; ".join(f"{rel}: {error}" for rel, error in self.problems[:5])
         more = f" (and {len(self.problems) - 5} more)" if len(self.problems) > 5 else ""
         raise SourceError(
-            f"{self.path}: {len(self.problems)} problem(s) listing the source: {shown}{more}. "
-            "Fix them, or pass --on-error skip to leave them out (listed in the manifest)"
+            f"{self.path}: {len(self.problems)} problem(s) listing the source: {shown}{more}. {fix}"
         )
 
 
@@ -123,6 +132,8 @@ class _Walker:
         self.seen_dirs: dict[tuple[int, int], str] = {}
         self.problems: list[tuple[str, str]] = []
         self.linked_dirs: set[str] = set()
+        self.outside: list[tuple[str, str]] = []
+        self.real_prefix = os.path.join(os.path.realpath(root), "")
 
     def rel(self, path: str) -> str:
         if path.startswith(self.prefix):
@@ -185,7 +196,9 @@ class _Walker:
             if stat.S_ISDIR(st.st_mode):
                 return self._linked_dir(entry.path)
             real = os.path.realpath(entry.path)
-            if sample and stat.S_ISREG(st.st_mode):
+            if sample and not self.follow and not real.startswith(self.real_prefix):
+                self._outside(entry.path, real)
+            elif sample and stat.S_ISREG(st.st_mode):
                 self._add(entry.path, real, True, found)
             elif sample:
                 self.problem(entry.path, "links to something that is not a regular file")
@@ -211,6 +224,14 @@ class _Walker:
             return None
         self.linked_dirs.add(real)
         return path, real
+
+    def _outside(self, path: str, real: str) -> None:
+        self.outside.append((self.rel(path), real))
+        self.problem(
+            path,
+            f"symbolic link to {real}, outside the source folder: not followed (pass "
+            "--follow-symlinks to read what it points to)",
+        )
 
     def _add(self, path: str, real: str, linked: bool, found: list) -> None:
         if "\n" in os.path.basename(path):
@@ -317,6 +338,7 @@ def _scan_folder(root: Path, follow_symlinks: bool, exts: frozenset[str]) -> Sou
         classes or None,
         walker.problems,
         walker.linked_dirs,
+        outside=walker.outside,
     )
 
 
