@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gpufeed.errors import DataError
-from gpufeed.formats.npy import npy_bytes, read_npz_vectors
+from gpufeed.formats.npy import npy_bytes, read_npy_vector, read_npz_vectors
 from gpufeed.formats.record import npy_header_for
 
 
@@ -65,3 +65,14 @@ def test_not_a_zip_and_a_missing_member(tmp_path):
     path = _npz(tmp_path / "m.npz", {"a.npy": npy_bytes(np.arange(1))})
     with pytest.raises(DataError, match="m.npz: has no b.npy"):
         read_npz_vectors(path, ("a", "b"), 1)
+
+
+def test_a_plain_npy_file_is_checked_the_same_way(tmp_path):
+    path = tmp_path / "crc32.npy"
+    np.save(path, np.arange(3, dtype=np.uint32))
+    assert read_npy_vector(path, 3).tolist() == [0, 1, 2]
+    path.write_bytes(npy_header_for("<u4", (1 << 40,)) + bytes(12))  # 4 TiB declared
+    with pytest.raises(DataError, match="crc32.npy holds uint32 \\[1099511627776\\]"):
+        read_npy_vector(path, 3)
+    with pytest.raises(DataError, match="missing.npy: cannot be read"):
+        read_npy_vector(tmp_path / "missing.npy", 3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import zipfile
 from pathlib import Path
 
@@ -16,6 +17,7 @@ __all__ = [
     "npy_from_bytes",
     "npy_header",
     "npy_shape",
+    "read_npy_vector",
     "read_npz_vectors",
 ]
 
@@ -70,33 +72,51 @@ def read_npz_vectors(path: Path, names: tuple[str, ...], length: int) -> list[np
         raise DataError(f"{path}: not a readable .npz file: {e}") from None
 
 
+def read_npy_vector(path: Path, length: int) -> np.ndarray:
+    """The 1-D integer array of ``length`` entries in the .npy file ``path``, checked as
+    read_npz_vectors checks a member (the file's size, then its header, before reading)."""
+    try:
+        size = os.stat(path).st_size
+        with open(path, "rb") as f:
+            return _read_vector(f, size, f"{path}", length)
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read: {e}") from None
+
+
 def _vector(z: zipfile.ZipFile, path: Path, name: str, length: int) -> np.ndarray:
     member = f"{name}.npy"
     try:
         info = z.getinfo(member)
     except KeyError:
         raise DataError(f"{path}: has no {member}; the file is damaged (re-pack it)") from None
-    bound = NPY_HEADER_MAX + 8 * length  # integer entries are 8 bytes at most
-    if info.file_size > bound:
-        raise DataError(
-            f"{path}: {member} declares {info.file_size:,} bytes, more than {length:,} "
-            f"entries take (at most {bound:,}); the file is damaged or crafted (re-pack it)"
-        )
     with z.open(info) as f:
-        fmt = np.lib.format
-        try:
-            version = fmt.read_magic(f)
-            read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-            shape, _, dtype = read(f)
-        except ValueError as e:
-            raise DataError(f"{path}: {member} is not a readable .npy array: {e}") from None
-        if shape != (length,) or dtype.kind not in "iu" or dtype.itemsize > 8:
-            raise DataError(
-                f"{path}: {member} holds {dtype} {list(shape)}, the manifest says {length:,} "
-                "integers; the file is damaged or crafted (re-pack it)"
-            )
-        out = np.empty(length, dtype=dtype)
-        got = f.readinto(out.view(np.uint8)) if out.nbytes else 0
+        return _read_vector(f, info.file_size, f"{path}: {member}", length)
+
+
+def _read_vector(f, size: int, where: str, length: int) -> np.ndarray:
+    """A .npy array of ``size`` bytes (as its zip entry or the file system says) at ``f``,
+    to be ``length`` integers: the size and the header are checked before anything is
+    allocated (np.load sizes its buffers from the header alone)."""
+    bound = NPY_HEADER_MAX + 8 * length  # integer entries are 8 bytes at most
+    if size > bound:
+        raise DataError(
+            f"{where} declares {size:,} bytes, more than {length:,} entries take (at most "
+            f"{bound:,}); the file is damaged or crafted (re-pack it)"
+        )
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(f)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, _, dtype = read(f)
+    except ValueError as e:
+        raise DataError(f"{where} is not a readable .npy array: {e}") from None
+    if shape != (length,) or dtype.kind not in "iu" or dtype.itemsize > 8:
+        raise DataError(
+            f"{where} holds {dtype} {list(shape)}, the manifest says {length:,} integers; "
+            "the file is damaged or crafted (re-pack it)"
+        )
+    out = np.empty(length, dtype=dtype)
+    got = f.readinto(out.view(np.uint8)) if out.nbytes else 0
     if got != out.nbytes:
-        raise DataError(f"{path}: {member} ends after {got:,} of its {out.nbytes:,} bytes")
+        raise DataError(f"{where} ends after {got:,} of its {out.nbytes:,} bytes")
     return out
