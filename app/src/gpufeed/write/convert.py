@@ -37,7 +37,8 @@ from gpufeed.formats.schema import Schema, infer_schema, sniff_image
 from gpufeed.write import progress
 from gpufeed.write.options import ON_ERROR, positive_int
 from gpufeed.write.pool import chunk_inputs, default_workers, die_with_parent
-from gpufeed.write.writer import PART_BYTES, Writer, encoded, item_name
+from gpufeed.write.records import encoded
+from gpufeed.write.writer import PART_BYTES, Writer, item_name
 
 __all__ = ["as_sample", "pack_function", "pack_in_place"]
 

@@ -37,12 +37,10 @@ import numpy as np
 
 from gpufeed._version import __version__
 from gpufeed.errors import UsageError
-from gpufeed.formats.checksums import crc32
 from gpufeed.formats.files import atomic_write_json
 from gpufeed.formats.lock import PackLock
 from gpufeed.formats.manifest import PARTIAL_SUFFIX
 from gpufeed.formats.parts import Part
-from gpufeed.formats.record import encode_value, record_encoder
 from gpufeed.formats.schema import Schema, infer_schema, parse_schema
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.storage.urls import require_local
@@ -57,18 +55,11 @@ from gpufeed.write.guard import (
 )
 from gpufeed.write.items import STAMP_FIELDS, stamp, stamp_changed
 from gpufeed.write.options import check_options
+from gpufeed.write.records import encoded, label_of
 from gpufeed.write.staging import part_path
 from gpufeed.write.streamed import check_part, keep_streamed
 
-__all__ = [
-    "PART_BYTES",
-    "Listing",
-    "WrittenSource",
-    "Writer",
-    "encoded",
-    "item_name",
-    "label_of",
-]
+__all__ = ["PART_BYTES", "Listing", "WrittenSource", "Writer", "encoded", "item_name", "label_of"]
 
 # a part is committed every part_size samples or PART_BYTES bytes, whichever comes first
 PART_BYTES = 64 << 20
@@ -504,52 +495,3 @@ class Writer:
             self.close()
         else:
             self.abandon()
-
-
-def encoded(schema: Schema, sample: Mapping[str, Any]) -> tuple[bytes, int, int]:
-    """A sample as a part holds it: (record, label, crc32 of the record)."""
-    encode, has_label = _encoder(schema)
-    try:
-        record = encode(sample)
-    except (ValueError, TypeError, OverflowError) as e:  # numpy's or PIL's, on a bad value
-        raise UsageError(f"{_failing_field(schema, sample)}cannot be stored ({e})") from None
-    label = int(sample["label"]) if has_label else -1
-    return record, label, crc32(record)
-
-
-def _failing_field(schema: Schema, sample: Mapping[str, Any]) -> str:
-    """'field NAME: ' of the first field whose value does not encode on its own ('' if none
-    does: the error is the sample's)."""
-    for f in schema.fields:
-        try:
-            encode_value(f, sample[f.name])
-        except Exception:  # noqa: BLE001 - any failure names this field
-            return f"field {f.name!r}: "
-    return ""
-
-
-_ENCODERS: dict[int, tuple[Schema, Any, bool]] = {}  # id(schema): (schema, encoder, label?)
-
-
-def _encoder(schema: Schema) -> tuple[Any, bool]:
-    """The schema's record encoder (made once a schema) and whether it has an int label."""
-    got = _ENCODERS.get(id(schema))
-    if got is None or got[0] is not schema:
-        if len(_ENCODERS) > 64:
-            _ENCODERS.clear()
-        got = _ENCODERS[id(schema)] = (schema, record_encoder(schema), _has_label(schema))
-    return got[1], got[2]
-
-
-def label_of(schema: Schema, sample: Mapping[str, Any]) -> int:
-    """The pack's per-sample label (class-balanced samplers, verify): an int field named
-    "label", else -1."""
-    return int(sample["label"]) if _has_label(schema) else -1
-
-
-def _has_label(schema: Schema) -> bool:
-    """Whether the schema has the pack's label: an int field named "label"."""
-    try:
-        return schema["label"].type == "int"
-    except KeyError:
-        return False
