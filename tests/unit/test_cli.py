@@ -129,3 +129,65 @@ def test_parse_bytes():
     assert parse_bytes("1.5GiB") == 3 << 29
     with pytest.raises(Exception, match="not a size"):
         parse_bytes("lots")
+
+
+# The modules a command imports, from a child process: its argv, then what sys.modules holds.
+_IMPORTED = """
+import json, runpy, sys
+sys.argv = ["gpufeed", *json.loads(sys.argv[1])]
+try:
+    runpy.run_module("gpufeed", run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+def _imported(args, env):
+    r = subprocess.run(
+        [sys.executable, "-c", _IMPORTED, json.dumps(args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return out["code"], set(out["modules"])
+
+
+def test_light_commands_do_not_import_torch(python_env, tmp_path, make_arrays):
+    """--version, --help, inspect and pack build only their own arguments: no tool module,
+    no torch (issue 38 item 9: doctor's import of torch cost every command over a second)."""
+    make_arrays(tmp_path / "src", {"a": 3}, shape=(4,))
+    assert main(["pack", str(tmp_path / "src"), str(tmp_path / "p"), "-f", "tar", "-q"]) == 0
+    runs = {
+        "--version": ["--version"],
+        "--help": ["--help"],
+        "pack --help": ["pack", "--help"],
+        "inspect": ["inspect", str(tmp_path / "p")],
+        "pack": ["pack", str(tmp_path / "src"), str(tmp_path / "q"), "-f", "mmap", "-q"],
+    }
+    for what, args in runs.items():
+        code, modules = _imported(args, python_env)
+        assert code == 0, what
+        assert "torch" not in modules, what
+        assert not {m for m in modules if m.startswith("gpufeed.tools.doctor")}, what
+    _, modules = _imported(["--version"], python_env)
+    assert "numpy" not in modules and "gpufeed.formats" not in modules
+
+
+def test_help_lists_every_command_and_each_builds_its_own(capsys):
+    from gpufeed import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for name, (text, _) in cli.COMMANDS.items():
+        assert name in out and text.split(",")[0] in out
+    assert cli.command_in(["-q", "doctor", "x"]) == "doctor"
+    assert cli.command_in(["--version"]) is None and cli.command_in(["nope"]) is None
+    with pytest.raises(SystemExit) as exit_:
+        main(["doctor", "--help"])
+    assert exit_.value.code == 0 and "--probe-seconds" in capsys.readouterr().out

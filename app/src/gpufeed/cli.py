@@ -22,16 +22,12 @@ Errors are one line naming the file and sample.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 
 from gpufeed import __version__, cliargs
-from gpufeed.formats import FORMATS
-from gpufeed.formats.manifest import PARTIAL_SUFFIX
-from gpufeed.formats.mmap import CONTAINERS
-from gpufeed.system.sizes import format_size
-from gpufeed.write.options import ENCODE_MODES, ON_ERROR
 
 EXIT_OK, EXIT_DATA, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
 
@@ -51,6 +47,7 @@ def pack_path(text: str) -> str:
     """A pack's path: it exists, or a pack into it is unfinished or being written
     (DEST.partial), which the command then explains (a usage error would hide that);
     or a URL (s3://bucket/prefix, ...), read through the cache (--cache-dir, --cache-limit)."""
+    from gpufeed.formats.manifest import PARTIAL_SUFFIX
     from gpufeed.storage.urls import is_remote
 
     if is_remote(cliargs.location(text)) or os.path.lexists(text.rstrip("/") + PARTIAL_SUFFIX):
@@ -72,19 +69,19 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
-def _add_pack(sub, common) -> None:
-    p = sub.add_parser(
-        "pack",
-        parents=[common],
-        help="pack an image folder, .npy/.pt, .txt or .wav files, a list file, WebDataset shards "
-        "or HDF5",
-        description="Pack SOURCE (image-folder tree with class subfolders, a folder of .npy/.pt "
+def _add_pack(p: argparse.ArgumentParser) -> None:
+    from gpufeed.formats import FORMATS
+    from gpufeed.formats.mmap import CONTAINERS
+    from gpufeed.write.options import ENCODE_MODES, ON_ERROR
+
+    p.description = (
+        "Pack SOURCE (image-folder tree with class subfolders, a folder of .npy/.pt "
         "files, of .txt or .wav files (class subfolders or flat), a list file of `path label` "
         "lines, WebDataset tar shards, or an HDF5 file with --datasets) into DEST. Text, "
         "audio, .pt dicts and list files with number labels make multi-field samples. The "
         "pack is written under DEST.partial and renamed to DEST when complete; an interrupted "
         "pack continues with --resume. DEST may be a URL (s3://bucket/prefix): the pack is "
-        "made in a local staging folder, then uploaded with its manifest last.",
+        "made in a local staging folder, then uploaded with its manifest last."
     )
     p.add_argument("source", metavar="SOURCE", type=existing_path)
     p.add_argument("dest", metavar="DEST", help="a folder or a URL")
@@ -179,7 +176,52 @@ def _add_pack_sources_and_urls(p) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_verify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dest", metavar="DEST", type=pack_path)
+    p.add_argument("--decode", action="store_true", help="also decode every encoded image")
+    cliargs.add_cache_options(p)
+
+
+def _add_inspect(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dest", metavar="DEST", type=pack_path)
+    cliargs.add_cache_options(p)
+
+
+# The tools' modules own their arguments and their run (add_arguments, main).
+_TOOLS = {
+    "doctor": "gpufeed.tools.doctor",
+    "synth": "gpufeed.tools.synth",
+    "bench": "gpufeed.tools.bench",
+    "tune": "gpufeed.tools.tune",
+}
+
+# name -> (one-line help, what adds its arguments). A subcommand's arguments (and the modules
+# they need: the tools pull in torch) are built only for the subcommand that runs, so
+# --version, --help and the light commands start without them.
+COMMANDS = {
+    "pack": (
+        "pack an image folder, .npy/.pt, .txt or .wav files, a list file, WebDataset shards "
+        "or HDF5",
+        _add_pack,
+    ),
+    "verify": ("re-read every sample and check checksums", _add_verify),
+    "inspect": ("format, count, classes, shapes, size on disk", _add_inspect),
+    "doctor": ("check driver, GPUs, torch, CPUs, shm, limits and data", None),
+    "synth": ("write a small demo image-folder dataset", None),
+    "bench": ("measure how fast a pack delivers batches", None),
+    "tune": ("find the fastest loader settings here", None),
+}
+
+
+def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
+    add = COMMANDS[name][1]
+    if add is None:
+        add = importlib.import_module(_TOOLS[name]).add_arguments
+    add(p)
+
+
+def build_parser(commands=None) -> argparse.ArgumentParser:
+    """The parser; ``commands``: the subcommands whose arguments to build (None: all)."""
     parser = argparse.ArgumentParser(
         prog="gpufeed",
         description="Pack small files into HDF5/LMDB/tar/mmap, verify and inspect them.",
@@ -187,30 +229,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpufeed {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     common = _common()
-    _add_pack(sub, common)
-
-    v = sub.add_parser("verify", parents=[common], help="re-read every sample and check checksums")
-    v.add_argument("dest", metavar="DEST", type=pack_path)
-    v.add_argument("--decode", action="store_true", help="also decode every encoded image")
-    cliargs.add_cache_options(v)
-
-    i = sub.add_parser(
-        "inspect", parents=[common], help="format, count, classes, shapes, size on disk"
-    )
-    i.add_argument("dest", metavar="DEST", type=pack_path)
-    cliargs.add_cache_options(i)
-
-    from gpufeed.tools import bench, doctor, synth, tune  # each module owns its arguments
-
-    commands = (
-        ("doctor", doctor, "check driver, GPUs, torch, CPUs, shm, limits and data"),
-        ("synth", synth, "write a small demo image-folder dataset"),
-        ("bench", bench, "measure how fast a pack delivers batches"),
-        ("tune", tune, "find the fastest loader settings here"),
-    )
-    for name, module, text in commands:
-        module.add_arguments(sub.add_parser(name, parents=[common], help=text))
+    for name, (text, _) in COMMANDS.items():
+        p = sub.add_parser(name, parents=[common], help=text)
+        if commands is None or name in commands:
+            _add_arguments(name, p)
     return parser
+
+
+def command_in(argv: list[str]) -> str | None:
+    """The subcommand argv names: its first word not an option (the top level takes no
+    option with a value), or None."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in COMMANDS else None
 
 
 def _cmd_pack(args) -> int:
@@ -271,6 +301,7 @@ def _cmd_verify(args) -> int:
 
 
 def _cmd_inspect(args) -> int:
+    from gpufeed.system.sizes import format_size
     from gpufeed.tools.verify import inspect
 
     info = inspect(args.dest, **cliargs.cache_options(args))
@@ -309,18 +340,11 @@ def _cmd_inspect(args) -> int:
     return EXIT_OK
 
 
-def _handlers():
-    from gpufeed.tools import bench, doctor, synth, tune
-
-    return {
-        "pack": _cmd_pack,
-        "verify": _cmd_verify,
-        "inspect": _cmd_inspect,
-        "doctor": doctor.main,
-        "synth": synth.main,
-        "bench": bench.main,
-        "tune": tune.main,
-    }
+def _handler(command: str):
+    own = {"pack": _cmd_pack, "verify": _cmd_verify, "inspect": _cmd_inspect}
+    if command in own:
+        return own[command]
+    return importlib.import_module(_TOOLS[command]).main
 
 
 def _run(args) -> int:
@@ -328,7 +352,7 @@ def _run(args) -> int:
 
     debug = args.verbose or os.environ.get("GPUFEED_DEBUG", "") not in ("", "0")
     try:
-        return _handlers()[args.command](args)
+        return _handler(args.command)(args)
     except GpufeedError as e:
         if debug:
             raise
@@ -351,7 +375,8 @@ def _run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(commands=(command_in(argv),))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
