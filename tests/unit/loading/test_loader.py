@@ -533,6 +533,29 @@ def test_tar_stream_plan_measured_once_per_pack_not_per_seed(array_folder, tmp_p
     assert len(plan_mod._PLAN_CACHE) == measured
 
 
+@pytest.mark.parametrize("split", ["samples", "shards"])
+def test_probe_warns_nothing_of_its_own_workers_on_a_one_shard_tar(array_folder, tmp_path, split):
+    """A small set packs into one tar shard: the probe's 2 workers outnumber its shards, and
+    split="shards" warned (ShardSplitWarning, from the probe's worker) of a run the user never
+    asked for. The probe is silent; the user's own run with 2 workers still warns."""
+    import gpufeed
+    from gpufeed.errors import ShardSplitWarning
+
+    dest = tmp_path / "pack"
+    gpufeed.pack(array_folder, dest, format="tar", workers=1, quiet=True)
+    ds = gpufeed.open_dataset(dest, map_style=False, split=split)
+    assert len(ds.reader.shard_start) == 2  # one shard
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # forked probe workers inherit it: a warning raises
+        dl = make_loader(ds, 4, multiprocessing_context="fork")
+        assert sum(len(labels_of(b)) for b in dl) == len(ds)
+        if split == "shards":
+            with pytest.raises(ShardSplitWarning, match="1 shard"):
+                list(make_loader(ds, 4, num_workers=2, multiprocessing_context="fork"))
+    workers = worker_count_for(dl.plan.cpus)
+    assert f"workers{workers}_batches_per_s" in dl.plan.measured, str(dl.plan)  # it probed
+
+
 def test_arguments_are_dataloaders_in_order_and_default():
     import inspect
 

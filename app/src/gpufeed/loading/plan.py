@@ -9,11 +9,13 @@ once per dataset and batch size in a process.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import pickle
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -23,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from gpufeed.batch import batch_nbytes, collate, iter_tensors
+from gpufeed.errors import ShardSplitWarning
 from gpufeed.loading.outlook import loader_cpus, worker_count_for
 from gpufeed.loading.settings import SETTINGS_KEYS
 from gpufeed.loading.workers import MapProxy, loader_dataset
@@ -291,11 +294,23 @@ def plan_workers(
         budget_s,
     )
     try:
-        result = probe.run(batch_indices)
+        with _probe_warnings():
+            result = probe.run(batch_indices)
     finally:
         probe.close()
     _PLAN_CACHE[key] = result
     return result
+
+
+@contextlib.contextmanager
+def _probe_warnings() -> Iterator[None]:
+    """Silence, for the probe only, the warnings about its own worker count: a pack with fewer
+    shards than the probe's workers warns (ShardSplitWarning) of a run the user did not ask
+    for, and may not get. Forked workers inherit these filters; the user's run warns as usual."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=ShardSplitWarning)
+        warnings.filterwarnings("ignore", message=".*DataLoader will create.*")
+        yield
 
 
 @dataclass
