@@ -249,8 +249,8 @@ def test_a_map_style_tar_pack_keeps_its_shards_open_within_the_pin_budget(
     s3, packs, tmp_path, monkeypatch, limit
 ):
     """A cache epoch that fits reopens no shard (each reopen maps the shard anew); past the
-    pin budget (a share of cache_limit) shards beyond REMOTE_OPEN_SHARDS are closed and
-    unpinned, so the cache can evict them."""
+    pin budget (a share of cache_limit) the shards read before are closed and unpinned, so
+    the cache can evict them: only the shard read now stays open."""
     from gpufeed.formats import tar
     from gpufeed.storage import packs as storage_packs
 
@@ -259,7 +259,7 @@ def test_a_map_style_tar_pack_keeps_its_shards_open_within_the_pin_budget(
     ds = open_dataset(f"{s3}/train", cache_dir=tmp_path / "c", cache_limit=limit)
     reader, n = ds.reader, len(ds)
     shards = len(reader.shards)
-    assert shards > tar.REMOTE_OPEN_SHARDS
+    assert shards > 1
     opened = []
     real = tar.TarReader._shard_path
     monkeypatch.setattr(
@@ -271,6 +271,6 @@ def test_a_map_style_tar_pack_keeps_its_shards_open_within_the_pin_budget(
     open_now = reader.handle["remote"]
     if limit is None:  # everything fits the budget: each shard opened once, all still open
         assert sorted(opened) == list(range(shards)) and len(open_now) == shards
-    else:  # over budget: only REMOTE_OPEN_SHARDS stay open, the others reopen in epoch 2
+    else:  # over budget: only the shard read now stays open, the others reopen in epoch 2
         assert reader._shard_bytes(list(range(shards))) > reader.source.pin_budget() == 1000
-        assert len(open_now) == tar.REMOTE_OPEN_SHARDS and len(opened) > shards
+        assert len(open_now) == 1 and len(opened) > shards

@@ -165,3 +165,61 @@ def test_a_remote_packs_cache_and_staging_are_private(
             continue  # links; the staged pack itself (made by pack, inside a 0700 folder)
         want = 0o700 if p.is_dir() else 0o600
         assert p.stat().st_mode & 0o777 == want, f"{p}: {oct(p.stat().st_mode & 0o777)}"
+
+
+@pytest.fixture()
+def eight_shards(tmp_path) -> Path:
+    """A tar pack of 40 samples of 3 KiB in 8 shards of about 16 KiB."""
+    from unit_sources import write_arrays
+
+    from gpufeed.write.pack import pack
+
+    write_arrays(tmp_path / "src", {"a": 20, "b": 20}, shape=(3, 32, 32))
+    pack(tmp_path / "src", tmp_path / "pack", "tar", shard_size=5, quiet=True)
+    return tmp_path / "pack"
+
+
+def _pack_bytes(pack_dir: Path) -> int:
+    return sum(p.stat().st_size for p in pack_dir.iterdir())
+
+
+READ_SHUFFLED = """
+import sys
+import numpy as np
+from gpufeed.data.open import open_dataset
+ds = open_dataset(sys.argv[1], cache_dir=sys.argv[2], cache_limit=int(sys.argv[3]))
+for i in np.random.default_rng(int(sys.argv[4])).permutation(len(ds)):
+    ds[int(i)]
+print("read", len(ds))
+"""
+
+
+def test_a_map_style_reader_works_in_a_cache_smaller_than_the_pack(s3, eight_shards, tmp_path):
+    """Pins (shards held open, fetched ahead) are sized from cache_limit: a process reading
+    in random order needs room for the index and the shard it reads, not for four or more."""
+    upload_pack(eight_shards, f"{s3}/train")
+    total = _pack_bytes(eight_shards)
+    limit = 120_000
+    assert limit < total
+    ds = open_dataset(f"{s3}/train", cache_dir=tmp_path / "c", cache_limit=limit)
+    order = np.random.default_rng(0).permutation(len(ds))
+    got = {int(i): ds[int(i)][0].numpy().tobytes() for i in order}
+    local = open_dataset(eight_shards)
+    assert got == {i: local[i][0].numpy().tobytes() for i in range(len(local))}
+
+
+def test_two_processes_share_a_cache_of_80_percent_of_the_pack(
+    s3, eight_shards, tmp_path, python_env
+):
+    upload_pack(eight_shards, f"{s3}/train")
+    limit = int(_pack_bytes(eight_shards) * 0.8)
+    env = {**os.environ, **python_env}
+    run = [sys.executable, "-c", READ_SHUFFLED, f"{s3}/train", str(tmp_path / "c"), str(limit)]
+    procs = [
+        subprocess.Popen([*run, str(seed)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for seed in (1, 2)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=150)
+        assert p.returncode == 0, err.decode()[-2000:]
+        assert out.decode().strip() == "read 40"

@@ -58,10 +58,6 @@ from gpufeed.formats.tar_write import (  # noqa: F401 - the format's names, in o
     shard_pattern,
 )
 
-# shards of a remote pack one process keeps open (and pinned in the cache): a streaming
-# reader is on one or two at a time; a map-style one in block-shuffled order on a few
-REMOTE_OPEN_SHARDS = 4
-
 
 class ShardMaps(dict):
     """A local pack's shard maps (shard -> its map), kept across readers in a process, and
@@ -188,8 +184,9 @@ class TarReader(Reader):
     def _shard_path(self, shard: int):
         """The shard's file to open; for a remote pack, its cached copy, and the shards least
         recently opened are closed and unpinned (so the cache can evict them: a sample
-        already read from one stays valid) past REMOTE_OPEN_SHARDS and the pack's pin budget
-        (storage: a share of cache_limit), so that a cache epoch that fits reopens none."""
+        already read from one stays valid) past the pack's pin budget (storage: a share of
+        cache_limit; only the shard read now may exceed it), so that a cache epoch that fits
+        reopens none and a small cache_limit is never filled by shards held open."""
         if self.source is None:
             return self.root / self.shards[shard]
         opened = self.handle.setdefault("remote", [])
@@ -197,7 +194,7 @@ class TarReader(Reader):
             opened.remove(shard)
         opened.append(shard)
         budget = self.source.pin_budget()
-        while len(opened) > REMOTE_OPEN_SHARDS and self._shard_bytes(opened) > budget:
+        while len(opened) > 1 and self._shard_bytes(opened) > budget:
             old = opened.pop(0)
             self.handle.get("maps", {}).pop(old, None)
             fd = self.handle.pop(old, None)

@@ -23,8 +23,9 @@ from gpufeed.formats import open_reader, reader_class
 from gpufeed.formats.base import Reader
 from gpufeed.formats.files import atomic_write_bytes
 from gpufeed.formats.manifest import MANIFEST_NAME, read_manifest
-from gpufeed.storage.cache import Pin, make_cache_dirs
+from gpufeed.storage.cache import Pin
 from gpufeed.storage.landing import Landing
+from gpufeed.storage.modes import make_cache_dirs
 from gpufeed.storage.remote import RemotePack, check_remote_name, open_pack
 from gpufeed.storage.urls import RemoteURL, parse_location
 
@@ -68,6 +69,7 @@ class RemoteFiles:
         self._pool: ThreadPoolExecutor | None = None
         self._warming: set[str] = set()
         self._warm: dict[str, Pin] = {}  # fetched ahead, not yet read: oldest first
+        self._warm_bytes = 0  # of files fetched ahead, landed or landing (within pin_budget)
         self._landings: dict[str, tuple[threading.Event, list[Landing]]] = {}  # see landing()
         self._lock = threading.Lock()
         self._links: dict[str, Path] = {}  # links this process made or checked: name -> link
@@ -94,7 +96,7 @@ class RemoteFiles:
     def _mine(self) -> dict[str, Pin]:
         if self._pid != os.getpid():  # inherited through fork: the parent's pins stay its own
             self._pins, self._pid = {}, os.getpid()
-            self._pool, self._warming, self._warm = None, set(), {}
+            self._pool, self._warming, self._warm, self._warm_bytes = None, set(), {}, 0
             self._lock, self._links, self._landings = threading.Lock(), {}, {}
         return self._pins
 
@@ -103,13 +105,22 @@ class RemoteFiles:
         surfaces when the file is read). A file already whole in the cache (landed files are
         verified) is left for its read to pin: no thread, no pin, no lock; the pool of
         fetches ahead starts on the first miss, so a process reading a cached pack (a
-        DataLoader worker forked each epoch) never starts one."""
+        DataLoader worker forked each epoch) never starts one. What is fetched ahead and not
+        yet read stays within pin_budget (a share of cache_limit): a small cache fetches
+        fewer files ahead, or none, rather than filling up with them."""
         self._mine()
+        limited = self.pack.cache.limit is not None  # no limit: WARM_PINS bounds them
+        budget = self.pin_budget()
         for name in names:
             if name in self._warming or name in self._pins or name in self._warm:
                 continue
             if self.pack.cached(name):
                 continue
+            size = self.pack.entry(name).size
+            with self._lock:
+                if limited and self._warm_bytes + size > budget:
+                    return  # the rest are fetched when read
+                self._warm_bytes += size
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(WARM_WORKERS, thread_name_prefix="gpufeed-warm")
             self._warming.add(name)
@@ -129,6 +140,8 @@ class RemoteFiles:
         try:
             pin = self.pack.fetch(name, on_landing)
         except Exception:  # noqa: BLE001 - a hint; the read that needs the file reports it
+            with self._lock:
+                self._warm_bytes -= self.pack.entry(name).size
             return
         finally:
             self._warming.discard(name)
@@ -138,7 +151,13 @@ class RemoteFiles:
         with self._lock:
             self._warm[name] = pin
             while len(self._warm) > WARM_PINS:
-                self._warm.pop(next(iter(self._warm))).release()
+                self._unwarm(next(iter(self._warm))).release()
+
+    def _unwarm(self, name: str) -> Pin:
+        """The pin of `name`, fetched ahead, taken off the files fetched ahead (lock held)."""
+        pin = self._warm.pop(name)
+        self._warm_bytes -= self.pack.entry(name).size
+        return pin
 
     def landing(self, name: str) -> Landing | None:
         """The download of `name` in progress, when warm() started it in this process and it
@@ -157,7 +176,7 @@ class RemoteFiles:
         pin = pins.get(name)
         if pin is None or not pin.held:
             with self._lock:
-                pin = self._warm.pop(name, None)
+                pin = self._unwarm(name) if name in self._warm else None
             pin = pins[name] = pin if pin is not None else self._fetch_now(name)
         link = self._links.get(name)
         if link is None:  # a name's copy is named by its sha256: its link never changes
@@ -171,9 +190,8 @@ class RemoteFiles:
             with self._lock:
                 if not self._warm:
                     raise
-                for pin in self._warm.values():
-                    pin.release()
-                self._warm.clear()
+                for warm in list(self._warm):
+                    self._unwarm(warm).release()
             return self.pack.fetch(name)
 
     def release(self, name: str) -> None:
@@ -189,9 +207,8 @@ class RemoteFiles:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool, self._warming = None, set()
         with self._lock:
-            for pin in self._warm.values():
-                pin.release()
-            self._warm.clear()
+            for name in list(self._warm):
+                self._unwarm(name).release()
 
     def prefetch(self, names: list[str], *, workers: int, ahead: int):
         return self.pack.prefetch(names, workers=workers, ahead=ahead)

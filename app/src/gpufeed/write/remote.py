@@ -16,7 +16,7 @@ from typing import Any
 
 from gpufeed.errors import DataError
 from gpufeed.formats.manifest import MANIFEST_NAME, SOURCES_NAME, read_manifest, read_sources
-from gpufeed.storage.cache import cache_shared, make_cache_dirs
+from gpufeed.storage.modes import cache_shared, make_cache_dirs
 from gpufeed.storage.packs import default_cache_dir
 from gpufeed.storage.upload import check_upload_destination, upload_pack
 from gpufeed.storage.urls import RemoteURL
