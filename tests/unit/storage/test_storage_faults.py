@@ -90,3 +90,27 @@ def test_a_cache_too_small_for_a_shard_names_cache_limit(s3, shards, tmp_path):
     assert time.monotonic() - started < 30  # refused, not retried
     assert no_parts(tmp_path / "c")
     assert ds.reader.source.stats.bytes_fetched == index  # no shard byte was fetched
+
+
+def test_credentials_never_reach_messages_json_output_or_the_cache(
+    s3, shards, tmp_path, monkeypatch, python_env
+):
+    import os
+    import subprocess
+    import sys
+
+    upload_pack(shards, f"{s3}/train")
+    key, secret = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
+    run = [sys.executable, "-m", "gpufeed"]
+    cache = tmp_path / "c"
+    for env in ({}, {"AWS_SECRET_ACCESS_KEY": "wrong-Secret-XYZZY"}):
+        for cmd in ("verify", "inspect"):
+            out = subprocess.run(
+                [*run, cmd, f"{s3}/train", "--json", "--cache-dir", str(cache)],
+                capture_output=True, text=True, env={**os.environ, **python_env, **env},
+                timeout=120,
+            )  # fmt: skip
+            text = out.stdout + out.stderr
+            assert secret not in text and "XYZZY" not in text and key not in text, text
+    files = [p for p in cache.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert files and not any(secret.encode() in p.read_bytes() for p in files)
