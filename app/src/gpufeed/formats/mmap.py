@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from tokenize import TokenError
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from gpufeed.formats.base import (
 from gpufeed.formats.checksums import crc32, row_crcs
 from gpufeed.formats.files import preallocate
 from gpufeed.formats.maps import kept_map
-from gpufeed.formats.npy import NPY_HEADER_MAX, npy_header
+from gpufeed.formats.npy import NPY_HEADER_MAX, npy_header, read_npy_vector
 from gpufeed.formats.readahead import (
     BlocksAhead,
     advise_buffers,
@@ -122,13 +123,10 @@ class MmapReader(Reader):
             self.source.warm([self.data_name, *index])
             if self.container == "npy":
                 self._landing = self.source.landing(self.data_name)
-        self.labels = self._load("labels.npy")
-        self.crc32 = self._load("crc32.npy", np.uint32)
-        self.offsets = self._load("offsets.npy") if self.spec.kind != "array" else None
-        self.check_count("labels.npy", len(self.labels))
-        self.check_count("crc32.npy", len(self.crc32))
-        if self.offsets is not None:
-            self.check_count("offsets.npy", len(self.offsets), self.count + 1)
+        self.labels = self._load("labels.npy", self.count)
+        self.crc32 = self._load("crc32.npy", self.count, np.uint32)
+        kind = self.spec.kind
+        self.offsets = self._load("offsets.npy", self.count + 1) if kind != "array" else None
         self._landed = self._landing is None or not self._read_header()
         if self._landed:
             self._land()
@@ -151,8 +149,8 @@ class MmapReader(Reader):
         def mapped():
             try:
                 return np.load(path, mmap_mode="r", allow_pickle=False).view(np.ndarray)
-            except (OSError, ValueError) as e:
-                raise DataError(
+            except (OSError, ValueError, EOFError, SyntaxError, TypeError, TokenError) as e:
+                raise DataError(  # numpy's header parser raises several kinds
                     f"{path}: not a readable .npy file, or shorter than its "
                     f"header says: {e}; {REPACK}"
                 ) from None
@@ -221,14 +219,11 @@ class MmapReader(Reader):
         state["_landing"] = None  # this process's download; another one reads the landed file
         return state
 
-    def _load(self, name: str, dtype=np.int64) -> np.ndarray:
-        """Index file ``name``: integers as ``dtype`` (base.index_array)."""
+    def _load(self, name: str, length: int, dtype=np.int64) -> np.ndarray:
+        """Index file ``name``: ``length`` integers as ``dtype``, its size and header checked
+        before anything is allocated (npy.read_npy_vector, base.index_array)."""
         path = self.file(name, whole=True)
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise DataError(f"{path}: not a readable .npy file: {e}") from None
-        return index_array(path, arr, dtype)
+        return index_array(path, read_npy_vector(path, length), dtype)
 
     @property
     def data_name(self) -> str:

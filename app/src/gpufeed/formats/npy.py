@@ -6,6 +6,7 @@ import io
 import os
 import zipfile
 from pathlib import Path
+from tokenize import TokenError
 
 import numpy as np
 
@@ -17,6 +18,7 @@ __all__ = [
     "npy_from_bytes",
     "npy_header",
     "npy_shape",
+    "parse_header",
     "read_npy_vector",
     "read_npz_vectors",
 ]
@@ -48,16 +50,26 @@ def npy_shape(path: Path) -> tuple[int, ...]:
         return _read_header(f, path)
 
 
-def _read_header(f, where) -> tuple[int, ...]:
-    """The shape in the .npy header at `f`'s position, `f` left at the data."""
+def parse_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran_order, dtype) of the .npy header at ``f``'s position, ``f`` left at
+    the data: the one parser of untrusted .npy headers. Any damage is a ValueError (numpy's
+    own parser raises several kinds: a mangled header reaches its literal evaluator)."""
     fmt = np.lib.format
     try:
         version = fmt.read_magic(f)
         read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-        shape, _, _ = read(f)
+        shape, fortran, dtype = read(f)
+    except (ValueError, EOFError, SyntaxError, TypeError, TokenError) as e:
+        raise ValueError(f"not a .npy array: {e}") from None
+    return tuple(shape), fortran, dtype
+
+
+def _read_header(f, where) -> tuple[int, ...]:
+    """The shape in the .npy header at `f`'s position, `f` left at the data."""
+    try:
+        return parse_header(f)[0]
     except ValueError as e:
         raise DataError(f"{where}: not a readable .npy file: {e}") from None
-    return shape
 
 
 def read_npz_vectors(path: Path, names: tuple[str, ...], length: int) -> list[np.ndarray]:
@@ -103,11 +115,8 @@ def _read_vector(f, size: int, where: str, length: int) -> np.ndarray:
             f"{where} declares {size:,} bytes, more than {length:,} entries take (at most "
             f"{bound:,}); the file is damaged or crafted (re-pack it)"
         )
-    fmt = np.lib.format
     try:
-        version = fmt.read_magic(f)
-        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-        shape, _, dtype = read(f)
+        shape, _, dtype = parse_header(f)
     except ValueError as e:
         raise DataError(f"{where} is not a readable .npy array: {e}") from None
     if shape != (length,) or dtype.kind not in "iu" or dtype.itemsize > 8:

@@ -28,6 +28,7 @@ import numpy as np
 
 from gpufeed.errors import UsageError
 from gpufeed.formats import zstd
+from gpufeed.formats.npy import parse_header
 from gpufeed.formats.schema import Field, Schema, fit_array, fit_float, fit_int, sniff_image
 from gpufeed.formats.ustar import header_size
 
@@ -411,13 +412,7 @@ def npy_shape(data: bytes) -> tuple[tuple[int, ...], int]:
 
 @functools.lru_cache(maxsize=4096)
 def _npy_header_shape(head: bytes) -> tuple[int, ...]:
-    f = io.BytesIO(head)
-    version = np.lib.format.read_magic(f)
-    read = np.lib.format.read_array_header_1_0
-    if version != (1, 0):
-        read = np.lib.format.read_array_header_2_0
-    shape, _, _ = read(f)
-    return tuple(shape)
+    return parse_header(io.BytesIO(head))[0]
 
 
 def stored_from_member(field: Field, data: bytes) -> bytes:

@@ -40,6 +40,7 @@ import numpy as np
 from gpufeed.errors import CorruptSampleError, DataError, NotPackedError, StalePackError
 from gpufeed.formats.base import Reader
 from gpufeed.formats.files import atomic_write_bytes, file_identity
+from gpufeed.formats.npy import parse_header
 from gpufeed.formats.record import join_record, npy_shape, stored_from_member
 from gpufeed.formats.schema import Field, Schema
 from gpufeed.formats.webdataset_scan import header_mismatch, header_name, name_end, scan_shard
@@ -127,15 +128,7 @@ def _field(suffix: str, first_data: bytes) -> Field:
 def _npy_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype]:
     """(shape, fortran_order, dtype) of a .npy member (ValueError when it is none); a pickled
     (object) dtype is refused, never loaded."""
-    f = io.BytesIO(data[:65536])
-    try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            head = np.lib.format.read_array_header_1_0(f)
-        else:
-            head = np.lib.format.read_array_header_2_0(f)
-    except (ValueError, EOFError, SyntaxError, TypeError) as e:
-        raise ValueError(f"not a .npy array: {e}") from None
+    head = parse_header(io.BytesIO(data[:65536]))
     if head[2].hasobject:
         raise ValueError(f"a .npy of dtype {head[2]} (Python objects) is not read")
     return head
