@@ -14,10 +14,12 @@ from unittest import mock
 
 import pytest
 
+from gpufeed.system.native import install_hint
 from gpufeed.system.thresholds import version_cmp
 from gpufeed.tools import doctor
 from gpufeed.tools.doctor import dataset, diagnose, gpu, probe, thresholds_check
 from gpufeed.tools.doctor.driver import driver_checks
+from gpufeed.tools.doctor.place import detect_place
 from gpufeed.tools.doctor.report import FAIL, INFO, OK, WARN
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -41,6 +43,8 @@ PREFLIGHT, SCENARIOS = _harness.PREFLIGHT, _harness.SCENARIOS
 Sandbox, run_preflight = _harness.Sandbox, _harness.run_preflight
 
 CGROUPS = Path(__file__).resolve().parents[1] / "fixtures" / "cgroup"
+# file system roots with (or without) a container's markers, for detect_place(root)
+PLACES = Path(__file__).resolve().parents[1] / "fixtures" / "place"
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +58,10 @@ def quick(env, own_torch_build: bool = False, **kw):
     ``own_torch_build``, as if the installed torch had no CUDA build (as CI's CPU torch): these
     scenarios give the image's CUDA in the environment, and a host torch built for another
     CUDA (cu130 needs driver 580) would add its own verdict (driver_torch_cuda, tested on its
-    own) to every old-driver scenario."""
+    own) to every old-driver scenario. In a container unless ``root`` says otherwise: the
+    preflight's rules are the image's."""
     kw.setdefault("check_dataset", False)
+    kw.setdefault("root", PLACES / "docker")
     if own_torch_build:
         return diagnose(environ=env, **kw)
     real_probe = doctor.torch_probe
@@ -253,7 +259,7 @@ def test_jpeg_backend_named_with_why_not_faster(sandbox, monkeypatch):
     check = quick(sandbox.base_env()).by_name("jpeg_backend")
     assert check.data == {"backend": "torch"} and check.status == INFO
     assert "native: gpufeed-jpeg: no module; opencv: cv2: no module named cv2" in check.message
-    assert "pip install ./app/native" in check.fix
+    assert install_hint() in check.fix
 
 
 def test_open_file_limit(sandbox):
@@ -326,3 +332,90 @@ def test_cli_json_and_exit_status(sandbox, python_env, tmp_path):
     assert text.returncode == 0, text.stdout + text.stderr
     assert "[ OK ] NVIDIA driver 580.65.06 (minimum 525" in text.stdout
     assert text.stdout.rstrip().splitlines()[-1].startswith("ready:")
+
+
+# ------------------------------------------------------------------ where it runs
+
+
+@pytest.mark.parametrize(
+    "root,env,container,evidence",
+    [
+        ("docker", {}, True, "/.dockerenv exists (Docker)"),
+        ("podman", {}, True, "/run/.containerenv exists (Podman)"),
+        ("cgroup-v1", {}, True, "/proc/self/cgroup names docker"),
+        ("host", {}, False, "no container marker"),
+        ("host", {"container": "lxc"}, True, "container=lxc is set"),
+        ("host", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, True, "Kubernetes"),
+        ("docker", {"GPUFEED_IN_CONTAINER": "0"}, False, "GPUFEED_IN_CONTAINER=0"),
+        ("host", {"GPUFEED_IN_CONTAINER": "1"}, True, "GPUFEED_IN_CONTAINER=1"),
+    ],
+)
+def test_place_detected_from_its_markers(root, env, container, evidence):
+    place = detect_place(PLACES / root, env)
+    assert place.container is container and evidence in place.evidence
+    assert place.where == ("in this container" if container else "on this host")
+
+
+def test_cpu_only_host_is_not_a_failure(sandbox, monkeypatch):
+    """Issue 38 item 10: outside a container, no driver is a CPU-only machine (exit 0, no
+    Docker fix, no "in this container"), unless a GPU is asked for; in a container, the
+    preflight's verdict stays."""
+    monkeypatch.setattr(gpu, "nvml_gpus", lambda: [])  # a real NVML must not answer here
+    no_smi = {**sandbox.base_env(), "PATH": str(sandbox.root / "bin-no-smi")}
+    host = quick(no_smi, root=PLACES / "host")
+    driver = host.by_name("driver")
+    assert host.exit_code == 0 and driver.status == INFO, host.format()
+    assert "CPU-only machine" in driver.message and "NVIDIA driver" in driver.fix
+    assert host.by_name("place").data == {"container": False, "evidence": ANY_HOST}
+    assert "in this container" not in host.format()
+    assert not [c.fix for c in host.checks if "docker" in (c.fix or "").lower()]
+    assert host.by_name("visibility").message.startswith("on this host:")
+    assert host.by_name("cuda_build").status in (OK, INFO)  # a CPU torch is right here
+
+    required = quick(no_smi, root=PLACES / "host", require_gpu=True)
+    assert required.exit_code == 4 and required.by_name("driver").status == FAIL
+    assert "--require-gpu" in required.by_name("driver").message
+    assert "docker" not in required.by_name("driver").fix
+
+    broken = quick(
+        {**sandbox.base_env(), "FAKE_NVIDIA_MODE": "fail-communication"}, root=PLACES / "host"
+    )
+    assert broken.exit_code == 0 and broken.by_name("driver").status == WARN
+    assert "nvidia-smi is installed" in broken.by_name("driver").message
+    assert "reboot" in broken.by_name("driver").fix
+
+    boxed = quick(no_smi, root=PLACES / "docker")
+    assert boxed.exit_code == 4 and "docker run --gpus all" in boxed.by_name("driver").fix
+    assert boxed.by_name("visibility").message.startswith("in this container:")
+
+
+ANY_HOST = "no container marker (/.dockerenv, /run/.containerenv, cgroup)"
+
+
+def test_native_install_hint_is_the_one_that_works_here(tmp_path):
+    """Not ``./app/native`` (true only in the repository root): the source tree's absolute
+    path where gpufeed runs from one, else where the package is (it is not on PyPI)."""
+    tree = tmp_path / "app" / "native"
+    tree.mkdir(parents=True)
+    (tree / "pyproject.toml").write_text("[project]\nname = 'gpufeed-jpeg'\n")
+    assert install_hint(tree).startswith(f"pip install {tree} ")
+    elsewhere = install_hint(tmp_path / "site-packages" / "native")
+    assert "checkout of gpufeed's source repository" in elsewhere
+    here = install_hint()  # this test runs from the source tree
+    assert here.startswith(f"pip install {ROOT / 'app' / 'native'} ")
+
+
+def test_cli_host_and_require_gpu(sandbox, python_env):
+    env = {**python_env, **sandbox.base_env(), "PATH": str(sandbox.root / "bin-no-smi")}
+    env["GPUFEED_IN_CONTAINER"] = "0"
+    argv = [sys.executable, "-m", "gpufeed", "doctor", "--no-dataset", "-q"]
+    host = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert host.returncode == 0, host.stdout + host.stderr
+    required = subprocess.run(
+        [*argv, "--require-gpu"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert required.returncode == 4 and "--require-gpu asks for one" in required.stdout
+    both = subprocess.run(
+        [*argv, "--gpu", "--allow-cpu"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert both.returncode == 2 and "not allowed with" in both.stderr

@@ -30,11 +30,21 @@ from gpufeed.tools.doctor.dataset import dataset_checks
 from gpufeed.tools.doctor.driver import driver_checks
 from gpufeed.tools.doctor.gpu import gpu_checks
 from gpufeed.tools.doctor.host import host_checks
+from gpufeed.tools.doctor.place import Place, detect_place
 from gpufeed.tools.doctor.probe import bounded
-from gpufeed.tools.doctor.report import EXIT_CONFIG, FAIL, Check, DoctorReport
+from gpufeed.tools.doctor.report import EXIT_CONFIG, FAIL, INFO, Check, DoctorReport
 from gpufeed.tools.doctor.torchinfo import torch_checks, torch_probe
 
-__all__ = ["Check", "DoctorReport", "add_arguments", "diagnose", "main", "thresholds_check"]
+__all__ = [
+    "Check",
+    "DoctorReport",
+    "Place",
+    "add_arguments",
+    "detect_place",
+    "diagnose",
+    "main",
+    "thresholds_check",
+]
 
 _DEFAULT_SAMPLE_BYTES = 3 * 224 * 224  # one uint8 ImageNet-sized image
 
@@ -62,25 +72,34 @@ def diagnose(
     cgroup_root: str = sysinfo.CGROUP_ROOT,
     self_cgroup: str = sysinfo.SELF_CGROUP,
     shm_path: str | None = None,
+    require_gpu: bool = False,
+    root: str | os.PathLike = "/",
 ) -> DoctorReport:
     """Check driver, GPUs, torch, CPUs, memory, ``/dev/shm``, limits and the dataset.
 
     ``data_dir`` defaults to ``GPUFEED_DATA_DIR`` (else ``/data``); ``workers`` to what
     :func:`gpufeed.make_loader` would plan on this machine; ``batch_bytes`` (one batch in
     shared memory) to 256 uint8 224x224 RGB images. ``timeout`` bounds each GPU/torch probe.
+
+    Where it runs (:func:`detect_place` under ``root``) picks the rules and fixes: in a
+    container the preflight's (no driver fails, exit 4, unless ``GPUFEED_ALLOW_CPU=1``); on a
+    host no driver is a CPU-only machine, not a failure. ``require_gpu``: no driver fails
+    (exit 4) wherever it runs.
     """
     start = time.perf_counter()
     env = os.environ if environ is None else environ
     limits, problem = thresholds_check(env)
     if problem is not None:
         return DoctorReport([problem], time.perf_counter() - start)
+    place = detect_place(root, env)
     smi_wait = float(env.get("GPUFEED_NVIDIA_SMI_TIMEOUT") or 10)
     probe_ok, probe = bounded(torch_probe, timeout)
     torch_cuda = probe.get("cuda") if probe_ok else None
-    checks, driver = driver_checks(env, limits, torch_cuda, smi_wait)
-    checks += gpu_checks(env, driver, probe.get("gpus") if probe_ok else None, timeout)
-    checks += torch_checks(probe_ok, probe)
+    checks, driver = driver_checks(env, limits, torch_cuda, smi_wait, place, require_gpu)
+    checks.insert(0, _place_check(place))
+    checks += gpu_checks(env, driver, probe.get("gpus") if probe_ok else None, timeout, place)
     has_gpu = bool(driver.names) or bool(probe_ok and probe.get("gpus"))
+    checks += torch_checks(probe_ok, probe, gpu_wanted=has_gpu or require_gpu or place.container)
     checks += host_checks(
         limits,
         workers,
@@ -89,11 +108,22 @@ def diagnose(
         cgroup_root,
         self_cgroup,
         shm_path or env.get("GPUFEED_SHM_PATH") or "/dev/shm",
+        place,
     )
     if check_dataset:
         data = os.path.abspath(data_dir or env.get("GPUFEED_DATA_DIR") or "/data")
         checks += dataset_checks(data, walk_seconds, probe_seconds)
     return DoctorReport(checks, time.perf_counter() - start)
+
+
+def _place_check(place: Place) -> Check:
+    """Where doctor found itself, so a wrong guess is seen (and overridden) before its fixes."""
+    text = (
+        f"running {place.where} ({place.evidence}); the fixes below are for it "
+        "(GPUFEED_IN_CONTAINER=1 or 0 says otherwise)"
+    )
+    data = {"container": place.container, "evidence": place.evidence}
+    return Check("place", "place", INFO, text, None, data)
 
 
 def add_arguments(parser) -> None:
@@ -122,8 +152,18 @@ def add_arguments(parser) -> None:
         default=2.0,
         help="time for the read-speed probe (default 2)",
     )
-    parser.add_argument(
-        "--allow-cpu", action="store_true", help="no driver is a warning, as GPUFEED_ALLOW_CPU=1"
+    cpu = parser.add_mutually_exclusive_group()
+    cpu.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        help="in a container: no driver is a warning, as GPUFEED_ALLOW_CPU=1 (on a host it is "
+        "one already)",
+    )
+    cpu.add_argument(
+        "--require-gpu",
+        "--gpu",
+        action="store_true",
+        help="no NVIDIA driver fails (exit 4) wherever doctor runs, a host included",
     )
 
 
@@ -138,6 +178,7 @@ def main(args) -> int:
         environ=env,
         probe_seconds=args.probe_seconds,
         check_dataset=not args.no_dataset,
+        require_gpu=args.require_gpu,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2, default=str))

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufeed.system.thresholds import cuda_requirements, is_version, version_cmp
+from gpufeed.tools.doctor.place import Place
 from gpufeed.tools.doctor.report import (
     EXIT_DRIVER_OLD,
     EXIT_NO_DRIVER,
     FAIL,
+    INFO,
     OK,
     WARN,
     Check,
@@ -35,6 +37,14 @@ _EXPOSE_GPU = (
     ".devices); the host needs a working driver and the NVIDIA Container Toolkit "
     "(nvidia-ctk runtime configure --runtime=docker, restart dockerd)"
 )
+_INSTALL_DRIVER = (
+    "install the NVIDIA driver for the GPU (your distribution's nvidia-driver package, or "
+    "https://www.nvidia.com/drivers); nvidia-smi then lists it"
+)
+_BROKEN_DRIVER = (
+    "run nvidia-smi to see why; after a driver update, reboot (the kernel module and the "
+    "user-space library must be the same version)"
+)
 
 
 @dataclass
@@ -45,6 +55,7 @@ class DriverInfo:
     memory_bytes: list[int | None] = field(default_factory=list)
     source: str | None = None
     problems: list[str] = field(default_factory=list)
+    smi_rc: int | None = None  # nvidia-smi's exit status (127: not on PATH)
 
 
 def nvidia_smi(args: list[str], wait: float, env: Mapping[str, str]) -> tuple[int, str]:
@@ -72,6 +83,7 @@ def driver_info(env: Mapping[str, str], smi_wait: float) -> DriverInfo:
     rc, out = nvidia_smi(
         ["--query-gpu=driver_version,name", "--format=csv,noheader"], smi_wait, env
     )
+    info.smi_rc = rc
     if rc == 0:
         for line in out.splitlines():
             version, _, name = line.partition(",")
@@ -119,12 +131,20 @@ def _truthy(v: str | None) -> bool:
 
 
 def driver_checks(
-    env: Mapping[str, str], limits: Mapping[str, str], torch_cuda: str | None, smi_wait: float
+    env: Mapping[str, str],
+    limits: Mapping[str, str],
+    torch_cuda: str | None,
+    smi_wait: float,
+    place: Place | None = None,
+    require_gpu: bool = False,
 ) -> tuple[list[Check], DriverInfo]:
-    """The driver's checks (and what was learnt about the GPUs on the way)."""
+    """The driver's checks (and what was learnt about the GPUs on the way). ``place``: where
+    doctor runs (the preflight's rules are a container's); ``require_gpu``: no driver fails
+    wherever it runs."""
+    place = place or Place(True, "the preflight's rules (a container)")
     info = driver_info(env, smi_wait)
     if info.version is None:
-        return [_no_driver(env, info)], info
+        return [_no_driver(env, info, place, require_gpu)], info
     image_cuda = ".".join((env.get("CUDA_VERSION") or "").split(".")[:2])
     min_drv, full_drv = limits["GPUFEED_MIN_DRIVER"], limits["GPUFEED_CUDA_FULL_DRIVER"]
     data = {"version": info.version, "source": info.source, "minimum": min_drv}
@@ -181,8 +201,38 @@ def driver_checks(
     return checks, info
 
 
-def _no_driver(env: Mapping[str, str], info: DriverInfo) -> Check:
+def _no_driver(env: Mapping[str, str], info: DriverInfo, place: Place, require: bool) -> Check:
+    """In a container, the preflight's verdict: no driver fails (exit 4) unless
+    GPUFEED_ALLOW_CPU=1. On a host, a machine without a driver is a CPU-only machine unless
+    the GPU was asked for (--require-gpu); one whose nvidia-smi is there but fails is broken."""
     why = "; ".join(info.problems)
+    data = {"problems": info.problems, "container": place.container, "place": place.evidence}
+    expose = place.fix(_EXPOSE_GPU, _INSTALL_DRIVER if info.smi_rc == 127 else _BROKEN_DRIVER)
+    if require:
+        return Check(
+            "driver",
+            "driver",
+            FAIL,
+            f"no NVIDIA driver answered {place.where} ({why}); --require-gpu asks for one",
+            expose,
+            data,
+            EXIT_NO_DRIVER,
+        )
+    if not place.container:
+        installed = info.smi_rc != 127
+        return Check(
+            "driver",
+            "driver",
+            WARN if installed else INFO,
+            (
+                f"nvidia-smi is installed but no NVIDIA driver answered ({why})"
+                if installed
+                else f"no NVIDIA driver on this host ({why}): a CPU-only machine; "
+                "gpufeed loads data and trains on the CPU"
+            ),
+            expose if installed else f"for a GPU here: {_INSTALL_DRIVER}",
+            data,
+        )
     if _truthy(env.get("GPUFEED_ALLOW_CPU")):
         return Check(
             "driver",
@@ -190,15 +240,15 @@ def _no_driver(env: Mapping[str, str], info: DriverInfo) -> Check:
             WARN,
             f"no NVIDIA driver answered ({why}); running on the CPU as GPUFEED_ALLOW_CPU=1 allows",
             _EXPOSE_GPU,
-            {"problems": info.problems},
+            data,
         )
     return Check(
         "driver",
         "driver",
         FAIL,
-        f"no NVIDIA driver answered ({why})",
+        f"no NVIDIA driver answered in this container ({why})",
         _EXPOSE_GPU + "; to run on the CPU on purpose set GPUFEED_ALLOW_CPU=1",
-        {"problems": info.problems},
+        data,
         EXIT_NO_DRIVER,
     )
 

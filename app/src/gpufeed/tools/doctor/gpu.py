@@ -9,6 +9,7 @@ from typing import Any
 
 from gpufeed.system.sizes import format_size
 from gpufeed.tools.doctor.driver import DriverInfo
+from gpufeed.tools.doctor.place import Place
 from gpufeed.tools.doctor.probe import bounded
 from gpufeed.tools.doctor.report import INFO, OK, WARN, Check
 
@@ -36,13 +37,17 @@ def nvml_gpus() -> list[dict[str, Any]]:
         pynvml.nvmlShutdown()
 
 
-def _visible_devices(env: Mapping[str, str]) -> tuple[str, str | None]:
+def _visible_devices(env: Mapping[str, str], place: Place) -> tuple[str, str | None]:
+    """What GPUs this process is given; NVIDIA_VISIBLE_DEVICES is the container runtime's."""
     nvd = env.get("NVIDIA_VISIBLE_DEVICES")
     nodes = sorted(p.name for p in Path("/dev").glob("nvidia[0-9]*"))
     parts = []
     fix = None
     if nvd is None:
-        parts.append("NVIDIA_VISIBLE_DEVICES unset (not an NVIDIA container image)")
+        if place.container:
+            parts.append("NVIDIA_VISIBLE_DEVICES unset (not an NVIDIA container image)")
+    elif not place.container:
+        parts.append(f"NVIDIA_VISIBLE_DEVICES={nvd} (read by container runtimes only)")
     elif nvd.strip() in ("void", "none", ""):
         parts.append(f"NVIDIA_VISIBLE_DEVICES={nvd!r}: no GPU is given to this container")
         fix = "set NVIDIA_VISIBLE_DEVICES=all (or GPU indices) and start with --gpus all"
@@ -56,14 +61,19 @@ def _visible_devices(env: Mapping[str, str]) -> tuple[str, str | None]:
 
 
 def gpu_checks(
-    env: Mapping[str, str], driver: DriverInfo, torch_gpus: list[dict] | None, timeout: float
+    env: Mapping[str, str],
+    driver: DriverInfo,
+    torch_gpus: list[dict] | None,
+    timeout: float,
+    place: Place | None = None,
 ) -> list[Check]:
+    place = place or Place(True, "the preflight's rules (a container)")
     checks = []
     ok, nvml = bounded(nvml_gpus, timeout)
     names = [g["name"] for g in nvml] if ok and nvml else driver.names
     memory = [g["memory_bytes"] for g in nvml] if ok and nvml else driver.memory_bytes
     seen_by = "NVML" if ok and nvml else ("nvidia-smi" if driver.names else None)
-    visible, vis_fix = _visible_devices(env)
+    visible, vis_fix = _visible_devices(env, place)
     gpus = [
         {"name": n, "memory_bytes": m}
         for n, m in zip(names, memory or [None] * len(names), strict=False)
@@ -91,13 +101,16 @@ def gpu_checks(
                 INFO if driver.version is None else WARN,
                 "no GPU listed by the driver",
                 vis_fix
-                or "start the container with --gpus all (compose: deploy.resources.reservations"
-                ".devices)",
+                or place.fix(
+                    "start the container with --gpus all (compose: deploy.resources"
+                    ".reservations.devices)",
+                    "a GPU needs the NVIDIA driver installed on this host (nvidia-smi lists it)",
+                ),
                 {"gpus": []},
             )
         )
     status = WARN if vis_fix else INFO
-    checks.append(Check("gpu", "visibility", status, f"in this container: {visible}", vis_fix))
+    checks.append(Check("gpu", "visibility", status, f"{place.where}: {visible}", vis_fix))
     if torch_gpus is None:
         checks.append(Check("gpu", "gpus_torch", INFO, "torch did not report (see torch below)"))
     elif torch_gpus:

@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from gpufeed.data.decoders import jpeg_backend
 from gpufeed.errors import SysinfoWarning
 from gpufeed.loading.outlook import worker_outlook
 from gpufeed.loading.settings import SETTINGS_ENV
 from gpufeed.system import sysinfo
+from gpufeed.system.native import install_hint
 from gpufeed.system.sizes import format_size
+from gpufeed.tools.doctor.place import Place
 from gpufeed.tools.doctor.report import INFO, OK, WARN, Check
 from gpufeed.tools.doctor.shm import shm_check
 
@@ -31,14 +32,16 @@ def host_checks(
     cgroup_root: str,
     self_cgroup: str,
     shm_path: str,
+    place: Place | None = None,
 ) -> list[Check]:
     """CPUs, the JPEG decoder, memory, /dev/shm (sized for ``workers``, default what
-    make_loader plans) and the process limits, in that order."""
-    checks, chosen, mem_limit = _cpu_checks(workers, cgroup_root, self_cgroup)
+    make_loader plans) and the process limits, in that order; each fix for ``place``."""
+    place = place or Place(True, "the preflight's rules (a container)")
+    checks, chosen, mem_limit = _cpu_checks(workers, cgroup_root, self_cgroup, place)
     checks.append(_jpeg_check())
-    checks.append(_memory_check(mem_limit, chosen))
-    checks.append(shm_check(limits, chosen, batch_bytes, shm_path))
-    return checks + _limit_checks(has_gpu)
+    checks.append(_memory_check(mem_limit, chosen, place))
+    checks.append(shm_check(limits, chosen, batch_bytes, shm_path, place))
+    return checks + _limit_checks(has_gpu, place)
 
 
 def _meminfo_total() -> int | None:
@@ -72,7 +75,7 @@ def _worker_plan(budget, workers: int | None):
     return text, outlook, problem
 
 
-def _cpu_checks(workers: int | None, cgroup_root: str, self_cgroup: str):
+def _cpu_checks(workers: int | None, cgroup_root: str, self_cgroup: str, place: Place):
     """(the CPU checks, the workers the rest is sized for, the cgroup memory limit)."""
     checks = []
     with warnings.catch_warnings(record=True) as caught:
@@ -90,9 +93,13 @@ def _cpu_checks(workers: int | None, cgroup_root: str, self_cgroup: str):
     status, fix = OK, None
     if budget.count < 4:
         status = WARN
+        more = place.fix(
+            "give the container more (docker run --cpus, --cpuset-cpus)",
+            "run on a machine with more, or widen this process's CPU affinity (taskset)",
+        )
         fix = (
-            "few CPUs to decode and augment on; give the container more (docker run --cpus, "
-            "--cpuset-cpus) or pack the data with encode='raw' so loading needs no decode"
+            f"few CPUs to decode and augment on; {more}, or pack the data with encode='raw' so "
+            "loading needs no decode"
         )
     data = {**budget._asdict(), "host": host_cpus, "workers": chosen}
     checks.append(
@@ -108,17 +115,19 @@ def _cpu_checks(workers: int | None, cgroup_root: str, self_cgroup: str):
 def _jpeg_check() -> Check:
     """The decoder RandomResizedCrop(backend="auto") runs on these CPUs, and why not a
     faster one."""
+    from gpufeed.data.decoders import jpeg_backend  # imports torch: not at doctor's import
+
     name, why = jpeg_backend()
     status, fix = OK, None
     if name != "native":
         status = INFO
-        fix = "pip install ./app/native (the images carry it): one GIL-free call per batch"
+        fix = f"{install_hint()}: one GIL-free call per batch"
     return Check(
         "cpu", "jpeg_backend", status, f"JPEG decoder: {name} ({why})", fix, {"backend": name}
     )
 
 
-def _memory_check(mem_limit: int | None, chosen: int) -> Check:
+def _memory_check(mem_limit: int | None, chosen: int, place: Place) -> Check:
     total = _meminfo_total()
     status, fix = OK, None
     if mem_limit is not None:
@@ -131,7 +140,8 @@ def _memory_check(mem_limit: int | None, chosen: int) -> Check:
             status = WARN
             fix = (
                 f"{format_size(per)} per process for {chosen} workers + the trainer; raise the "
-                "limit (docker run --memory) or use fewer workers"
+                + place.fix("limit (docker run --memory)", "cgroup limit (systemd MemoryMax=)")
+                + " or use fewer workers"
             )
     else:
         text = f"no cgroup memory limit; {format_size(total or 0)} on the host"
@@ -144,12 +154,15 @@ def _limit_text(v: int) -> str:
     return "unlimited" if v == resource.RLIM_INFINITY else str(v)
 
 
-def _limit_checks(has_gpu: bool) -> list[Check]:
+def _limit_checks(has_gpu: bool, place: Place) -> list[Check]:
     checks = []
     inf, fmt = resource.RLIM_INFINITY, _limit_text
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != inf and soft < 4096:
-        fix = "docker run --ulimit nofile=65536:65536 (compose ulimits.nofile)" + (
+        fix = place.fix(
+            "docker run --ulimit nofile=65536:65536 (compose ulimits.nofile)",
+            "raise it for your user in /etc/security/limits.conf (nofile 65536)",
+        ) + (
             f", or raise the soft limit up to the hard {fmt(hard)}: ulimit -n {fmt(hard)}"
             if hard == inf or hard > soft
             else ""
@@ -188,7 +201,10 @@ def _limit_checks(has_gpu: bool) -> list[Check]:
                 "memlock",
                 WARN if has_gpu else INFO,
                 text + "; NCCL over InfiniBand/RDMA and GPUDirect need it unlimited",
-                "docker run --ulimit memlock=-1 (compose ulimits.memlock: -1)",
+                place.fix(
+                    "docker run --ulimit memlock=-1 (compose ulimits.memlock: -1)",
+                    "memlock unlimited for your user in /etc/security/limits.conf",
+                ),
                 {"soft": soft, "hard": hard},
             )
         )

@@ -8,16 +8,28 @@ from collections.abc import Mapping
 
 from gpufeed.system.shm import shm_budget
 from gpufeed.system.sizes import format_size
+from gpufeed.tools.doctor.place import Place
 from gpufeed.tools.doctor.report import OK, WARN, Check
 
 __all__ = ["TORCH_PREFETCH", "shm_check"]
 
 TORCH_PREFETCH = 2  # DataLoader's default prefetch_factor
+_HOST_SHM_FIX = (
+    "/dev/shm is a tmpfs: sudo mount -o remount,size=8G /dev/shm (and in /etc/fstab to keep it)"
+)
 
 
-def shm_check(limits: Mapping[str, str], workers: int, batch_bytes: int, shm_path: str) -> Check:
+def shm_check(
+    limits: Mapping[str, str],
+    workers: int,
+    batch_bytes: int,
+    shm_path: str,
+    place: Place | None = None,
+) -> Check:
     floor_mb = int(limits["GPUFEED_MIN_SHM_MB"])
-    fix = limits.get("GPUFEED_SHM_FIX") or None
+    # the thresholds' fix is the container's (compose shm_size, docker run --shm-size)
+    in_container = place is None or place.container
+    fix = (limits.get("GPUFEED_SHM_FIX") or None) if in_container else _HOST_SHM_FIX
     budget = shm_budget(workers, TORCH_PREFETCH, batch_bytes, floor_mb << 20, shm_path)
     if budget is None:
         return Check(

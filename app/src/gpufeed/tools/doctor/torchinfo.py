@@ -56,7 +56,9 @@ def torch_probe() -> dict[str, Any]:
     return out
 
 
-def torch_checks(probe_ok: bool, probe: Any) -> list[Check]:
+def torch_checks(probe_ok: bool, probe: Any, gpu_wanted: bool = True) -> list[Check]:
+    """``gpu_wanted``: a GPU is there or asked for, so a CPU-only torch is a problem (on a
+    CPU-only host it is the right build)."""
     if not probe_ok:
         why = "did not finish in time" if probe == "timeout" else f"{type(probe).__name__}: {probe}"
         return [
@@ -88,7 +90,7 @@ def torch_checks(probe_ok: bool, probe: Any) -> list[Check]:
             Check(
                 "torch",
                 "cuda_build",
-                WARN,
+                WARN if gpu_wanted else INFO,
                 "torch is a CPU-only build: no GPU use",
                 "install a CUDA build of torch (the images carry one)",
                 {},
