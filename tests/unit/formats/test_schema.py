@@ -292,6 +292,17 @@ def test_an_array_shape_that_is_not_a_list_of_sizes_is_a_usage_error(shape):
         parse_schema({"x": {"type": "array", "dtype": "int8", "shape": shape}})
 
 
+@pytest.mark.parametrize("shape", [[3, 2**63], [-1, 2**47, 4], [1] * 33])
+def test_a_field_shape_no_real_value_has_is_refused(shape):
+    """A manifest's field shape of 2**63 reached torch.empty as a raw TypeError."""
+    with pytest.raises(UsageError, match=r"field 'x': shape .*at most 32 dimensions"):
+        parse_schema({"x": {"type": "array", "dtype": "int16", "shape": shape}})
+    manifest_sample = {"kind": "fields", "fields": [{"name": "x", "type": "array",
+                       "dtype": "int16", "shape": shape}]}  # fmt: skip
+    with pytest.raises(DataError, match="the manifest's sample schema is invalid"):
+        SampleSpec.from_json(manifest_sample)
+
+
 @pytest.mark.parametrize(
     ("dtype", "values", "refused"),
     [

@@ -89,6 +89,11 @@ class Field:
         return text + (f" ({self.compression})" if self.compression else "")
 
 
+# a value larger than this is no real pack's: its byte count would overflow int64 sums
+MAX_SAMPLE_BYTES = 1 << 48
+MAX_DIMS = 32  # numpy's own limit on dimensions
+
+
 def _array_field(name: str, dtype, shape, compression) -> Field:
     try:
         dt = np.dtype(dtype)
@@ -106,6 +111,12 @@ def _array_field(name: str, dtype, shape, compression) -> Field:
         ) from None
     if any(s < -1 for s in shape):
         raise UsageError(f"field {name!r}: shape {list(shape)}: sizes are >= 0, or -1 (varies)")
+    fixed = math.prod(s for s in shape if s != -1) * dt.itemsize
+    if len(shape) > MAX_DIMS or fixed > MAX_SAMPLE_BYTES:
+        raise UsageError(
+            f"field {name!r}: shape {list(shape)}: at most {MAX_DIMS} dimensions, and under "
+            f"{MAX_SAMPLE_BYTES:,} bytes a value"
+        )
     kind = "ragged" if -1 in shape else "array"
     return Field(name, kind, dtype=dt.str, shape=shape, compression=compression)
 

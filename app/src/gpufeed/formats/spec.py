@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import DataError, UsageError
-from gpufeed.formats.schema import Schema
+from gpufeed.formats.schema import MAX_DIMS, MAX_SAMPLE_BYTES, Schema
 
 __all__ = ["FIELDS_FORMAT_VERSION", "FORMAT_VERSION", "SampleSpec"]
 
@@ -78,10 +78,6 @@ class SampleSpec:
         return "encoded"
 
 
-# a sample larger than this is no real pack's: its byte count would overflow int64 sums
-MAX_SAMPLE_BYTES = 1 << 48
-
-
 def _fixed_dtype(value: Any) -> np.dtype:
     """sample.dtype: a numpy dtype name of fixed, non-zero size without Python objects."""
     try:
@@ -98,12 +94,12 @@ def _fixed_dtype(value: Any) -> np.dtype:
 
 def _shape(value: Any, itemsize: int) -> tuple[int, ...]:
     """sample.shape: a list of non-negative ints, of a size numpy can hold."""
-    ok = isinstance(value, list) and len(value) <= 32
+    ok = isinstance(value, list) and len(value) <= MAX_DIMS
     ok = ok and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value)
     if not ok or math.prod(value) * itemsize > MAX_SAMPLE_BYTES:
         shown = repr(value)[:80]
         raise DataError(
-            f"sample.shape is {shown} in the manifest; expected a list of at most 32 "
+            f"sample.shape is {shown} in the manifest; expected a list of at most {MAX_DIMS} "
             f"non-negative ints whose sample is under {MAX_SAMPLE_BYTES:,} bytes"
         )
     return tuple(value)
