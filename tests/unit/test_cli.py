@@ -191,3 +191,18 @@ def test_help_lists_every_command_and_each_builds_its_own(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["doctor", "--help"])
     assert exit_.value.code == 0 and "--probe-seconds" in capsys.readouterr().out
+
+
+def test_inspect_shows_the_class_names_a_writer_was_given(tmp_path, capsys):
+    import gpufeed
+
+    dest = tmp_path / "p"
+    names = [f"c{i}" for i in range(12)]
+    with gpufeed.Writer(dest, "tar", {"x": "int64[1]", "label": "int"}, classes=names) as w:
+        w.write({"x": np.zeros(1, np.int64), "label": 11})
+    assert main(["inspect", str(dest)]) == 0
+    shown = "classes:     12 (c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, ...)"
+    assert shown in capsys.readouterr().out
+    assert main(["inspect", str(dest), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["classes"] == names and info["num_classes"] == 12

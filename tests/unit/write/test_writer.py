@@ -4,6 +4,7 @@ refuse), locked, ordered, on_error semantics; the README's multi-field snippet."
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
@@ -427,3 +428,80 @@ def test_a_bad_option_or_schema_is_a_usage_error_naming_it_not_a_raw_error(tmp_p
 def test_pack_with_workers_that_are_not_a_number_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="workers: expected a whole number, got 'x'"):
         gpufeed.pack(convert, range(3), tmp_path / "p", format="mmap", workers="x", quiet=True)
+
+
+CLASSES = ["cat", "dog", "bird"]
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "lmdb", "tar", "mmap"])
+def test_a_writer_keeps_its_class_names_in_the_manifest_and_the_dataset(tmp_path, fmt):
+    """Writer(classes=[...]) (HF ClassLabel.names): kept in the manifest, read back as
+    dataset.classes and class_to_idx, map-style and (tar) streamed."""
+    dest = tmp_path / fmt
+    schema = {"x": "float32[2]", "label": "int"}
+    with gpufeed.Writer(dest, fmt, schema, classes=tuple(CLASSES)) as w:
+        for i in range(7):
+            w.write({"x": np.full(2, i, np.float32), "label": i % 3})
+    assert json.loads((dest / "manifest.json").read_text())["classes"] == CLASSES
+    ds = gpufeed.open_dataset(dest, map_style=True)
+    assert ds.classes == CLASSES and ds.class_to_idx == {"cat": 0, "dog": 1, "bird": 2}
+    assert [ds.classes[ds[i]["label"]] for i in range(4)] == ["cat", "dog", "bird", "cat"]
+    if fmt == "tar":
+        assert gpufeed.open_dataset(dest, map_style=False).classes == CLASSES
+
+
+@pytest.mark.parametrize(
+    "classes, said",
+    [
+        ("cat", "a list of class names, got str"),
+        ([], "got an empty list"),
+        (["cat", 1], "got int 1"),
+        (["cat", "dog", "cat"], "names 'cat' twice"),
+    ],
+)
+def test_classes_that_are_not_distinct_names_are_refused(tmp_path, classes, said):
+    with pytest.raises(UsageError, match=said):
+        gpufeed.Writer(tmp_path / "p", "tar", SCHEMA, classes=classes)
+    assert not (tmp_path / "p").exists() and not (tmp_path / "p.partial").exists()
+
+
+def test_a_label_outside_the_classes_is_refused_naming_the_sample_and_label(tmp_path):
+    dest = tmp_path / "p"
+    with pytest.raises(UsageError) as e, gpufeed.Writer(dest, "tar", SCHEMA, classes=CLASSES) as w:
+        for i in range(5):
+            w.write({**sample(i), "label": [0, 2, -1, 3, 1][i]})
+    said = str(e.value)
+    assert str(dest) in said and "sample 3" in said and "label 3" in said
+    assert "3 classes" in said
+    with pytest.raises(UsageError, match=r"sample 1 \(#1\): label -2 is not one of the 3"):
+        gpufeed.pack([(np.zeros(2), 0), (np.zeros(2), -2)], tmp_path / "q", classes=CLASSES)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pack_of_samples_and_of_a_function_take_classes(tmp_path, workers):
+    def convert(i):
+        return {"x": np.full(2, i, np.float32), "label": i % 2}
+
+    fn_pack = tmp_path / "fn"
+    gpufeed.pack(convert, range(6), fn_pack, "lmdb", workers=workers, classes=["a", "b"])
+    assert gpufeed.open_dataset(fn_pack).classes == ["a", "b"]
+    held = tmp_path / "held"
+    gpufeed.pack([(np.zeros(2), 1)] * 3, held, "mmap", workers=workers, classes=["a", "b"])
+    assert gpufeed.open_dataset(held).class_to_idx == {"a": 0, "b": 1}
+    with pytest.raises(UsageError, match=r"bad: sample 1 \(#1\): label 1 is not one of the 1 "):
+        gpufeed.pack(convert, range(6), tmp_path / "bad", workers=workers, classes=["a"])
+
+
+def test_a_resumed_writer_keeps_its_classes_and_refuses_others(tmp_path):
+    dest = tmp_path / "p"
+    with pytest.raises(RuntimeError), gpufeed.Writer(dest, "tar", SCHEMA, classes=CLASSES) as w:
+        w.write({**sample(0), "label": 2})
+        w.flush()
+        raise RuntimeError("stopped")
+    with pytest.raises(UsageError, match="classes"):
+        gpufeed.Writer(dest, "tar", SCHEMA, classes=["x", "y", "z"], resume=True)
+    with gpufeed.Writer(dest, "tar", SCHEMA, resume=True) as w:
+        with pytest.raises(UsageError, match="label 3"):
+            w.write({**sample(1), "label": 3})
+        w.write({**sample(1), "label": 1})
+    assert gpufeed.open_dataset(dest).classes == CLASSES

@@ -155,7 +155,15 @@ class SampleReading:
 
     @property
     def classes(self) -> list[str] | None:
+        """The class names, label i is classes[i] (an image folder's subfolders, a Writer's
+        classes=); None where the pack has none."""
         return self.reader.manifest.get("classes")
+
+    @property
+    def class_to_idx(self) -> dict[str, int] | None:
+        """Class name -> label, as torchvision's ImageFolder has it; None without classes."""
+        classes = self.classes
+        return None if classes is None else {c: i for i, c in enumerate(classes)}
 
     @property
     def manifest(self) -> dict[str, Any]:

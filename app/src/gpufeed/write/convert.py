@@ -38,7 +38,8 @@ from gpufeed.write import progress
 from gpufeed.write.options import ON_ERROR, positive_int
 from gpufeed.write.pool import chunk_inputs, default_workers, die_with_parent
 from gpufeed.write.records import encoded
-from gpufeed.write.writer import PART_BYTES, Writer, item_name
+from gpufeed.write.sources import item_name
+from gpufeed.write.writer import PART_BYTES, Writer
 
 __all__ = ["as_sample", "pack_function", "pack_in_place"]
 
@@ -114,7 +115,7 @@ def _run_items(items: list) -> list[tuple]:
 def _numbered(inputs: Iterable, start: int, names: list[str] | None):
     """(i, input) from input ``start`` on, an iterable consumed lazily (never held whole:
     those before ``start`` are read and passed over). ``names``: filled with what each
-    path input is called, as they come (others are '#i': gpufeed.write.writer.item_name)."""
+    path input is called, as they come (others are '#i': gpufeed.write.sources.item_name)."""
     if isinstance(inputs, Sequence):
         yield from ((i, inputs[i]) for i in range(start, len(inputs)))
         return
@@ -212,8 +213,8 @@ def pack_function(
     manifest. schema: as for Writer (None: from the first sample). workers: processes (None:
     default_workers(); 0 or 1: in-process). names: what sources.txt, errors and skipped
     entries call each input (default: the input if it is a path, else '#i').
-    writer_options: compression, shard_size, shard_bytes, container, part_size (as Writer
-    takes them)."""
+    writer_options: compression, shard_size, shard_bytes, container, part_size, classes (as
+    Writer takes them: classes=["cat", "dog"] names the labels)."""
     if on_error not in ON_ERROR:
         raise UsageError(f"unknown on_error {on_error!r}; use stop or skip")
     sized = isinstance(inputs, Sequence)  # else an iterable: consumed as it is written

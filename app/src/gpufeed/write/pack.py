@@ -63,6 +63,7 @@ from gpufeed.write.items import LoadOptions
 from gpufeed.write.options import MANIFEST_OPTIONS, check_options, parse_resize
 from gpufeed.write.remote import pack_to_store
 from gpufeed.write.scan import Source, scan_source
+from gpufeed.write.sources import Listing
 from gpufeed.write.staging import (
     commit_parts,
     drop_changed_parts,
@@ -70,7 +71,6 @@ from gpufeed.write.staging import (
     say_resumed,
 )
 from gpufeed.write.streamed import keep_streamed
-from gpufeed.write.writer import Listing
 
 __all__ = ["pack", "pack_files"]
 
@@ -97,6 +97,9 @@ def pack(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
     array of rows), each a dict of fields, an array (field ``x``) or an (array, int label)
     pair (fields ``x``, ``label``): :func:`gpufeed.write.convert.as_sample`, written
     in-process unless ``workers=`` says otherwise.
+
+    Both take ``classes=[...]``, the names of the labels (as Writer does: kept in the
+    manifest, ``dataset.classes``); a folder's classes are its class subfolders.
 
     ``pack(SHARDS, DEST, ...)`` (WebDataset tar shards) or ``pack(FILE.h5, DEST,
     datasets={"image": "/images", "label": "/labels"})``: data gpufeed reads in place, copied

@@ -27,9 +27,8 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,70 +55,20 @@ from gpufeed.write.guard import (
 from gpufeed.write.items import STAMP_FIELDS, stamp, stamp_changed
 from gpufeed.write.options import check_options
 from gpufeed.write.records import encoded, label_of
+from gpufeed.write.sources import (
+    Listing,
+    WrittenSource,
+    check_classes,
+    check_label,
+    item_name,
+)
 from gpufeed.write.staging import part_path
 from gpufeed.write.streamed import check_part, keep_streamed
 
-__all__ = ["PART_BYTES", "Listing", "WrittenSource", "Writer", "encoded", "item_name", "label_of"]
+__all__ = ["PART_BYTES", "Writer", "encoded", "label_of"]
 
 # a part is committed every part_size samples or PART_BYTES bytes, whichever comes first
 PART_BYTES = 64 << 20
-WRITER_KIND = "python"
-
-
-class _Names:
-    """sources.txt for written samples: what the writer was told, else '#index'."""
-
-    def __init__(self, names: list[str] | None):
-        self.names = names
-
-    def __getitem__(self, i: int) -> str:
-        return item_name(self.names, i)
-
-
-def item_name(names: list[str] | None, i: int) -> str:
-    """What input i is called: its name where one was given (a path), else '#i'."""
-    if names is not None and i < len(names):
-        return names[i]
-    return f"#{i}"
-
-
-@dataclass
-class WrittenSource:
-    """What assemble needs to know of a source, for samples written from Python."""
-
-    count: int
-    names: list[str] | None = None
-    problems: list = field(default_factory=list)
-    path: str | None = None
-    kind: str = WRITER_KIND
-    classes: list[str] | None = None
-
-    def __len__(self) -> int:
-        return self.count
-
-    @property
-    def rel(self) -> _Names:
-        return _Names(self.names)
-
-    def real_dirs(self) -> set[str]:
-        return set()
-
-
-@dataclass(frozen=True)
-class Listing:
-    """The listed files a Writer's samples come from (gpufeed.pack of a folder or list file
-    as multi-field samples, gpufeed.write.fields): the manifest records it as `gpufeed pack`
-    records its source (path, kind, classes, digest; its problems as skipped), and a resume
-    with another listing is refused."""
-
-    path: str
-    kind: str
-    classes: list[str] | None
-    digest: str
-    problems: list[tuple[str, str]] = field(default_factory=list)
-    # the listed files, input i the i-th: a committed part records their (size, mtime_ns),
-    # and a resume reads again from the first part whose files changed since
-    paths: list[str] | None = None
 
 
 class Writer:
@@ -131,6 +80,8 @@ class Writer:
     for ``gpufeed.pack``. part_size: samples per committed part (what a crash can lose).
     listing: the listed files the samples come from (a :class:`Listing`; gpufeed.pack of a
     folder of .txt, .wav or .pt dicts passes it): recorded in the manifest, checked on resume.
+    classes: the class names (label i is classes[i]; HF ``ClassLabel.names``), kept in the
+    manifest (``dataset.classes``); every "label" written is then below len(classes), or -1.
     """
 
     def __init__(
@@ -148,6 +99,7 @@ class Writer:
         overwrite: bool = False,
         quiet: bool = True,
         listing: Listing | None = None,
+        classes: Sequence[str] | None = None,
     ):
         require_local(path, "write into a local folder, then gpufeed.storage.upload_pack(it, URL)")
         opts = check_options(
@@ -156,6 +108,7 @@ class Writer:
         self.dest = Path(path).absolute()
         self.partial = self.dest.with_name(self.dest.name + PARTIAL_SUFFIX)
         self.schema = parse_schema(schema) if schema is not None else None
+        self.classes = check_classes(classes, listing)
         self.quiet = quiet
         self.state = {
             "gpufeed": __version__,
@@ -165,6 +118,7 @@ class Writer:
             "on_error": "stop",
             **opts,
             **({"listing": listing.digest, "source": listing.path} if listing else {}),
+            **({"classes": self.classes} if classes is not None else {}),
         }
         self.listing = listing
         self._lock: PackLock | None = None
@@ -206,8 +160,7 @@ class Writer:
         self._committing: Future | None = None
         # a fresh pack's format files are written as its parts are committed; a resumed one
         # assembles them from every part when it closes
-        classes = self.listing.classes if self.listing is not None else None
-        self._stream = Stream(self.partial, self.state, classes, on=not resume)
+        self._stream = Stream(self.partial, self.state, self.classes, on=not resume)
         if state_path.exists() and resume:
             self._resume(json.loads(state_path.read_text()))
             return
@@ -245,6 +198,7 @@ class Writer:
             what = ", ".join(f"{k}: {old.get(k)!r} -> {self.state[k]!r}" for k in diff)
             raise UsageError(f"{self.partial}: was started with different settings ({what})")
         self.schema = self.schema or old_schema
+        self.classes = old.get("classes", self.classes)  # given, they were found the same
         self.state = {**old, "gpufeed": __version__}
         parts_dir = self.partial / PARTS_DIR
         for tmp in parts_dir.glob("*.tmp"):
@@ -319,6 +273,9 @@ class Writer:
         """Encoded samples of input ``item``: (record, label, crc32) each (add_item's
         work, done in a worker process by gpufeed.pack(fn, inputs))."""
         self._check_open()
+        for k, (_, label, _) in enumerate(records):
+            where = f"{self.dest}: sample {self.written + k} ({item_name(self.item_names, item)})"
+            check_label(self.classes, label, where)
         self._stamp(item)
         for record, label, crc in records:
             self._pending.append((item, record, label, crc))
@@ -443,10 +400,10 @@ class Writer:
             self._close_empty()
         if self.parts == 0:
             self.flush(empty=True)
-        src = WrittenSource(count=self._items, names=self.item_names)
+        src = WrittenSource(count=self._items, names=self.item_names, classes=self.classes)
         if self.listing is not None:
             src.path, src.kind = self.listing.path, self.listing.kind
-            src.classes, src.problems = self.listing.classes, list(self.listing.problems)
+            src.problems = list(self.listing.problems)
         self.manifest = assemble(
             src, self.dest, self.partial, self.parts, self.state, self.quiet, self._stream
         )
