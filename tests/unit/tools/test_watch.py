@@ -192,3 +192,67 @@ def test_per_step_cost_is_microseconds():
 
     per_step = min(watched() - bare() for _ in range(3)) / len(items)
     assert per_step < 50e-6, f"{per_step * 1e6:.1f} us per step"
+
+
+# A training loop under watch(plot=...) where matplotlib cannot be imported, in a child
+# (sys.modules["matplotlib"] = None before gpufeed is imported): what it prints and warns.
+_NO_MATPLOTLIB = """
+import sys, warnings
+sys.modules["matplotlib"] = None
+warnings.simplefilter("always")
+import gpufeed
+out, csv_path, png = sys.argv[1:4]
+with warnings.catch_warnings(record=True) as start:
+    w = gpufeed.watch(range(6), progress=False, csv=csv_path, plot=png)
+print("START-WARNING", [str(x.message) for x in start])
+with warnings.catch_warnings(record=True) as end:
+    for step in w:
+        pass
+print("END-WARNINGS", len(end))
+try:
+    w.plot(png)
+except ModuleNotFoundError as e:
+    print("PLOT-ERROR", e.name, e)
+"""
+
+
+def test_plot_without_matplotlib_keeps_the_verdict(tmp_path, python_env):
+    """Issue 38 item 4: the README's watch(..., plot="steps.png") on a pip install without
+    matplotlib raised ModuleNotFoundError after training and the verdict was lost."""
+    import subprocess
+    import sys
+
+    png, csv_path = tmp_path / "steps.png", tmp_path / "steps.csv"
+    r = subprocess.run(
+        [sys.executable, "-c", _NO_MATPLOTLIB, "x", str(csv_path), str(png)],
+        env=python_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    start = next(line for line in lines if line.startswith("START-WARNING"))
+    assert "pip install 'gpufeed[plot]'" in start and str(png) in start  # before training
+    assert any(line.startswith("gpufeed.watch: 6 steps") for line in lines), r.stdout
+    assert any("verdict:" in line for line in lines), r.stdout
+    note = next(line for line in lines if "plot not written" in line)
+    assert str(png) in note and "gpufeed[plot]" in note
+    assert "END-WARNINGS 0" in lines  # warned once, at the start
+    error = next(line for line in lines if line.startswith("PLOT-ERROR"))
+    assert "PLOT-ERROR matplotlib" in error and "gpufeed[plot]" in error
+    assert csv_path.exists() and not png.exists()
+
+
+def test_output_paths_checked_before_training(tmp_path):
+    from gpufeed.errors import UsageError
+
+    missing = tmp_path / "nope" / "steps.png"
+    with pytest.raises(UsageError, match=r"folder .*nope does not exist") as e:
+        quiet(range(3), plot=missing)
+    assert str(missing) in str(e.value)
+    with pytest.raises(UsageError, match="nope"):
+        quiet(range(3), csv=tmp_path / "nope" / "steps.csv")
+    with pytest.raises(UsageError, match=r"\.docx is not an image format"):
+        quiet(range(3), plot=tmp_path / "steps.docx")
+    quiet(range(3), plot=tmp_path / "steps.svg", csv="steps.csv")  # a bare name: here

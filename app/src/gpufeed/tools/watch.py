@@ -23,17 +23,53 @@ The cost is a few microseconds per step (clock reads, list appends, a progress-b
 from __future__ import annotations
 
 import csv
+import importlib.util
 import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from gpufeed.errors import UsageError
 from gpufeed.tools.watch_advice import INPUT_BOUND, PARTLY, advice, quantile
 
-__all__ = ["INPUT_BOUND", "PARTLY", "Watch", "WatchSummary", "watch"]
+__all__ = ["INPUT_BOUND", "PARTLY", "PLOT_EXTRA", "Watch", "WatchSummary", "watch"]
+
+PLOT_EXTRA = "pip install 'gpufeed[plot]'"
+# what Figure.savefig writes (matplotlib's Agg, PDF, PS, SVG, PGF backends); no suffix is PNG
+_PLOT_SUFFIXES = frozenset(
+    ".eps .jpeg .jpg .pdf .pgf .png .ps .raw .rgba .svg .svgz .tif .tiff .webp".split()
+)
+
+
+def _matplotlib_missing() -> str | None:
+    """Why a plot cannot be drawn here, or None (found, not imported: that is slow)."""
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):  # a broken or blocked entry in sys.modules
+        found = False
+    return None if found else f"matplotlib is not installed ({PLOT_EXTRA})"
+
+
+def _output_path(path: str | os.PathLike, what: str, suffixes=None) -> None:
+    """A file the watch writes when it ends: refused now, before the training it follows,
+    when its folder is missing or (a plot) its format is not one matplotlib writes."""
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(
+            f"gpufeed.watch({what}={os.fspath(path)!r}): the folder {parent} does not exist; "
+            "create it first (the file is written when the watch ends)"
+        )
+    if suffixes is not None and p.suffix and p.suffix.lower() not in suffixes:
+        raise UsageError(
+            f"gpufeed.watch({what}={os.fspath(path)!r}): {p.suffix} is not an image format "
+            f"matplotlib writes; use one of {', '.join(sorted(suffixes))}"
+        )
 
 
 def _in_notebook() -> bool:
@@ -133,8 +169,10 @@ class Watch:
 
     ``progress``: True, False or "auto" (a terminal or a notebook). ``gpu``: read NVML
     ("auto": when CUDA is available). ``sync``: synchronise CUDA at each step end.
-    ``csv`` / ``plot``: paths written when the watch ends. ``report``: print the summary at
-    the end (of each pass; of the ``with`` block when used as a context manager).
+    ``csv`` / ``plot``: paths written when the watch ends (their folders are checked at the
+    start; ``plot`` needs matplotlib, ``gpufeed[plot]``: without it a warning at the start
+    and a line under the summary say so, and the rest is reported). ``report``: print the
+    summary at the end (of each pass; of the ``with`` block when used as a context manager).
     """
 
     def __init__(
@@ -173,6 +211,19 @@ class Watch:
         self._uses_cuda = self._cuda_in_use()
         self._gpu_wanted = self._uses_cuda if gpu == "auto" else bool(gpu)
         self._gpu: _Gpu | None = None
+        self._plot_missing: str | None = None
+        if csv is not None:
+            _output_path(csv, "csv")
+        if plot is not None:
+            _output_path(plot, "plot", _PLOT_SUFFIXES)
+            self._plot_missing = _matplotlib_missing()
+            if self._plot_missing:
+                warnings.warn(
+                    f"gpufeed.watch(plot={os.fspath(plot)!r}): {self._plot_missing}; the plot "
+                    "will be skipped, the summary and verdict are still reported",
+                    UserWarning,
+                    stacklevel=3 if type(self) is Watch else 2,
+                )
 
     @staticmethod
     def _cuda_in_use() -> bool:
@@ -281,12 +332,32 @@ class Watch:
         self._finish()
 
     def _finish(self) -> None:
-        if self.csv_path is not None:
-            self.to_csv(self.csv_path)
-        if self.plot_path is not None and self.step:
+        note = None
+        try:
+            if self.csv_path is not None:
+                self.to_csv(self.csv_path)
+            if self.plot_path is not None and self.step:
+                note = self._save_plot()
+        finally:  # a file that could not be written never costs the verdict
+            if self.report:
+                out = self.file or sys.stdout
+                print(self.summary(), file=out)
+                if note:
+                    print(f"  {note}", file=out)
+
+    def _save_plot(self) -> str | None:
+        """Writes the plot; without matplotlib, a line saying so (warned as well, unless the
+        start already did), never an error after the training."""
+        try:
             self.plot(self.plot_path)
-        if self.report:
-            print(self.summary(), file=self.file or sys.stdout)
+        except ModuleNotFoundError as e:
+            if not (e.name or "").startswith("matplotlib"):
+                raise
+            note = f"plot not written to {os.fspath(self.plot_path)}: {e}"
+            if not self._plot_missing:
+                warnings.warn(note, UserWarning, stacklevel=2)
+            return note
+        return None
 
     # -- results
     def _steady(self) -> list[int]:
@@ -373,7 +444,12 @@ class Watch:
         Draws into ``ax`` when given (a notebook's axes), else on a new Figure (no pyplot
         state touched) that is saved to ``path`` when given. Returns the Figure."""
         if ax is None:
-            from matplotlib.figure import Figure
+            try:
+                from matplotlib.figure import Figure
+            except ImportError as e:
+                raise ModuleNotFoundError(
+                    f"Watch.plot needs matplotlib ({PLOT_EXTRA}): {e}", name="matplotlib"
+                ) from e
 
             fig = Figure(figsize=(9, 3.5), layout="constrained")
             ax = fig.add_subplot()
