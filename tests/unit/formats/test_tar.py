@@ -226,3 +226,79 @@ def test_index_members_larger_than_the_count_allows_are_refused_before_reading(t
     with pytest.raises(DataError, match="offset.npy declares 536,871,040 bytes") as e:
         gpufeed.open_dataset(dest, map_style=True)
     assert str(dest / "index.npz") in str(e.value)
+
+
+# -- the default shard size (formats/tar_write.py: default_shard_size) ------------------------
+
+
+@pytest.fixture(scope="module")
+def small_samples(tmp_path_factory):
+    """2,000 samples of 60 bytes: under the old default (10,000 a shard) one shard, so one
+    rank or worker of many got every sample and the rest none."""
+    root = tmp_path_factory.mktemp("small")
+    write_arrays(root / "src", {"a": 1000, "b": 1000}, shape=(3, 4, 5), seed=3)
+    return root / "src"
+
+
+def test_the_default_shard_size_rule():
+    from gpufeed.formats.tar_write import DEFAULT_SHARD_SIZE, default_shard_size
+
+    assert default_shard_size(None) == DEFAULT_SHARD_SIZE  # not known yet
+    assert default_shard_size(2000) == 125  # 16 shards
+    assert default_shard_size(100) == 64  # no smaller than 64 samples: 2 shards
+    assert default_shard_size(10) == 64
+    assert default_shard_size(16 * DEFAULT_SHARD_SIZE + 1) == DEFAULT_SHARD_SIZE
+    assert default_shard_size(10**8) == DEFAULT_SHARD_SIZE
+
+
+def test_a_small_pack_is_several_shards_by_default(small_samples, tmp_path):
+    m = gpufeed.pack(small_samples, tmp_path / "p", format="tar", workers=1, quiet=True)
+    counts = m["layout"]["shard_counts"]
+    assert len(counts) >= 8 and counts == [125] * 16
+    assert m["layout"]["shard_size"] == 125 and m["options"]["shard_size"] is None
+    ds = gpufeed.open_dataset(tmp_path / "p", map_style=True)
+    assert len(ds) == 2000 and int(ds[1999][1]) == 1
+
+
+@pytest.mark.parametrize("shard_size, counts", [(1000, [1000, 1000]), (10_000, [2000])])
+def test_an_explicit_shard_size_is_kept(small_samples, tmp_path, shard_size, counts):
+    m = gpufeed.pack(
+        small_samples, tmp_path / "p", format="tar", workers=1, quiet=True, shard_size=shard_size
+    )
+    assert m["layout"]["shard_counts"] == counts and m["layout"]["shard_size"] == shard_size
+
+
+def test_large_samples_are_cut_by_bytes_by_default(tmp_path):
+    """40 samples of 3 MiB: the count rule allows 64 a shard; the default 64 MiB a shard
+    cuts them into two."""
+    from gpufeed.formats.tar_write import DEFAULT_SHARD_BYTES
+
+    def sample(i):
+        return {"x": np.full((1536, 2048), i, np.uint8)}
+
+    m = gpufeed.pack(sample, range(40), tmp_path / "p", format="tar", workers=0, quiet=True)
+    counts = m["layout"]["shard_counts"]
+    assert counts == [21, 19] and m["layout"]["shard_bytes"] == DEFAULT_SHARD_BYTES == 64 << 20
+    for name in m["layout"]["shards"]:
+        assert (tmp_path / "p" / name).stat().st_size <= DEFAULT_SHARD_BYTES
+    ds = gpufeed.open_dataset(tmp_path / "p", map_style=True)
+    assert int(ds[39]["x"][0, 0]) == 39
+
+
+def test_a_pack_with_skipped_files_is_cut_for_the_samples_it_keeps(tmp_path):
+    """The shards are streamed as parts are committed, cut for the folder's 1,100 files (69
+    a shard); 85 skipped, the 1,015 kept are cut again for their own count (64 a shard),
+    read back from the streamed shards."""
+    paths = write_arrays(tmp_path / "src", None, count=1100, seed=4)
+    for p in paths[::13]:
+        p.write_bytes(b"not an array")
+    m = gpufeed.pack(
+        tmp_path / "src", tmp_path / "p", format="tar", workers=1, quiet=True, on_error="skip"
+    )
+    assert m["count"] == 1015 and m["layout"]["shard_counts"] == [64] * 15 + [55]
+    ds = gpufeed.open_dataset(tmp_path / "p", map_style=True)
+    kept = [p for i, p in enumerate(paths) if i % 13]
+    for j in (0, 63, 64, 500, 1014):
+        np.testing.assert_array_equal(ds[j][0].numpy(), np.load(kept[j]))
+    report = gpufeed.verify(tmp_path / "p")  # every shard's sha256, every sample's crc32
+    assert report.ok and report.samples_checked == 1015

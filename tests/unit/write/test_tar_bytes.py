@@ -98,6 +98,30 @@ def test_a_resumed_writer_pack_is_the_same_bytes(in_process, tmp_path):
     assert _files(resumed) == in_process
 
 
+def test_a_default_cut_pack_is_the_same_bytes_streamed_resumed_or_by_workers(tmp_path):
+    """Without shard_size a Writer's stream cuts shards before it knows the count (10,000 a
+    shard: 400 samples in one); closing, it writes the pack again from its parts, cut as
+    the count asks (64 a shard: gpufeed.formats.tar_write.default_shard_size), the bytes a
+    resumed Writer (which knows the count) writes."""
+    opts = {k: v for k, v in OPTS.items() if k not in ("shard_size", "quiet")}
+    fresh = tmp_path / "fresh"
+    m = gpufeed.pack(make, range(N), fresh, workers=0, quiet=True, **opts)
+    assert m["layout"]["shard_counts"] == [64] * 6 + [16]
+    assert not (tmp_path / "fresh.partial").exists()
+    resumed = tmp_path / "resumed"
+    with pytest.raises(RuntimeError), gpufeed.Writer(resumed, **opts) as w:
+        for i in range(200):
+            w.write(make(i))
+        raise RuntimeError("stopped after three committed parts")
+    with gpufeed.Writer(resumed, resume=True, **opts) as w:
+        for i in range(w.written, N):
+            w.write(make(i))
+    gpufeed.pack(make, range(N), tmp_path / "workers", workers=2, quiet=True, **opts)
+    assert _files(fresh) == _files(resumed) == _files(tmp_path / "workers")
+    ds = gpufeed.open_dataset(fresh, map_style=True)
+    assert ds[399]["text"] == make(399)["text"] and ds[0]["label"] == -50
+
+
 def test_short_writes_are_finished(in_process, tmp_path, monkeypatch):
     """The tar writer's os.write may write less than it was given (a signal, a pipe-like
     file system): the rest is written after it, the pack the same bytes."""

@@ -379,6 +379,11 @@ class Writer:
     def abort(self) -> None:
         """Close what is open after a failed write, quietly (the output is discarded)."""
 
+    def needs_rewrite(self) -> bool:
+        """Whether a writer fed as parts were committed must write the pack again from its
+        parts now that every part is in (the tar writer: TarWriter.needs_rewrite)."""
+        return False
+
 
 def make_room(writer: Writer, names: tuple[str, ...], rows: int) -> None:
     """Grow the writer's per-sample index arrays `names` to hold at least `rows` rows (a

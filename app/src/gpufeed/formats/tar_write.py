@@ -23,8 +23,15 @@ SHARD_FORMAT = "shard-{:06d}.tar"
 RECORD = 20 * BLOCK
 # a multi-field pack's samples are assembled and written in runs of about this many bytes
 RUN_BYTES = 8 << 20
+# shard_size and shard_bytes when not given: see default_shard_size. Bytes as MosaicML
+# Streaming's size_limit and LitData's chunk_bytes: a remote shard is fetched whole before its
+# first sample is read, by each worker for its own shard
 DEFAULT_SHARD_SIZE = 10_000
-DEFAULT_SHARD_BYTES = 256 << 20
+DEFAULT_SHARD_BYTES = 64 << 20
+# a small pack is still cut into this many shards (each rank's workers get one to stream)...
+MIN_SHARDS = 16
+# ...of no fewer samples than this
+MIN_SHARD_SIZE = 64
 KEY_FORMAT = "{:09d}"
 
 
@@ -34,20 +41,37 @@ def shard_pattern(n: int) -> str:
     return f"shard-{{{0:06d}..{n - 1:06d}}}.tar"
 
 
+def default_shard_size(count: int | None) -> int:
+    """Samples per shard when shard_size is not given: DEFAULT_SHARD_SIZE, and for a pack of
+    fewer than MIN_SHARDS x that many samples, count / MIN_SHARDS (rounded up; at least
+    MIN_SHARD_SIZE), so that a small pack is still MIN_SHARDS shards to share among ranks and
+    workers. shard_bytes (default DEFAULT_SHARD_BYTES) bounds every shard as well; an explicit
+    shard_size or shard_bytes replaces its default. count None (not known yet): the default."""
+    if count is None:
+        return DEFAULT_SHARD_SIZE
+    return min(DEFAULT_SHARD_SIZE, max(MIN_SHARD_SIZE, -(-count // MIN_SHARDS)))
+
+
 def npy_header(spec: SampleSpec) -> bytes:
     full = npy_bytes(np.zeros(spec.shape, dtype=spec.dtype))
     return full[: len(full) - spec.nbytes]
 
 
 class TarWriter(Writer):
-    """Splits samples into shards of at most `shard_size` samples and `shard_bytes` bytes."""
+    """Splits samples into shards of at most `shard_size` samples and `shard_bytes` bytes
+    (defaults: default_shard_size). Fed as parts are committed (count None), it cuts for the
+    source's item count (options["items"]) when it has one, else for DEFAULT_SHARD_SIZE; see
+    needs_rewrite."""
 
     format_name = "tar"
 
     def __init__(self, out, spec, count, total_bytes, options):
         super().__init__(out, spec, count, total_bytes, options)
         self.spec = spec or SampleSpec("encoded")
-        self.max_count = int(options.get("shard_size") or DEFAULT_SHARD_SIZE)
+        self.chosen = bool(options.get("shard_size"))  # the user's: kept whatever the count
+        self.max_count = int(options.get("shard_size") or 0) or default_shard_size(
+            count if count is not None else options.get("items")
+        )
         self.max_bytes = int(options.get("shard_bytes") or DEFAULT_SHARD_BYTES)
         self.header = npy_header(self.spec) if self.spec.kind == "array" else b""
         # the index, one row per sample; count None (a pack streamed as its parts are
@@ -177,6 +201,18 @@ class TarWriter(Writer):
                 )
             self.pos += len(buf)
             self._write(buf)
+
+    def needs_rewrite(self) -> bool:
+        """Whether the shards written differ from the default cut for the count written (a
+        writer fed as parts are committed chose its shard size before the count was known:
+        a Writer's samples, skipped sources); the pack is then written again from its parts
+        (gpufeed.write.assemble), so a pack's bytes never depend on how it was made. Only
+        a shard that reached either size can have been cut differently."""
+        want = default_shard_size(self.n)
+        if self.chosen or want == self.max_count:
+            return False
+        most = np.bincount(self.shard[: self.n], minlength=1).max()
+        return bool(most >= min(want, self.max_count))
 
     def finish(self) -> dict[str, Any]:
         assert self.count is None or self.n == self.count

@@ -38,7 +38,7 @@ from gpufeed.write.guard import (
 from gpufeed.write.options import MANIFEST_OPTIONS
 from gpufeed.write.scan import Source
 from gpufeed.write.staging import part_path
-from gpufeed.write.streamed import load_part
+from gpufeed.write.streamed import keep_streamed, load_part
 
 __all__ = ["STREAMED_FORMATS", "Stream", "assemble"]
 
@@ -93,9 +93,13 @@ class Stream:
         self.writer = writer_class(self.state["format"])(self.out, spec, None, 0, options)
 
     def finished_writer(self, nparts: int):
-        """The writer that has every one of the nparts parts, else None (stream stopped)."""
+        """The writer that has every one of the nparts parts, else None (stream stopped, or
+        its writer must write the pack again from the parts: Writer.needs_rewrite)."""
         if self.on and self.writer is not None and self.fed == nparts:
-            return self.writer
+            if not self.writer.needs_rewrite():
+                return self.writer
+            self.stop()
+            keep_streamed(self.out.parent)  # the parts' samples, read back from there
         self.stop()
         return None
 
@@ -111,6 +115,7 @@ def _writer_options(state: dict, classes) -> dict[str, Any]:
         "compression": state["compression"],
         "shard_size": state["shard_size"],
         "shard_bytes": state["shard_bytes"],
+        "items": state.get("items"),  # what a streamed writer's default cut goes by
         "container": state["container"],
     }
 
