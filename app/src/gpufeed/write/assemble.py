@@ -31,6 +31,7 @@ from gpufeed.write.guard import (
     OUT_DIR,
     PARTS_DIR,
     REPLACED_DIR,
+    STREAMED_DIR,
     check_removable,
     occupied,
     remove_tree,
@@ -99,7 +100,12 @@ class Stream:
             if not self.writer.needs_rewrite():
                 return self.writer
             self.stop()
-            keep_streamed(self.out.parent)  # the parts' samples, read back from there
+            # the parts' samples are read back from there; a streamed/ there already is an
+            # earlier run's that no part names (a stream runs only when no part was kept)
+            kept = self.out.parent / STREAMED_DIR
+            if kept.exists():
+                remove_tree(kept, "drop output no part names")
+            keep_streamed(self.out.parent)
         self.stop()
         return None
 
