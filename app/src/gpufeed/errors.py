@@ -18,7 +18,8 @@ setting) and what to do. ``exit_code`` is the ``gpufeed`` command's exit status 
         ObjectNotFoundError, BucketNotFoundError, CredentialsError, CacheFullError
 
 Warnings: ShmBudgetWarning (/dev/shm too small for the planned workers), SysinfoWarning (a
-cgroup file could not be read), ShardSplitWarning (DataLoader workers without a shard).
+cgroup file could not be read), ShardSplitWarning (DataLoader workers without a shard),
+TunedBatchSizeWarning (loader settings tuned at another batch size).
 """
 
 from __future__ import annotations
@@ -130,3 +131,8 @@ class SysinfoWarning(UserWarning):
 
 class ShardSplitWarning(UserWarning):
     """Some DataLoader workers got no shard: they idle, and throughput drops."""
+
+
+class TunedBatchSizeWarning(UserWarning):
+    """A loader settings file tuned at one batch size is applied at another: its worker count
+    and prefetch were measured for the batch size it names."""

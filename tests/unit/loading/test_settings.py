@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import inspect
 import json
+import warnings
 from dataclasses import fields
 
 import pytest
 import torch
 from torch.utils.data import Dataset
 
+from gpufeed.errors import TunedBatchSizeWarning
 from gpufeed.loading.make import make_loader
 from gpufeed.loading.settings import (
+    SETTINGS_ENV,
     SETTINGS_KEYS,
     LoaderSettings,
     load_settings,
@@ -87,3 +90,30 @@ def test_with_given_arguments_reports_what_the_caller_passed():
     assert seen == [frozenset({"a"}), frozenset({"a", "b"}), frozenset({"a", "c"})]
     with pytest.raises(TypeError):
         f(1, d=3)
+
+
+def test_a_file_tuned_at_another_batch_size_warns_naming_it_and_both_sizes(tmp_path, monkeypatch):
+    f = tmp_path / "loader.json"
+    f.write_text(json.dumps({"num_workers": 0, "block_size": 8, "_batch_size": 256}))
+    with pytest.warns(TunedBatchSizeWarning) as caught:
+        dl = make_loader(Tiny(), 32, settings=f)
+    message = str(caught[0].message)
+    assert str(f) in message and "batch_size=256" in message and "batch_size=32" in message
+    assert "gpufeed tune" in message and caught[0].filename == __file__
+    assert dl.plan.num_workers == 0 and dl.sampler.block_size == 8  # still applied
+    monkeypatch.setenv(SETTINGS_ENV, str(f))
+    with pytest.warns(TunedBatchSizeWarning, match=f"{SETTINGS_ENV}={f}"):
+        make_loader(Tiny(), 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_loader(Tiny(), 256, settings=f)  # the batch size it was tuned at
+        make_loader(Tiny(), 32, num_workers=0, block_size=8, settings=f)  # nothing from it
+        make_loader(Tiny(), 32, settings={"num_workers": 0})  # no batch size noted
+
+
+@pytest.mark.parametrize("bad", [0, -4, "256", 2.5, True])
+def test_a_settings_files_batch_size_note_is_checked(tmp_path, bad):
+    f = tmp_path / "loader.json"
+    f.write_text(json.dumps({"num_workers": 0, "_batch_size": bad}))
+    with pytest.raises(ValueError, match=rf"_batch_size must be an int >= 1.*\(in {f}\)"):
+        make_loader(Tiny(), 4, settings=f)

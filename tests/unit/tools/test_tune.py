@@ -7,6 +7,7 @@ import json
 import time
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import Dataset
 
@@ -193,3 +194,171 @@ def test_tune_chooses_the_native_decoders_threads(tmp_path, jpeg_folder, monkeyp
     ds = gpufeed.open_dataset(tmp_path / "p", decode=own)
     gpufeed.make_loader(ds, 4, num_workers=0, decoder_threads=3)
     assert own.threads_for(0) == 2
+
+
+# --- decisions from fixed readings: the clock is a parameter, so these never time anything ---
+
+DEFAULT_WORKERS = 0  # what the fake make_loader's defaults pick
+NOISE = (1.0, 0.9, 1.1, 0.95, 1.05)  # a shared machine's swing, reading after reading
+
+
+def fake_plan(dataset, batch_size, settings):
+    """The settings make_loader would run with, as its plan resolves them."""
+    nw = settings.get("num_workers", DEFAULT_WORKERS)
+    prefetch = settings.get("prefetch_factor") or (2 if nw else None)
+    return {
+        "num_workers": nw,
+        "prefetch_factor": prefetch if nw else None,
+        "persistent_workers": bool(nw) and settings.get("persistent_workers", True),
+        "block_size": settings.get("block_size", getattr(dataset, "preferred_block_size", 256)),
+    }
+
+
+class FixedClock:
+    """Readings by worker count, a setting's n-th reading scaled by the n-th factor of
+    ``noise`` (from ``phase`` on); logs every (batch size, settings) it measured, in order."""
+
+    def __init__(self, rates, noise=NOISE, phase=0):
+        self.rates, self.noise, self.phase = rates, noise, phase
+        self.calls: list[tuple[int, dict]] = []
+
+    def __call__(self, dataset, bs, settings, seconds, to_device=None):
+        n = self.phase + sum(c == (bs, dict(settings)) for c in self.calls)
+        self.calls.append((bs, dict(settings)))
+        factor = self.noise[n % len(self.noise)]
+        nw = int(settings.get("num_workers", DEFAULT_WORKERS))
+        return self.rates.get(nw, self.rates[max(self.rates)]) * factor, 0.01
+
+
+def _side_by_side(tuned, rates, clock=None, tuned_bs=256, min_gain=1.05):
+    best = tune_result.Trial(dict(tuned), tuned_bs, 1.0, 0.1, "x")
+    result = tune_result.TuneResult(best=best, trials=[best], cpus=2, seconds=0.0)
+    clock = clock or FixedClock(rates)
+    costs = tune_compare.TrialCosts(clock, fake_plan)
+    deadline = time.perf_counter() + 5
+    tune_compare.compare_side_by_side(
+        CheapDataset(), result, deadline, None, lambda s: None, costs, min_gain, 256
+    )
+    return result, clock
+
+
+def test_a_search_that_ends_at_the_defaults_reports_no_gain_over_them():
+    # the search's best is make_loader's defaults written out (in-process, the default block
+    # size): it was measured as a separate contender and a lucky reading said "1.28x defaults"
+    tuned = {"num_workers": 0, "persistent_workers": True, "block_size": 256}
+    clock = FixedClock({0: 100.0, 2: 80.0, 4: 70.0}, noise=(1.0, 1.28, 0.9, 1.2, 0.95, 1.1))
+    result, clock = _side_by_side(tuned, None, clock)
+    assert result.chosen == "defaults"
+    assert result.ratios()["tuned"] == 1.0  # the same readings: 1.00x, never a gain
+    assert result.comparison["tuned"] == result.comparison["defaults"]
+    assert "= the defaults, measured once" in result.comparison_settings["tuned"]
+    # the defaults' loader was measured once a round, not once as "defaults", once as "tuned"
+    rounds = len([c for c in clock.calls if c[1] == {}])
+    assert rounds >= tune_compare.MIN_ROUNDS
+    assert len(clock.calls) == 3 * rounds  # defaults, 1x cores, 2x cores
+    assert "tuned" not in {k for k, v in result.ratios().items() if v != 1.0}
+
+
+def test_a_gain_within_the_noise_keeps_the_defaults():
+    # 4 workers read 8% faster (their median), past min_gain, but the rounds swing +-10%
+    result, _ = _side_by_side({"num_workers": 4, "prefetch_factor": 2}, {0: 100, 2: 60, 4: 108})
+    assert result.chosen == "defaults", result.verdict
+    assert result.best.settings == {"num_workers": DEFAULT_WORKERS}
+    assert result.verdict.startswith("within noise") and "1.08x" in result.verdict
+    assert result.noise == pytest.approx(0.2 / 1.0, rel=0.01)  # (1.1 - 0.9) / median
+
+
+def test_a_gain_beyond_the_noise_wins():
+    result, _ = _side_by_side({"num_workers": 4, "prefetch_factor": 8}, {0: 100, 2: 60, 4: 150})
+    assert result.chosen == "tuned", result.verdict
+    assert result.best.settings == {"num_workers": 4, "prefetch_factor": 8}
+    assert result.ratios()["defaults"] == pytest.approx(1.5)
+    assert "beyond the noise" in result.verdict
+
+
+def test_without_noise_min_gain_still_holds():
+    steady = FixedClock({0: 100, 2: 60, 4: 103}, noise=(1.0,))
+    result, _ = _side_by_side({"num_workers": 4}, None, steady)
+    assert result.noise == 0.0 and result.chosen == "defaults"
+
+
+def test_rounds_are_interleaved_in_rotated_order():
+    result, clock = _side_by_side({"num_workers": 4, "prefetch_factor": 8}, {0: 1, 2: 1, 4: 1})
+    order = [c[1].get("prefetch_factor", c[1].get("num_workers", "d")) for c in clock.calls]
+    names = order[:4]
+    assert len(set(names)) == 4 and len(order) % 4 == 0 and len(order) >= 8
+    for r in range(len(order) // 4):  # round r starts r places further on
+        k = r % 4
+        assert order[4 * r : 4 * r + 4] == names[k:] + names[:k]
+
+
+def test_decide_needs_the_gain_to_exceed_the_spread():
+    rates = {"defaults": [100, 90, 110], "tuned": [115, 104, 120]}
+    chosen, noise, verdict = tune_compare.decide(rates, {}, 1.05)
+    assert chosen == "defaults" and noise == pytest.approx(0.2) and "within noise" in verdict
+    rates["tuned"] = [130, 128, 131]
+    assert tune_compare.decide(rates, {}, 1.05)[0] == "tuned"
+    twins = {"defaults": rates["defaults"], "tuned": rates["defaults"]}
+    chosen, _, verdict = tune_compare.decide(twins, {"tuned": "defaults"}, 1.05)
+    assert chosen == "defaults" and "make_loader's defaults" in verdict
+
+
+@pytest.mark.parametrize("phase", range(len(NOISE)))
+def test_tune_with_fixed_readings_recommends_the_same_whatever_the_noise_phase(phase):
+    # workers within the noise of in-process: each phase of the same noise used to be able to
+    # tip a one-reading decision (three runs recommended 0, 2, 0 workers)
+    # 10% faster with workers: past min_gain, within the noise (+-10%)
+    clock = FixedClock({0: 100, 1: 60, 2: 110, 3: 109, 4: 108}, phase=phase)
+    result = tune.tune(
+        CheapDataset(),
+        batch_size=64,
+        budget_s=2,
+        batch_sizes=[64],
+        cpus=2,
+        measure=clock,
+        plan=fake_plan,
+    )
+    assert result.chosen == "defaults" and result.best.settings == {"num_workers": 0}
+    assert "within noise" in result.verdict, result.verdict
+
+
+def test_tune_command_prints_the_verdict_and_1x_for_the_defaults(
+    tmp_path, array_folder, capsys, monkeypatch
+):
+    clock = FixedClock({0: 100, 1: 60, 2: 50}, noise=(1.0,))  # the search ends at the defaults
+    monkeypatch.setattr(tune_compare, "measure_settings", clock)
+    monkeypatch.setattr(tune_compare, "loader_settings", fake_plan)
+    dest = tmp_path / "pack"
+    gpufeed.pack(array_folder, dest, format="hdf5", workers=1, quiet=True)
+    out = tmp_path / "loader.json"
+    args = [
+        "tune",
+        str(dest),
+        "-b",
+        "4",
+        "--batch-sizes",
+        "4",
+        "--budget",
+        "2",
+        "--write",
+        str(out),
+    ]
+    assert cli.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "1.00x tuned" in printed and "= the defaults, measured once" in printed, printed
+    assert "the search's best is make_loader's defaults" in printed
+    saved = json.loads(out.read_text())
+    assert saved["_batch_size"] == 4 and saved["measured"]["vs_tuned"] == 1.0
+    assert "noise" in saved["measured"] and saved["measured"]["verdict"]
+
+
+def test_a_tuned_file_applied_at_another_batch_size_warns(tmp_path):
+    from gpufeed.errors import TunedBatchSizeWarning
+
+    best = tune_result.Trial({"num_workers": 0}, 256, 1.0, 0.1, "x")
+    result = tune_result.TuneResult(best=best, trials=[best], cpus=2, seconds=0.0)
+    path = tune.write_settings(result, tmp_path / "loader.json")
+    with pytest.warns(TunedBatchSizeWarning, match="batch_size=256.*batch_size=32") as w:
+        loader = gpufeed.make_loader(CheapDataset(), 32, settings=path)
+    assert str(path) in str(w[0].message) and loader.plan.num_workers == 0
+    assert w[0].filename == __file__  # points at the caller's line

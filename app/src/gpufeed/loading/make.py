@@ -164,7 +164,7 @@ def make_loader(
     seed = _seed_from(seed, generator)
     arguments = locals()  # the tunable ones by LoaderSettings' field names
     tuned, from_settings = resolve_settings(
-        {k: arguments[k] for k in SETTINGS_KEYS}, given, settings
+        {k: arguments[k] for k in SETTINGS_KEYS}, given, settings, batch_size
     )
     tuned = _decide_auto(tuned, dataset)
     _set_decoder_threads(dataset, tuned.decoder_threads)

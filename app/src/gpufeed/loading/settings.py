@@ -4,7 +4,8 @@
 its fields as arguments (with these defaults), the settings file (what ``gpufeed tune
 --write`` makes, env ``GPUFEED_LOADER_SETTINGS``) may set any of them, and ``gpufeed tune``
 searches them. Precedence, explicit: an argument you pass wins (even one equal to its
-default), then the settings file, then the default.
+default), then the settings file, then the default. A file notes the batch size it was tuned
+at (``_batch_size``); applied at another, it warns (:class:`~gpufeed.errors.TunedBatchSizeWarning`).
 
 No torch here: the CLI checks a settings file, and ``gpufeed doctor`` reads it, without
 loading torch.
@@ -16,17 +17,20 @@ import functools
 import inspect
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from gpufeed.data.order import DEFAULT_BUFFER_BLOCKS
+from gpufeed.errors import TunedBatchSizeWarning
 
 __all__ = [
     "CONTEXTS",
     "SETTINGS_ENV",
     "SETTINGS_KEYS",
+    "TUNED_BATCH_SIZE_KEY",
     "LoaderSettings",
     "load_settings",
     "resolve_settings",
@@ -34,6 +38,8 @@ __all__ = [
 ]
 
 SETTINGS_ENV = "GPUFEED_LOADER_SETTINGS"
+# the note in a settings file of the batch size it was tuned at (``gpufeed tune --write``)
+TUNED_BATCH_SIZE_KEY = "_batch_size"
 CONTEXTS = ("fork", "spawn", "forkserver")
 
 
@@ -110,17 +116,29 @@ def load_settings(settings) -> tuple[dict[str, Any], str]:
     for the file env ``GPUFEED_LOADER_SETTINGS`` names (none: ``({}, "")``). Keys starting
     with ``_`` and ``measured`` are notes; any other unknown key is an error, and so is a
     value :class:`LoaderSettings` refuses (named with the file)."""
+    values, _, source = _load(settings)
+    return values, source
+
+
+def _load(settings) -> tuple[dict[str, Any], int | None, str]:
+    """(the settings, the batch size they were tuned at or None, where they came from)."""
     source = "settings"
     if settings is None:
         path = os.environ.get(SETTINGS_ENV)
         if not path:
-            return {}, ""
+            return {}, None, ""
         settings, source = path, f"{SETTINGS_ENV}={path}"
     if isinstance(settings, (str, os.PathLike)):
         source = source if source != "settings" else str(Path(settings))
         settings = _read_file(Path(settings))
     if not isinstance(settings, Mapping):
         raise TypeError(f"settings must be a path or a dict, got {type(settings).__name__}")
+    tuned_at = settings.get(TUNED_BATCH_SIZE_KEY)
+    if tuned_at is not None and not _is_int(tuned_at, 1):
+        raise ValueError(
+            f"{TUNED_BATCH_SIZE_KEY} must be an int >= 1 (the batch size the settings were "
+            f"tuned at), got {tuned_at!r} (in {source})"
+        )
     values = {k: v for k, v in settings.items() if not k.startswith("_") and k != "measured"}
     unknown = sorted(set(values) - set(SETTINGS_KEYS))
     if unknown:
@@ -132,7 +150,7 @@ def load_settings(settings) -> tuple[dict[str, Any], str]:
         LoaderSettings(**values)
     except ValueError as e:
         raise ValueError(f"{e} (in {source})") from None
-    return values, source
+    return values, tuned_at, source
 
 
 def _read_file(path: Path) -> Mapping:
@@ -159,18 +177,36 @@ def _read_file(path: Path) -> Mapping:
 
 
 def resolve_settings(
-    arguments: Mapping[str, Any], given: frozenset[str], settings
+    arguments: Mapping[str, Any],
+    given: frozenset[str],
+    settings,
+    batch_size: int | None = None,
 ) -> tuple[LoaderSettings, tuple[str, ...]]:
     """The settings a loader runs with, and which of them came from the settings file.
 
     ``arguments``: make_loader's values for every key (defaults included); ``given``: the
     names the caller passed. A key passed wins; a key left out takes the settings file's
-    value when the file has one, else its default."""
-    tuned, _ = load_settings(settings)
+    value when the file has one, else its default. A file tuned at another batch size than
+    ``batch_size`` still applies, with a :class:`~gpufeed.errors.TunedBatchSizeWarning`."""
+    tuned, tuned_at, source = _load(settings)
     from_file = tuple(k for k in tuned if k not in given)
+    if from_file and tuned_at is not None and batch_size is not None and tuned_at != batch_size:
+        _warn_batch_size(source, tuned_at, batch_size)
     values = {k: arguments[k] for k in SETTINGS_KEYS}
     values.update({k: tuned[k] for k in from_file})
     return LoaderSettings(**values), from_file
+
+
+def _warn_batch_size(source: str, tuned_at: int, batch_size: int) -> None:
+    # the worker count and prefetch were measured for a batch size: at another, the trade
+    # between per-batch IPC and parallel loading differs
+    warnings.warn(
+        f"{source}: loader settings tuned at batch_size={tuned_at} are applied at "
+        f"batch_size={batch_size}; they may not be the fastest there: run `gpufeed tune PATH "
+        f"--batch-size {batch_size} --write FILE` for this batch size",
+        TunedBatchSizeWarning,
+        stacklevel=5,  # make_loader's caller (past resolve_settings, make_loader, its wrapper)
+    )
 
 
 def with_given_arguments(fn: Callable) -> Callable:

@@ -14,11 +14,19 @@ Not an exhaustive grid: each setting is climbed from a measured start while thro
 6. block size of the block-shuffle sampler (map-style datasets): a quarter and 4x.
 
 Then the winner, ``make_loader``'s defaults and the "1-2x cores" rule of thumb are measured
-again side by side, interleaved, so the reported ratios come from the same minutes of this
-(possibly shared) machine. The recommendation is the fastest there, and differs from the
-defaults only when it beats them by ``min_gain``: a search trial is one short reading, and
-its winner can be a lucky one. The result can be written as the settings file
-``make_loader`` reads (``settings=`` or env ``GPUFEED_LOADER_SETTINGS``).
+again side by side in repeated interleaved rounds, each in a rotated order (A B C, B C A, ...),
+so the reported ratios come from the same minutes of this (possibly shared) machine, and the
+spread across rounds says how noisy those minutes were. The recommendation differs from the
+defaults only when it beats them by more than that noise and by ``min_gain`` (else: "within
+noise", the defaults): a search trial is one short reading, and its winner can be a lucky one.
+A contender that runs with the defaults' own settings is measured once, as the defaults, and
+reported at 1.00x. The result can be written as the settings file ``make_loader`` reads
+(``settings=`` or env ``GPUFEED_LOADER_SETTINGS``); it records the batch size it was tuned at,
+and make_loader warns when it is applied at another.
+
+The measuring is a parameter of :func:`tune` (``measure``, ``plan``; see
+:class:`~gpufeed.tools.tune_compare.TrialCosts`), so the decisions can be tested with fixed
+readings.
 """
 
 from __future__ import annotations
@@ -31,7 +39,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufeed import cliargs
-from gpufeed.tools.tune_compare import TrialCosts, compare_side_by_side, default_workers
+from gpufeed.tools.tune_compare import (
+    MIN_ROUNDS,
+    Measure,
+    PlanOf,
+    TrialCosts,
+    compare_side_by_side,
+    default_workers,
+)
 from gpufeed.tools.tune_result import Trial, TuneResult, snippet, write_settings
 
 __all__ = ["add_arguments", "main", "tune"]
@@ -48,10 +63,16 @@ def tune(
     min_gain: float = 1.05,
     compare: bool = True,
     log: Callable[[str], None] = lambda s: None,
+    measure: Measure | None = None,
+    plan: PlanOf | None = None,
 ) -> TuneResult:
     """Search loader settings for ``dataset`` within ``budget_s`` seconds: every trial's
     start-up and shutdown count against the budget, and a trial that would end past it is
-    not started (the first two, in-process and one worker, always run)."""
+    not started (the first two, in-process and one worker, always run).
+
+    ``measure(dataset, batch_size, settings, seconds, to_device) -> (samples/s, first batch
+    s)`` reads one setting (default: a real loader, timed); ``plan(dataset, batch_size,
+    settings)`` gives the settings make_loader runs with (default: make_loader's plan)."""
     import torch
     from torch.utils.data import IterableDataset
 
@@ -76,6 +97,7 @@ def tune(
         search_end=t_start + budget_s * search_share,
         # about 16 trials fit a search; each at least 0.25 s of steady reading
         trial_s=max(0.25, budget_s * search_share / 16),
+        costs=TrialCosts(measure, plan),
     )
     base: dict[str, Any] = {"pin_memory": cuda, "persistent_workers": True}
     if not iterable:
@@ -145,11 +167,12 @@ class _Search:
     default_workers: int = 0
 
     def compare_reserve(self) -> float:
-        """The least the side-by-side check needs: one round, 0.1 s each, plus start-ups."""
+        """The least the side-by-side check needs: its first rounds (two, for a noise
+        estimate), 0.1 s each, plus start-ups."""
         if not self.compare:
             return 0.0
         ws = (0, self.cpus, 2 * self.cpus, self.default_workers)
-        return sum(0.1 + self.costs.overhead({"num_workers": w}) for w in ws)
+        return MIN_ROUNDS * sum(0.1 + self.costs.overhead({"num_workers": w}) for w in ws)
 
     def fits(self, settings: Mapping[str, Any]) -> bool:
         """A trial starts only if its reading and its overhead end before the search does
@@ -351,13 +374,10 @@ def main(args) -> int:
         f"best: {result.best.describe()}: {result.best.samples_per_s:,.0f} samples/s "
         f"({len(result.trials)} trials, {result.seconds:.0f} s, {result.cpus} usable CPUs)"
     )
+    if result.verdict:
+        print(f"  {result.verdict}")
     for k, r in result.ratios().items():
         print(f"  {r:.2f}x {k.replace('_', ' ')} ({result.comparison_settings[k]})")
-    if result.searched is not None:
-        print(
-            f"  (the search's best, {result.searched.describe()}, measured "
-            f"{result.comparison['tuned']:,.0f} samples/s side by side: not worth a change)"
-        )
     print()
     print(snippet(result, args.path, args.write, args.crop))
     return 0

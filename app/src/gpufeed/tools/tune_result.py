@@ -3,11 +3,13 @@ contenders measured side by side, the settings file ``make_loader`` reads, and a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpufeed.formats.files import atomic_write_json
+from gpufeed.loading.settings import TUNED_BATCH_SIZE_KEY
 
 __all__ = ["Trial", "TuneResult", "snippet", "write_settings"]
 
@@ -37,6 +39,10 @@ class TuneResult:
     # or one that measured faster there (often the defaults: short trials are noisy)
     chosen: str = "tuned"
     searched: Trial | None = None  # the search's winner, when the check chose another
+    # the side-by-side check's noise (the spread across its rounds of the two contenders it
+    # decided between, relative) and its verdict in words ("within noise: ...")
+    noise: float | None = None
+    verdict: str = ""
     # the most one trial's start-up and shutdown took beyond what was measured before it:
     # the part of a run past its budget that the budget could not foresee
     overhead_miss_s: float = 0.0
@@ -49,18 +55,23 @@ class TuneResult:
         return dict(self.best.settings)
 
     def file_content(self) -> dict[str, Any]:
-        """The settings file: make_loader keys, plus ``_batch_size`` and ``measured``
-        (make_loader ignores keys starting with ``_`` and ``measured``)."""
+        """The settings file: make_loader keys, plus ``_batch_size`` (make_loader warns when
+        the file is applied at another batch size) and ``measured`` (notes)."""
         return {
             **self.best.settings,
-            "_batch_size": self.best.batch_size,
+            TUNED_BATCH_SIZE_KEY: self.best.batch_size,
             "_tuned_by": "gpufeed tune",
             "measured": {
                 "samples_per_s": round(self.best.samples_per_s, 1),
                 "cpus": self.cpus,
                 **{f"vs_{k}": round(v, 3) for k, v in self.ratios().items()},
+                **({"noise": round(self.noise, 3)} if self._finite_noise() else {}),
+                **({"verdict": self.verdict} if self.verdict else {}),
             },
         }
+
+    def _finite_noise(self) -> bool:
+        return self.noise is not None and math.isfinite(self.noise)  # JSON has no infinity
 
     def overrun_note(self, budget_s: float) -> str:
         """Why a run outlasted its budget."""
@@ -90,6 +101,8 @@ class TuneResult:
             "comparison_settings": self.comparison_settings,
             "chosen": self.chosen,
             "ratios": self.ratios(),
+            "noise": self.noise if self._finite_noise() else None,
+            "verdict": self.verdict,
             "trials": [
                 {
                     "stage": t.stage,
