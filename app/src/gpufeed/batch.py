@@ -36,6 +36,15 @@ registers it in torch's ``default_collate_fn_map``; every process that holds a R
 has imported it, so a plain ``DataLoader`` collates ragged fields in the main process and in
 its workers, fork or spawn.
 
+Images of different sizes cannot be stacked: an (image, label) batch of them is a UsageError
+saying so and what to do (:func:`mixed_sizes_message`: crop them as they are read with
+``decode=gpufeed.RandomResizedCrop(...)``, or pack them at one size with ``--encode raw
+--resize``), from ``get_batch``, ``make_loader`` and :func:`collate`, never a silent list.
+The samples ``__getitems__`` hands out of such a read are :class:`MixedSizeTensor` s, whose
+type makes torch's ``default_collate`` raise the same error instead of torch's "Trying to
+resize storage that is not resizable"; a ``collate_fn`` of the user's that keeps lists takes
+them as they are.
+
 The rules every stage uses to look inside a batch live here too: how many samples it holds
 (:func:`batch_len`: the loader counts them for resumption, bench and watch for rates), its
 tensors (:func:`iter_tensors`) and their bytes (:func:`batch_nbytes`).
@@ -52,9 +61,12 @@ import torch
 from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 
+from gpufeed.errors import UsageError
+
 __all__ = [
     "Batch",
     "FieldBatch",
+    "MixedSizeTensor",
     "RaggedTensor",
     "batch_len",
     "batch_nbytes",
@@ -63,11 +75,14 @@ __all__ = [
     "collate_ragged",
     "is_batch",
     "iter_tensors",
+    "mixed_sizes",
+    "mixed_sizes_message",
     "new_batch_tensor",
     "pad_fields",
     "plain",
     "ragged",
     "stack",
+    "stack_images",
     "to_batch",
     "to_samples",
 ]
@@ -189,8 +204,11 @@ def ragged(value: torch.Tensor) -> RaggedTensor:
 
 
 def plain(value):
-    """A RaggedTensor as the plain torch.Tensor over the same memory; anything else as it is."""
-    return value.as_subclass(torch.Tensor) if type(value) is RaggedTensor else value
+    """A RaggedTensor or MixedSizeTensor as the plain torch.Tensor over the same memory;
+    anything else as it is."""
+    if type(value) in (RaggedTensor, MixedSizeTensor):
+        return value.as_subclass(torch.Tensor)
+    return value
 
 
 def collate_ragged(batch: Sequence[torch.Tensor], *, collate_fn_map=None):
@@ -204,18 +222,94 @@ def collate_ragged(batch: Sequence[torch.Tensor], *, collate_fn_map=None):
 default_collate_fn_map[RaggedTensor] = collate_ragged
 
 
+class MixedSizeTensor(torch.Tensor):
+    """An image of a read whose images differ in size, as ``__getitems__`` hands it out: a
+    torch.Tensor in every way a user sees (as :class:`RaggedTensor`), whose type makes
+    torch's default_collate raise :func:`mixed_sizes_message` instead of failing to stack
+    them deep inside torch (a worker's "Trying to resize storage that is not resizable")."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __reduce_ex__(self, protocol):
+        return plain(self).__reduce_ex__(protocol)
+
+    def __repr__(self, **kwargs) -> str:
+        return repr(plain(self))
+
+
+def mixed_sizes_message(shapes: Sequence[Sequence[int]], where: str | None = None) -> str:
+    """The one wording of "these images differ in size", and what to do: for the load-time
+    errors here, and for pack and inspect to print when a pack's image sizes vary."""
+    seen: list[list[int]] = []
+    for shape in shapes:
+        if list(shape) not in seen:
+            seen.append(list(shape))
+    shown = ", ".join(str(s) for s in seen[:3]) + (", ..." if len(seen) > 3 else "")
+    return (
+        (f"{where}: " if where else "")
+        + f"the images differ in size ({shown}), so a batch of them cannot be one tensor. "
+        "Crop them to one size as they are read: open_dataset(path, "
+        "decode=gpufeed.RandomResizedCrop(224)) (or a transform that resizes), or pack them "
+        "at one size: gpufeed pack SOURCE DEST --encode raw --resize 224x224. A collate_fn "
+        "that keeps lists (lambda batch: tuple(zip(*batch))) takes them as they are"
+    )
+
+
+def _differ(samples) -> bool:
+    """A list of images (tensors of 2 or more dimensions) whose shapes are not all the same:
+    what no batch tensor can hold (1-D encoded bytes of decode=False stay a list)."""
+    if not isinstance(samples, list) or len(samples) < 2:
+        return False
+    if not all(isinstance(s, torch.Tensor) and s.dim() >= 2 for s in samples):
+        return False
+    return any(s.shape != samples[0].shape for s in samples)
+
+
+def stack_images(samples, where: str | None = None) -> torch.Tensor:
+    """The samples of an (image, label) batch stacked; images of different sizes are a
+    UsageError saying what to do, never a list handed on in place of the tensor."""
+    out = samples if isinstance(samples, torch.Tensor) else stack(samples)
+    if _differ(out):
+        raise UsageError(mixed_sizes_message([s.shape for s in out], where))
+    return out
+
+
+def mixed_sizes(images: Sequence, where: str | None = None) -> Sequence:
+    """The images of one read as a sample path hands them out: as they are, or, when their
+    sizes differ (default_collate cannot stack them), as MixedSizeTensors that make it say
+    so, naming ``where`` (the dataset)."""
+    if not _differ(images):
+        return images
+    out = [image.as_subclass(MixedSizeTensor) for image in images]
+    for image in out:
+        image.gpufeed_where = where
+    return out
+
+
+def collate_mixed_sizes(batch: Sequence[torch.Tensor], *, collate_fn_map=None):
+    """torch's default_collate for MixedSizeTensors: the error saying what to do."""
+    where = getattr(batch[0], "gpufeed_where", None)
+    raise UsageError(mixed_sizes_message([s.shape for s in batch], where))
+
+
+default_collate_fn_map[MixedSizeTensor] = collate_mixed_sizes
+
+
 def _rows(samples) -> Sequence[torch.Tensor]:
     # views into a stacked batch: splitting costs no copy
     return samples.unbind(0) if isinstance(samples, torch.Tensor) else samples
 
 
-def to_samples(samples, labels: np.ndarray, kept: np.ndarray, count: int) -> list:
+def to_samples(
+    samples, labels: np.ndarray, kept: np.ndarray, count: int, where: str | None = None
+) -> list:
     """The ``count`` samples of a read batch, in the order asked for: ``(tensor, int label)``
     (or the field dict of a multi-field pack) at each position in ``kept`` (the positions
     that were read and decoded), ``None`` at the others (skipped as corrupt). ``samples``
     and ``labels`` hold the kept ones, in order."""
     out: list = [None] * count
-    for pos, sample, label in zip(kept.tolist(), _rows(samples), labels.tolist(), strict=True):
+    rows = mixed_sizes(_rows(samples), where)
+    for pos, sample, label in zip(kept.tolist(), rows, labels.tolist(), strict=True):
         out[pos] = sample if isinstance(sample, dict) else (sample, label)
     return out
 
@@ -281,16 +375,17 @@ def pad_fields(batch: FieldBatch, pad: Mapping[str, Any] | None) -> FieldBatch:
     return out
 
 
-def to_batch(samples, labels: np.ndarray, pad: Mapping[str, Any] | None = None):
-    """A read batch as one :class:`Batch` (samples stacked when their shapes agree), or a
-    :class:`FieldBatch` for field dicts or a FieldBatch read as one (``pad``: see
-    collate_fields)."""
+def to_batch(
+    samples, labels: np.ndarray, pad: Mapping[str, Any] | None = None, where: str | None = None
+):
+    """A read batch as one :class:`Batch` (samples stacked; images of different sizes a
+    UsageError naming ``where``, the dataset), or a :class:`FieldBatch` for field dicts or a
+    FieldBatch read as one (``pad``: see collate_fields)."""
     if isinstance(samples, FieldBatch):
         return pad_fields(samples, pad)
     if isinstance(samples, list) and samples and isinstance(samples[0], dict):
         return collate_fields(samples, pad)
-    if not isinstance(samples, torch.Tensor):
-        samples = stack(samples)
+    samples = stack_images(samples, where)
     return Batch(samples, torch.as_tensor(np.asarray(labels, dtype=np.int64)))
 
 
@@ -323,5 +418,5 @@ def collate(data, pad: Mapping[str, Any] | None = None):
             for d in data
         ):
             labels = torch.as_tensor([int(d[1]) for d in data], dtype=torch.int64)
-            return Batch(stack([d[0] for d in data]), labels)
+            return Batch(stack_images([d[0] for d in data]), labels)
     return default_collate(data)

@@ -32,10 +32,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
-from gpufeed.batch import Batch, stack, to_batch, to_samples
+from gpufeed.batch import Batch, stack_images, to_batch, to_samples
 from gpufeed.data.reading import SampleReading, as_index_array, many_indices, one_index
 from gpufeed.errors import UsageError
 from gpufeed.storage.packs import open_reader_at
@@ -122,9 +121,7 @@ class PackedDataset(SampleReading, Dataset):
         keep, payloads = self._read(idx)
         samples, kept = self._to_tensors(idx, keep, payloads)
         if self.batch_transform is not None:
-            if not isinstance(samples, torch.Tensor):
-                samples = stack(samples)
-            samples = self.batch_transform(samples)
+            samples = self.batch_transform(stack_images(samples, self.path))
         return samples, self.reader.labels[idx[kept]], kept
 
     def get_batch(self, indices: Sequence[int]) -> Batch:
@@ -132,13 +129,13 @@ class PackedDataset(SampleReading, Dataset):
         out as one :class:`~gpufeed.batch.Batch` (samples stacked, labels int64), skipped
         samples left out. ``make_loader`` calls it for each batch."""
         samples, labels, _ = self._read_samples(indices)
-        return to_batch(samples, labels, self.pad)
+        return to_batch(samples, labels, self.pad, self.path)
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """PyTorch's batched fetch: the list of what ``self[i]`` returns for each index (a
         skipped sample is ``None``), read in one storage round trip."""
         samples, labels, kept = self._read_samples(indices)
-        return to_samples(self._samples_of(samples), labels, kept, len(indices))
+        return to_samples(self._samples_of(samples), labels, kept, len(indices), self.path)
 
     def __getitem__(self, index):
         if isinstance(index, slice):
