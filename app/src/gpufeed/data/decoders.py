@@ -10,12 +10,15 @@ from __future__ import annotations
 import functools
 import io
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
 from gpufeed.batch import new_batch_tensor
+from gpufeed.data.boxes import check_options
+from gpufeed.errors import UsageError
 from gpufeed.pixels import tensor_to_uint8, to_8bit
 from gpufeed.system import sysinfo
 
@@ -155,6 +158,12 @@ def resize_antialiased(src: torch.Tensor, out: torch.Tensor) -> None:
 BACKENDS = ("auto", "native", "opencv", "torch")
 
 
+def crop_params(boxes: np.ndarray, flips: np.ndarray) -> torch.Tensor:
+    """int64 [N, 5]: each image's crop box (top, left, h, w) and whether it was flipped."""
+    params = np.concatenate([boxes.reshape(-1, 4), flips.reshape(-1, 1)], axis=1)
+    return torch.from_numpy(params.astype(np.int64))
+
+
 def native_status() -> tuple[bool, str]:
     """(whether the native batch decoder gpufeed-jpeg imports, one line naming it or why not)."""
     from gpufeed.data import native_jpeg  # it builds on this module: imported when asked
@@ -233,6 +242,17 @@ class RandomResizedCrop:
     ``dataset[i]`` and ``__getitems__`` give each sample as a [3, H, W] view of it (values
     equal, strides of the batch's layout), and a plain DataLoader's ``default_collate``
     stacks those into a contiguous NCHW batch.
+
+    Boxes (multi-field packs, gpufeed.data.boxes): ``boxes="boxes"`` (a field name, or
+    several) moves that ragged [-1, 4] field with its image as torchvision v2 moves a
+    ``tv_tensors.BoundingBoxes`` through the same crop, resize and flip (``box_format``:
+    "XYXY", "XYWH" or "CXCYWH", in pixels): clamped to the crop, a box left with no area
+    dropped, together with the values of the fields named in ``per_box`` (its label...) at
+    its position. ``return_params=True`` (or a field name) adds a field ``crop_params``:
+    int64 [B, 5], each sample's (top, left, height, width, flipped) in its stored image. A
+    pack with a field that looks like boxes (named box, boxes, bbox or bboxes, or floating
+    [-1, 4]) decoded without ``boxes=`` warns once: those boxes would no longer match the
+    image; ``boxes=()`` says there are none to move.
     """
 
     def __init__(
@@ -245,6 +265,11 @@ class RandomResizedCrop:
         memory_format: torch.memory_format = torch.channels_last,
         threads: int | None = None,
         dct_scaling: bool = False,
+        *,
+        boxes: str | Sequence[str] | None = None,
+        box_format: str = "XYXY",
+        per_box: str | Sequence[str] = (),
+        return_params: bool | str = False,
     ) -> None:
         self.size = (size, size) if isinstance(size, int) else tuple(size)
         if len(self.size) != 2 or min(self.size) < 1:
@@ -275,14 +300,22 @@ class RandomResizedCrop:
         self.threads, self.dct_scaling = threads, bool(dct_scaling)
         self.loader_threads: int | None = None  # make_loader's decoder_threads, when not auto
         self._log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+        self.boxes, self.per_box, self.box_format, self.return_params = check_options(
+            boxes, per_box, box_format, return_params
+        )
 
     def __repr__(self) -> str:
         return (
             f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, "
             f"flip={self.flip}, backend={self.backend!r}, memory_format={self.memory_format}, "
-            f"threads={self.threads}, dct_scaling={self.dct_scaling})"
+            f"threads={self.threads}, dct_scaling={self.dct_scaling}{self._box_repr()})"
             + (f" (loader: {self.loader_threads} threads)" if self.loader_threads else "")
         )
+
+    def _box_repr(self) -> str:
+        text = "" if self.boxes is None else f", boxes={self.boxes}, box_format={self.box_format!r}"
+        text += f", per_box={self.per_box}" if self.per_box else ""
+        return text + (f", return_params={self.return_params!r}" if self.return_params else "")
 
     def threads_for(self, num_workers: int) -> int:
         """Decoder threads per process when the loader runs ``num_workers`` workers (0: the
@@ -337,11 +370,25 @@ class RandomResizedCrop:
     def __call__(self, payloads) -> tuple[torch.Tensor, list[int], list[tuple[int, str]]]:
         """(batch [N, 3, H, W] of the samples that decoded, their positions in ``payloads``,
         (position, problem) for those that did not)."""
+        if self.boxes or self.return_params:
+            raise UsageError(
+                f"{self!r}: boxes= and return_params= need a multi-field pack (samples are "
+                "dicts, with the boxes in a field); this one's samples are (image, label)"
+            )
+        return self.with_params(payloads)[:3]
+
+    def with_params(self, payloads):
+        """``(batch, kept, failed, params)``: as calling it, and the crop each kept image
+        got: int64 [N, 5] (top, left, height, width, flipped) in its stored pixels."""
         if self.backend == "native":
             from gpufeed.data import native_jpeg
 
             return native_jpeg.decode_resized_crops(
-                payloads, self, threads=self.decoder_threads(), dct_scaling=self.dct_scaling
+                payloads,
+                self,
+                threads=self.decoder_threads(),
+                dct_scaling=self.dct_scaling,
+                with_params=True,
             )
         images, kept, failed = [], [], []
         for j, payload in enumerate(payloads):
@@ -356,15 +403,22 @@ class RandomResizedCrop:
         hw = 0 if self.backend == "opencv" else 1  # HWC or CHW
         boxes = self.crop_boxes(
             [im.shape[hw] for im in images], [im.shape[hw + 1] for im in images]
-        ).tolist()
+        )
         if self.backend == "opencv":
-            out = self._resize_opencv(images, boxes)
+            out = self._resize_opencv(images, boxes.tolist())
         else:
-            out = self._resize_torch(images, boxes)
-        if self.flip and kept:
-            flips = (torch.rand(len(kept)) < self.flip).numpy()
+            out = self._resize_torch(images, boxes.tolist())
+        flips = self.draw_flips(len(kept))
+        if flips.any():
             out[flips] = out[flips].flip(-1)
-        return out, kept, failed
+        return out, kept, failed, crop_params(boxes, flips)
+
+    def draw_flips(self, n: int) -> np.ndarray:
+        """bool [n]: which images are mirrored (one draw of torch's generator, none when
+        ``flip`` is 0)."""
+        if self.flip and n:
+            return (torch.rand(n) < self.flip).numpy()
+        return np.zeros(n, dtype=bool)
 
     def _resize_opencv(self, images: list[np.ndarray], boxes: list[list[int]]) -> torch.Tensor:
         cv2 = opencv_backend()[0]

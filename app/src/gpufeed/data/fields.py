@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpufeed.batch import FieldBatch, new_batch_tensor, ragged, stack
+from gpufeed.batch import FieldBatch, mixed_sizes, new_batch_tensor, ragged, stack
+from gpufeed.data.boxes import CropPlan, crop_plan, move_boxes
 from gpufeed.data.decoders import decode_image, raw_bytes_tensor
 from gpufeed.formats.record import (
     Column,
@@ -75,6 +76,7 @@ def decode_batch(
     ``decode`` says (True: decoded, stacked when their sizes agree; False: the encoded
     bytes, 1-D uint8; a batch decoder: its [B, 3, H, W] batch); int and float fields
     int64 and float64 tensors [B]; str, bytes and JSON lists of B."""
+    plan = crop_plan(schema, decode) if callable(decode) else None
     parts = split_records(schema, records)
     problems: Problems = dict(parts.bad)
     columns = [parts.column(k) for k in range(len(schema.fields))]
@@ -86,8 +88,10 @@ def decode_batch(
             lists[field.name] = _python_values(field, columns[k], problems)
         elif field.type != "image":
             _check_sizes(field, columns[k], problems)
+    if plan is not None:
+        _check_box_counts(schema, plan, columns, problems)
     rows = _good(len(records), problems)
-    images: dict[str, tuple[np.ndarray, Any]] = {}
+    images: dict[str, tuple[np.ndarray, Any, Any]] = {}
     for k, field in enumerate(schema.fields):
         if field.type == "image":
             images[field.name] = _images(columns[k], rows, decode, problems)
@@ -95,12 +99,15 @@ def decode_batch(
     out = FieldBatch()
     for k, field in enumerate(schema.fields):
         if field.name in images:
-            out[field.name] = _select(*images[field.name], rows)
+            out[field.name] = _select(*images[field.name][:2], rows)
         elif field.name in lists:
             values = lists[field.name]
             out[field.name] = [values[j] for j in rows.tolist()]
         else:
             out[field.name] = MAKERS[field.type](field, columns[k], rows)
+    if plan is not None:
+        given, _, params = images[plan.image]
+        move_boxes(plan, out, _select(given, params, rows), decode.size)
     failed = sorted((j, f"cannot decode: {p}") for j, p in problems.items())
     return out, rows, failed
 
@@ -232,12 +239,14 @@ def _images(column: Column, rows: np.ndarray, decode, problems: Problems):
     ``problems``."""
     payloads = column.values(rows)
     if callable(decode):
-        batch, kept, failed = decode(payloads)
+        with_params = getattr(decode, "with_params", None)  # RandomResizedCrop: its crops too
+        batch, kept, failed, *params = with_params(payloads) if with_params else decode(payloads)
         for j, problem in failed:
             problems[int(rows[j])] = problem.removeprefix("cannot decode: ")
-        return rows[np.asarray(kept, dtype=np.int64)], batch
+        return rows[np.asarray(kept, dtype=np.int64)], batch, (params or [None])[0]
     if not decode:  # the encoded bytes, 1-D uint8
-        return rows, _one_buffer(payloads, np.dtype(np.uint8), column.sizes[rows][:, None])
+        sizes = column.sizes[rows][:, None]
+        return rows, _one_buffer(payloads, np.dtype(np.uint8), sizes), None
     images, ok = [], []
     for j, payload in zip(rows.tolist(), payloads, strict=True):
         try:
@@ -245,7 +254,22 @@ def _images(column: Column, rows: np.ndarray, decode, problems: Problems):
             ok.append(j)
         except Exception as e:  # noqa: BLE001 - any decoder failure is a corrupt sample
             problems[j] = str(e)
-    return np.asarray(ok, dtype=np.int64), stack(images)
+    return np.asarray(ok, dtype=np.int64), stack(images), None
+
+
+def _check_box_counts(schema: Schema, plan: CropPlan, columns: list, problems: Problems) -> None:
+    """Flag the samples whose per-box fields do not hold one value per box: the boxes
+    dropped by a crop could not take the right ones with them."""
+    k_of = {f.name: k for k, f in enumerate(schema.fields)}
+    boxes = plan.boxes[0]
+    counts = _ragged_shapes(schema.fields[k_of[boxes]], columns[k_of[boxes]])[0][:, 0]
+    for name in plan.per_box:
+        k = k_of[name]
+        other = _ragged_shapes(schema.fields[k], columns[k])[0][:, 0]
+        for j in np.flatnonzero(other != counts).tolist():
+            problems.setdefault(
+                j, f"field {name!r} holds {other[j]} values for the {counts[j]} boxes in {boxes!r}"
+            )
 
 
 def _select(given: np.ndarray, values, rows: np.ndarray):
@@ -266,15 +290,20 @@ def field_rows(schema: Schema, batch: FieldBatch) -> list[dict[str, Any]]:
     """A batch from decode_batch -> its sample dicts, as decode_fields gives them: tensors
     as views of the batch (no copy; ragged fields' as RaggedTensors), int and float fields as
     Python numbers."""
-    columns = []
-    for field in schema.fields:
-        values = batch[field.name]
-        if field.type in NUMBERS:
+    by_name = {field.name: field for field in schema.fields}
+    columns, names = [], list(by_name)
+    names += [name for name in batch if name not in by_name]  # a crop's crop_params
+    for name in names:
+        field = by_name.get(name)
+        values = batch[name]
+        kind = field.type if field is not None else None
+        if kind in NUMBERS:
             values = values.tolist()
         elif isinstance(values, torch.Tensor):
             values = values.unbind(0)
-        if field.type == "ragged":
+        if kind == "ragged":
             values = [ragged(v) for v in values]
+        elif kind == "image":
+            values = mixed_sizes(values)
         columns.append(values)
-    names = schema.names
     return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]

@@ -19,7 +19,12 @@ import numpy as np
 import torch
 
 from gpufeed.batch import new_batch_tensor
-from gpufeed.data.decoders import RandomResizedCrop, decode_rgb, resize_antialiased
+from gpufeed.data.decoders import (
+    RandomResizedCrop,
+    crop_params,
+    decode_rgb,
+    resize_antialiased,
+)
 from gpufeed.system.native import jpeg_module
 
 NOT_A_JPEG = "not a JPEG"
@@ -59,7 +64,8 @@ def decode_resized_crops(
     *,
     threads: int = 1,
     dct_scaling: bool = False,
-) -> tuple[torch.Tensor, list[int], list[tuple[int, str]]]:
+    with_params: bool = False,
+) -> tuple:
     """``crop(payloads)`` with the native decoder: (batch [N, 3, H, W] uint8 in
     ``crop.memory_format``, positions in ``payloads`` of its images, (position, problem) for
     those that did not decode). Payloads that are not JPEGs (PNG, ...) decode the general way
@@ -68,7 +74,8 @@ def decode_resized_crops(
     ``threads``: decoder threads for this call (the caller's thread is one of them).
     ``dct_scaling``: let libjpeg-turbo shrink a box that is at least 2x the output by 2, 4 or 8
     in the IDCT first: faster on large pictures, but no longer torchvision's pixels (see
-    docs/jpeg.md for the measured difference); off by default.
+    docs/jpeg.md for the measured difference); off by default. ``with_params``: also each
+    kept image's crop, int64 [N, 5] (top, left, h, w, flipped), as a fourth value.
     """
     mod = _module()
     sizes, problems = mod.image_sizes(payloads, threads)
@@ -86,9 +93,7 @@ def decode_resized_crops(
     kept_at = np.flatnonzero(sizes[:, 0] >= 0)  # in numpy: no Python step per image
     kept = kept_at.tolist()
     boxes = crop.crop_boxes(sizes[kept_at, 0], sizes[kept_at, 1])
-    flips = np.zeros(len(kept), dtype=bool)
-    if crop.flip and kept:
-        flips = (torch.rand(len(kept)) < crop.flip).numpy()
+    flips = crop.draw_flips(len(kept))
     height, width = crop.size
     out = new_batch_tensor((len(kept), height, width, 3))
     rows = out.numpy()
@@ -115,10 +120,13 @@ def decode_resized_crops(
         failed += [(kept[n], f"cannot decode: {problem}") for n, problem in broken]
         keep = [n for n in range(len(kept)) if n not in bad]
         out, kept = out[keep], [kept[n] for n in keep]
+        boxes, flips = boxes[keep], flips[keep]
         failed.sort()
     nchw = out.permute(0, 3, 1, 2)  # channels_last: the decoder's HWC memory
     if crop.memory_format == torch.contiguous_format:
         nchw = nchw.contiguous()
+    if with_params:
+        return nchw, kept, failed, crop_params(boxes, flips)
     return nchw, kept, failed
 
 

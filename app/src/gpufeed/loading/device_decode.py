@@ -73,6 +73,12 @@ class DeviceDecode:
     ) -> None:
         if not isinstance(crop, RandomResizedCrop):
             raise TypeError(f"decode must be a gpufeed.RandomResizedCrop, got {crop!r}")
+        if crop.boxes or crop.return_params:
+            raise UsageError(
+                f"{crop!r}: boxes= and return_params= are for a crop in the dataset "
+                "(open_dataset(path, decode=crop) over a multi-field pack); the device decodes "
+                "(image, label) batches, which carry neither"
+            )
         self.crop, self.device = crop, device
         # torchvision's batched decode on ``device`` (None: when it is a GPU), else the
         # crop's CPU backend; the batched path runs on the CPU too (its tests do)
