@@ -12,7 +12,10 @@ import numpy as np
 
 from gpufeed.formats.pagecache import mincore_sees
 
-__all__ = ["drop_all_caches", "resident_fraction"]
+__all__ = ["NOT_COLD", "drop_all_caches", "resident_fraction"]
+
+# a cold pass with more of its files still cached after the eviction is marked "not cold"
+NOT_COLD = 0.05
 
 
 def resident_fraction(paths: list[str]) -> float:

@@ -10,11 +10,12 @@ pass (for the peers also the choice of their best worker count), then ``--runs``
 passes, each capped at ``--cap`` seconds from the first batch; the median counts. The rows
 of a case take turns (bench/rowproc.py): one pass at a time, pass k of every row before pass
 k + 1 of any, so that the machine's drift over minutes falls on every row alike (under a
-memory limit, or with --one-row-at-a-time, each row runs alone, one after another). Besides
-the steady rate (timed from the first batch), each pass gives its whole-pass rate (from
-the loader's making, the first batch's wait included) and, cold, how much of the row's
-files was in the page cache by its first batch: what a loader read before it is left out
-of the steady rate.
+memory limit, or with --one-row-at-a-time, each row runs alone, one after another). Each
+pass gives its steady rate (timed from the first batch), its whole pass (from the loader's
+making to its last batch, the first batch's wait included) and, cold, how much of the
+row's files was in the page cache by its first batch. Cold, the whole pass is the headline
+(what a user waits for: a loader that reads most of a small file before its first batch
+shows a warm steady rate); warm, the steady rate is (bench/report.py).
 
 Cold cache: before every timed pass each of the row's files is dropped from the page cache
 with posix_fadvise(DONTNEED), which needs no root (and with --drop-caches, as root, also
@@ -25,9 +26,10 @@ sample file (the mmap pack's, which holds nothing but the samples) into a buffer
 batch's bytes, after eviction when cold, and the same read from the page cache, a memory
 copy, when warm.
 
-The suite prints its table last and exits 0 only when every row ran (a peer that is not
-installed counts as not run, except FFCV, whose absence is reported). It does not assert
-speeds; docs/benchmarks.md discusses them.
+The suite writes its results (bench/report.py: results.json, results.md, latest.md, a chart),
+prints its table last and exits 0 only when every row ran (a peer that is not installed
+counts as not run, except FFCV, whose absence is reported). It does not assert speeds;
+docs/benchmarks.md discusses them.
 """
 
 from __future__ import annotations
@@ -42,8 +44,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -51,6 +51,7 @@ if str(REPO) not in sys.path:
 from bench import data as bdata  # noqa: E402
 from bench import peers as bpeers  # noqa: E402
 from bench import read_as as bread_as  # noqa: E402
+from bench import report as breport  # noqa: E402
 from bench import rowproc  # noqa: E402
 from bench.pagecache import drop_all_caches, resident_fraction  # noqa: E402
 
@@ -195,9 +196,6 @@ def prepare(case, row: str) -> dict:
 # ------------------------------------------------------------------- measuring
 
 
-NOT_COLD = 0.05  # a cold pass with more of its files still cached is marked "not cold"
-
-
 def evict(paths: list[str], drop_caches: bool = False) -> None:
     maps = sys.modules.get("gpufeed.formats.maps")
     if maps is not None:
@@ -330,7 +328,9 @@ def one_pass(case, row, *, shuffle, workers, batch_size, cap_s, seed=0, files=No
     return {
         "samples_per_s": r.samples_per_s,
         "first_batch_s": first,
-        # the whole pass from the loader's making: what was read before the first batch counts
+        # the whole pass, from the loader's making to its last batch: what was read before the
+        # first batch counts
+        "pass_s": first + r.seconds,
         "pass_samples_per_s": r.samples / (first + r.seconds) if r.samples else 0.0,
         "cached_at_first": seen.get("cached"),
         "samples": r.samples,
@@ -368,81 +368,113 @@ def read_files(paths: list[str]) -> None:
                 pass
 
 
+def _warm_up(case, row: str, spec: dict, ci: int, cache: str, shuffle: bool, out: dict):
+    """A condition's warm-up pass; for a peer's first condition, the choice of its worker
+    count too (``out["workers_tried"]``). The worker count the row's passes use."""
+    bs, cap, files = spec["batch_size"], spec["cap"], spec["files"]
+    workers = out.get("workers", 0)
+    if spec["quick"] and ci > 0:
+        # QUICK: the row's first condition warmed it up; a warm condition only needs the
+        # row's files in the page cache
+        if cache == "warm":
+            read_files(files)
+    elif row.startswith("peer:") and ci == 0:
+        # the peer's best worker count here (its warm-up too): fastest of 1x and 2x cores
+        tried = {}
+        n = cpus()
+        # QUICK checks that every row runs: one worker count (each try pays start-up)
+        for w in (n,) if spec["quick"] else (n, 2 * n):
+            tried[w] = one_pass(case, row, shuffle=shuffle, workers=w, batch_size=bs, cap_s=cap)[
+                "samples_per_s"
+            ]
+        workers = max(tried, key=tried.get)
+        out["workers_tried"] = tried
+    else:
+        one_pass(case, row, shuffle=shuffle, workers=workers, batch_size=bs, cap_s=cap)
+    return workers
+
+
+def _timed_passes(case, row: str, spec: dict, cache: str, shuffle: bool, workers: int):
+    """The condition's timed passes, one turn each: (passes, share cached after each
+    eviction)."""
+    files = spec["files"]
+    passes, resident = [], []
+    for k in range(spec["runs"]):
+        rowproc.wait_turn()  # each timed pass: one turn, its eviction included
+        if cache == "cold":
+            evict(files, spec["drop_caches"])
+            resident.append(cached_share(files))
+        else:  # the other rows' passes since this row's last may have pushed its files out
+            read_files(files)
+        passes.append(
+            one_pass(
+                case,
+                row,
+                shuffle=shuffle,
+                workers=workers,
+                batch_size=spec["batch_size"],
+                cap_s=spec["cap"],
+                seed=k + 1,
+                files=files if cache == "cold" else None,
+            )
+        )
+    return passes, resident
+
+
+def _condition_summary(passes: list[dict], resident: list[float]) -> dict:
+    """A condition's medians over its timed passes, and each pass's rates."""
+
+    def median(key):
+        return statistics.median(p[key] for p in passes)
+
+    cached = [c for p in passes if (c := p["cached_at_first"]) is not None and c == c]
+    return {
+        "samples_per_s": median("samples_per_s"),
+        "first_batch_s": median("first_batch_s"),
+        "pass_s": median("pass_s"),
+        "pass_samples_per_s": median("pass_samples_per_s"),
+        "cached_at_first_batch": statistics.median(cached) if cached else None,
+        "runs": [p["samples_per_s"] for p in passes],
+        "pass_runs": [p["pass_samples_per_s"] for p in passes],
+        "samples_per_run": [p["samples"] for p in passes],
+        # the worst pass; NaN (cannot tell) wins over any number
+        "resident_after_evict": max(resident, key=lambda r: (r != r, r)) if resident else None,
+    }
+
+
+def _row_workers(row: str, workers: int) -> dict:
+    """The worker count a row ran with (gpufeed's: make_loader's plan, with its reason)."""
+    kind, _, arg = row.partition(":")
+    if kind == "gpufeed":
+        from gpufeed.loading.plan import cached_plans
+
+        plans = cached_plans()
+        return {
+            "workers": plans[-1][0] if plans else None,
+            "plan": plans[-1][1] if plans else None,  # make_loader's reason, with its numbers
+        }
+    return {"workers": int(arg) if kind == "perfile" else workers}
+
+
 def run_row(spec: dict) -> dict:
     """In the row's own process: every condition, warm-up first, then the timed passes."""
     case = next(c for c in bdata.cases(Path(spec["data"]), spec["quick"]) if c.name == spec["case"])
     row = spec["row"]
-    kind = row.partition(":")[0]
-    files = data_files(store_dir(case, row))
-    bs, cap, runs = spec["batch_size"], spec["cap"], spec["runs"]
-    n = cpus()
-    workers = 0
+    spec = dict(spec, files=data_files(store_dir(case, row)))
     out = {"conditions": {}}
     if case.crop:
         # the decoder and the transform's imports, once here: forked workers inherit them
         # instead of each importing torchvision on its first sample (seconds per pass)
         bdata.decode_jpeg_bytes(Path(case.files()[0]).read_bytes())
         bdata.Augment(case.crop)(torch_zeros_image(case.shape))
+    workers = 0
     for ci, (cache, order) in enumerate(spec["conditions"]):
         shuffle = order == "shuffled"
         rowproc.wait_turn()  # the warm-up: one turn
-        if spec["quick"] and ci > 0:
-            # QUICK: the row's first condition warmed it up; a warm condition only needs the
-            # row's files in the page cache
-            if cache == "warm":
-                read_files(files)
-        elif kind == "peer" and ci == 0:
-            # the peer's best worker count here (its warm-up too): fastest of 1x and 2x cores
-            tried = {}
-            # QUICK checks that every row runs: one worker count (each try pays start-up)
-            for w in (n,) if spec["quick"] else (n, 2 * n):
-                tried[w] = one_pass(
-                    case, row, shuffle=shuffle, workers=w, batch_size=bs, cap_s=cap
-                )["samples_per_s"]
-            workers = max(tried, key=tried.get)
-            out["workers_tried"] = tried
-        else:
-            one_pass(case, row, shuffle=shuffle, workers=workers, batch_size=bs, cap_s=cap)
-        passes, resident = [], []
-        for k in range(runs):
-            rowproc.wait_turn()  # each timed pass: one turn, its eviction included
-            if cache == "cold":
-                evict(files, spec["drop_caches"])
-                resident.append(cached_share(files))
-            else:  # the other rows' passes since this row's last may have pushed its files out
-                read_files(files)
-            passes.append(
-                one_pass(
-                    case,
-                    row,
-                    shuffle=shuffle,
-                    workers=workers,
-                    batch_size=bs,
-                    cap_s=cap,
-                    seed=k + 1,
-                    files=files if cache == "cold" else None,
-                )
-            )
-        cached = [c for p in passes if (c := p["cached_at_first"]) is not None and c == c]
-        out["conditions"][f"{cache}/{order}"] = {
-            "samples_per_s": statistics.median(p["samples_per_s"] for p in passes),
-            "first_batch_s": statistics.median(p["first_batch_s"] for p in passes),
-            "pass_samples_per_s": statistics.median(p["pass_samples_per_s"] for p in passes),
-            "cached_at_first_batch": statistics.median(cached) if cached else None,
-            "runs": [p["samples_per_s"] for p in passes],
-            "samples_per_run": [p["samples"] for p in passes],
-            # the worst pass; NaN (cannot tell) wins over any number
-            "resident_after_evict": max(resident, key=lambda r: (r != r, r)) if resident else None,
-        }
-    out["workers"] = workers if kind == "peer" else None
-    if kind == "gpufeed":
-        from gpufeed.loading.plan import cached_plans
-
-        plans = cached_plans()
-        out["workers"] = plans[-1][0] if plans else None
-        out["plan"] = plans[-1][1] if plans else None  # make_loader's reason, with its numbers
-    elif kind == "perfile":
-        out["workers"] = int(row.partition(":")[2])
+        workers = out["workers"] = _warm_up(case, row, spec, ci, cache, shuffle, out)
+        passes, resident = _timed_passes(case, row, spec, cache, shuffle, workers)
+        out["conditions"][f"{cache}/{order}"] = _condition_summary(passes, resident)
+    out.update(_row_workers(row, workers))
     return out
 
 
@@ -509,261 +541,6 @@ def store_in_child(data_root: Path, case, row: str, quick: bool, log) -> dict:
     return info
 
 
-# ------------------------------------------------------------------- reporting
-
-
-def build_table(results: dict) -> list[dict]:
-    table = []
-    for case_name, cr in results["cases"].items():
-        bound = cr["bound"]
-        sample_bytes = cr["sample_bytes"]
-        for cond in cr["conditions"]:
-            cache = cond.split("/")[0]
-            base = cr["rows"].get("perfile:0", {}).get("conditions", {}).get(cond)
-            for row, rr in cr["rows"].items():
-                if "error" in rr or "skipped" in rr:
-                    table.append(
-                        {
-                            "case": case_name,
-                            "condition": cond,
-                            "row": rr["label"],
-                            "status": rr.get("error") or rr.get("skipped"),
-                        }
-                    )
-                    continue
-                c = rr["conditions"][cond]
-                sps = c["samples_per_s"]
-                resident = c.get("resident_after_evict")
-                label = rr["label"]
-                if resident is not None and resident > NOT_COLD:  # NaN: cannot tell
-                    label += f" (not cold: {resident:.0%} of its files stayed cached)"
-                table.append(
-                    {
-                        "case": case_name,
-                        "condition": cond,
-                        "row": label,
-                        "resident_after_evict": resident,
-                        "key": row,
-                        "samples_per_s": sps,
-                        "MBps": sps * sample_bytes / 1e6,
-                        "vs_perfile": sps / base["samples_per_s"] if base else None,
-                        "vs_bound": sps / bound[cache]["samples_per_s"],
-                        "first_batch_s": c["first_batch_s"],
-                        "pass_samples_per_s": c.get("pass_samples_per_s"),
-                        # pass k of every row in the same round: comparable pass by pass
-                        "runs": c.get("runs") if results.get("rows_took_turns") else None,
-                        "cached_at_first_batch": c.get("cached_at_first_batch"),
-                        "peak_rss_MB": rr["peak_rss_bytes"] / 1e6,
-                        "disk_MB": rr["disk_bytes"] / 1e6,
-                        "workers": rr.get("workers"),
-                    }
-                )
-            table.append(
-                {
-                    "case": case_name,
-                    "condition": cond,
-                    "row": "read bound",
-                    "samples_per_s": bound[cache]["samples_per_s"],
-                    "MBps": bound[cache]["MBps"],
-                    "vs_bound": 1.0,
-                }
-            )
-    return table
-
-
-def fmt_table(table: list[dict]) -> str:
-    head = (
-        "case",
-        "cache/order",
-        "row",
-        "samples/s",
-        "MB/s",
-        "x per-file",
-        "vs bound",
-        "1st batch s",
-        "whole pass samples/s",
-        "cached at 1st batch",
-        "peak RSS MB",
-        "disk MB",
-        "workers",
-    )
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for t in table:
-        if "status" in t:
-            lines.append(
-                f"| {t['case']} | {t['condition']} | {t['row']} | not run: "
-                f"{t['status']} |" + " |" * (len(head) - 4)
-            )
-            continue
-
-        def f(key, spec, t=t):
-            v = t.get(key)
-            return "" if v is None else format(v, spec)
-
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    t["case"],
-                    t["condition"],
-                    t["row"],
-                    f("samples_per_s", ",.0f"),
-                    f("MBps", ",.1f"),
-                    f("vs_perfile", ".1f"),
-                    f("vs_bound", ".0%"),
-                    f("first_batch_s", ".2f"),
-                    f("pass_samples_per_s", ",.0f"),
-                    f("cached_at_first_batch", ".0%"),
-                    f("peak_rss_MB", ",.0f"),
-                    f("disk_MB", ",.0f"),
-                    str(t.get("workers", "") or ("0" if t.get("workers") == 0 else "")),
-                ]
-            )
-            + " |"
-        )
-    return "\n".join(lines)
-
-
-def _ratio(r: float, against: str) -> str:
-    if against == "read bound":
-        return f"{r:.0%}"
-    return f"{r:,.0f}x" if r >= 10 else f"{r:.2f}x"
-
-
-def ratio_tables(table: list[dict]) -> str:
-    """Per case: each gpufeed format's samples/s over every other row of the same condition
-    (the per-file baselines, the peers, the read bound), one markdown table."""
-    out = []
-    for case in dict.fromkeys(t["case"] for t in table):
-        rows = [t for t in table if t["case"] == case and "samples_per_s" in t]
-        formats = list(
-            dict.fromkeys(t["key"] for t in rows if t.get("key", "").startswith("gpufeed:"))
-        )
-        if not formats:
-            continue
-        out += [
-            f"`{case}`: each gpufeed format's samples/s over the row named (in brackets, the "
-            "lowest and highest of its passes over the other row's pass in the same round)",
-            "",
-            "| condition | vs | " + " | ".join(f[8:] for f in formats) + " |",
-            "|---|---|" + "---|" * len(formats),
-        ]
-        for cond in dict.fromkeys(t["condition"] for t in rows):
-            here = {t.get("key", t["row"]): t for t in rows if t["condition"] == cond}
-            for key, other in here.items():
-                if key in formats:
-                    continue
-                cells = [
-                    _ratio(here[f]["samples_per_s"] / other["samples_per_s"], key)
-                    + _by_round(here[f], other)
-                    if f in here and other["samples_per_s"]
-                    else ""
-                    for f in formats
-                ]
-                out.append(f"| {cond} | {other['row']} | " + " | ".join(cells) + " |")
-                if cond.startswith("cold/") and key.startswith("peer:"):
-                    out.append(_whole_pass_ratios(cond, other, [here.get(f) for f in formats]))
-        out.append("")
-    return "\n".join(out)
-
-
-def _by_round(mine: dict, peer: dict) -> str:
-    """The range of a format's rate over a peer's, pass by pass (the rows take turns: pass k
-    of each ran in the same round), where both ran several; else nothing."""
-    a, b = mine.get("runs") or [], peer.get("runs") or []
-    if len(a) < 2 or len(a) != len(b) or not all(b):
-        return ""
-    ratios = [x / y for x, y in zip(a, b, strict=True)]
-    return f" ({min(ratios):.2f}-{max(ratios):.2f})"
-
-
-def _whole_pass_ratios(cond: str, peer: dict, mine: list[dict | None]) -> str:
-    """A ratio-table line: each format's whole-pass samples/s (the first batch's wait
-    included) over a peer's, for a cold condition, where a rate timed from the first batch
-    misses what a peer read before it (FFCV: most of its file, docs/benchmarks.md)."""
-    theirs = peer.get("pass_samples_per_s")
-    cells = [
-        _ratio(t["pass_samples_per_s"] / theirs, "")
-        if t and theirs and t.get("pass_samples_per_s")
-        else ""
-        for t in mine
-    ]
-    return f"| {cond} | {peer['row']}, whole pass | " + " | ".join(cells) + " |"
-
-
-def goals(table: list[dict]) -> list[str]:
-    """Where each speed goal stands (no assertion: the note reports it)."""
-    out = []
-    by = {}
-    for t in table:
-        if "samples_per_s" in t and "key" in t:
-            by.setdefault((t["case"], t["condition"]), {})[t["key"]] = t
-    for (case, cond), rows_ in sorted(by.items()):
-        g = {k: v for k, v in rows_.items() if k.startswith("gpufeed:")}
-        p = {k: v for k, v in rows_.items() if k.startswith("peer:")}
-        if not g:
-            continue
-        worst = min(g.values(), key=lambda t: t["samples_per_s"])
-        line = f"{case} {cond}: slowest gpufeed format {worst['key'][8:]} "
-        if worst.get("vs_perfile"):
-            line += f"{worst['vs_perfile']:.1f}x per-file"
-        if p:
-            bp = max(p.values(), key=lambda t: t["samples_per_s"])
-            line += (
-                f"; {worst['samples_per_s'] / bp['samples_per_s']:.2f}x the best peer "
-                f"({bp['key'][5:]})"
-            )
-            cached = bp.get("cached_at_first_batch")
-            if cached is not None and cached > NOT_COLD:
-                line += f", which had {cached:.0%} of its files cached by its first batch"
-            if worst.get("pass_samples_per_s") and bp.get("pass_samples_per_s"):
-                whole = worst["pass_samples_per_s"] / bp["pass_samples_per_s"]
-                line += f"; whole pass {whole:.2f}x"
-        best = max(g.values(), key=lambda t: t["samples_per_s"])
-        line += f"; best gpufeed {best['key'][8:]} at {best['vs_bound']:.0%} of the read bound"
-        out.append(line)
-    return out
-
-
-def chart(table: list[dict], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    groups = [(c, k) for c, k in dict.fromkeys((t["case"], t["condition"]) for t in table)]
-    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 2.6 * len(groups)))
-    axes = np.atleast_1d(axes)
-    for ax, (case, cond) in zip(axes, groups, strict=True):
-        ts = [
-            t
-            for t in table
-            if t["case"] == case and t["condition"] == cond and "samples_per_s" in t
-        ]
-        names = [t["row"] for t in ts]
-        vals = [t["samples_per_s"] for t in ts]
-        colors = [
-            "#2b7bba"
-            if t["row"].startswith("gpufeed")
-            else "#999999"
-            if t["row"] == "read bound"
-            else "#d95f02"
-            if t["row"].startswith("per-file")
-            else "#66a61e"
-            for t in ts
-        ]
-        ax.barh(names, vals, color=colors)
-        ax.set_xscale("log")
-        ax.invert_yaxis()
-        ax.set_title(f"{case}, {cond}: samples/s (log scale)", fontsize=9)
-        ax.tick_params(labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return True
-
-
 # ------------------------------------------------------------------- main
 
 
@@ -778,74 +555,80 @@ def run_rows(specs: dict[str, dict], one_at_a_time: bool, timeout: float, log):
     yield from rowproc.run_in_turns(child_task, specs, timeout, MODULE, log).items()
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
+    add = ap.add_argument
+    add(
         "--quick",
         action="store_true",
         default=os.environ.get("QUICK") == "1",
         help="a tenth of the data, short passes (env QUICK=1)",
     )
-    ap.add_argument(
+    add(
         "--data",
         default=os.environ.get("BENCH_DATA", "/tmp/gpufeed-bench"),
         help="where the generated data lives (kept between runs)",
     )
-    ap.add_argument(
+    add(
         "--out",
         default=os.environ.get("BENCH_OUT", "bench/results"),
-        help="results.json, results.md and benchmarks.png go here",
+        help="results.json, results.md, latest.md and benchmarks.png go here",
     )
-    ap.add_argument("--rows", default=None, help="only rows whose key matches this regex")
-    ap.add_argument(
+    add("--rows", default=None, help="only rows whose key matches this regex")
+    add(
         "--cases",
         default=None,
         help="only these cases, comma-separated (by default all but "
         f"{', '.join(sorted(bdata.OPT_IN))}, which run only when named)",
     )
-    ap.add_argument(
+    add(
         "--runs",
         type=int,
         default=None,
         help="timed passes per row and condition (default 3, quick 1)",
     )
-    ap.add_argument(
+    add(
         "--cap",
         type=float,
         default=None,
         help="seconds per pass from the first batch (default 8, quick 0.3)",
     )
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument(
+    add("--batch-size", type=int, default=256)
+    add(
         "--drop-caches",
         action="store_true",
         help="also echo 3 > /proc/sys/vm/drop_caches before cold passes (root)",
     )
-    ap.add_argument(
+    add(
         "--row-timeout",
         type=float,
         default=None,
         help="seconds one row may take to set up, or for one turn (a pass; the first of a "
         "condition also warms up), before it is killed and marked failed (default 900, quick 120)",
     )
-    ap.add_argument(
+    add(
         "--read-as",
         default=os.environ.get("BENCH_READ_AS") or None,
         metavar="UID[:GID]",
         help="write the packs as root, read them in each row's process as this user: the "
         "images' case (uid 1000 over data it does not own); env BENCH_READ_AS",
     )
-    ap.add_argument(
+    add(
         "--one-row-at-a-time",
         action="store_true",
         help="run each row's passes alone, one row after another, instead of the rows taking "
         "turns pass by pass (the default, except under a memory limit)",
     )
-    ap.add_argument("--child", help=argparse.SUPPRESS)
+    add("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.child:
-        rowproc.child_main(child_task, json.loads(args.child))
-        return 0
+    args.cap = args.cap or (0.3 if args.quick else 8.0)
+    args.runs = args.runs or (1 if args.quick else 3)
+    args.row_timeout = args.row_timeout or (120 if args.quick else 900)
+    return args
+
+
+def check_args(args) -> tuple[int, int] | None:
+    """Refuse up front what cannot work here; the user rows read as (--read-as), if any."""
     if args.drop_caches and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
         raise SystemExit(
             "--drop-caches: /proc/sys/vm/drop_caches is not writable here (needs root, and in "
@@ -854,29 +637,22 @@ def main(argv=None) -> int:
     read_as = bread_as.parse_user(args.read_as) if args.read_as else None
     if read_as:
         bread_as.check_can_read_as()
-    cap = args.cap or (0.3 if args.quick else 8.0)
-    runs = args.runs or (1 if args.quick else 3)
-    args.row_timeout = args.row_timeout or (120 if args.quick else 900)
-    data_root = Path(args.data) / ("quick" if args.quick else "full")
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
+    return read_as
 
-    def log(msg):
-        print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
+def run_settings(args, data_root: Path, read_as, log) -> dict:
+    """The results' header: the machine and the run's settings, logged where they matter."""
     import torch
 
     from gpufeed.system.sysinfo import cgroup_memory_limit, read_ahead_kb
 
-    data_root.mkdir(parents=True, exist_ok=True)
     results = {
         "quick": args.quick,
         "cpus": cpus(),
         "torch": torch.__version__,
         "batch_size": args.batch_size,
-        "runs": runs,
-        "cap_s": cap,
+        "runs": args.runs,
+        "cap_s": args.cap,
         # how much a page fault through a memory map reads around it (FFCV's cold reads)
         "read_ahead_kb": read_ahead_kb(data_root.parent),
         # the container's memory limit (make bench BENCH_MEMORY=...): page cache and processes
@@ -894,101 +670,117 @@ def main(argv=None) -> int:
         log(f"rows read as {results['read_as']}, over packs written as root")
     # under a memory limit every row's process alive at once would share it (and one was
     # killed for it): each row runs alone there, with the whole limit, as it does by choice
-    one_at_a_time = args.one_row_at_a_time or bool(results["memory_limit_bytes"])
-    results["rows_took_turns"] = not one_at_a_time
-    if one_at_a_time:
+    alone = args.one_row_at_a_time or bool(results["memory_limit_bytes"])
+    results["rows_took_turns"] = not alone
+    if alone:
         log("rows run one after another" + ("" if args.one_row_at_a_time else " (memory limit)"))
+    return results
+
+
+def store_rows(case, cr: dict, args, data_root: Path, log) -> tuple[list[str], bool]:
+    """Store the case for every row that applies: (the rows to measure, whether every row
+    that should run could)."""
+    todo, all_ran = [], True
+    for label, row in rows():
+        if (args.rows and not re.search(args.rows, row)) or not row_applies(case, row):
+            continue
+        entry = cr["rows"][row] = {"label": row_label(case, label)}
+        why = bpeers.missing(row[5:]) if row.startswith("peer:") else None
+        if why:
+            entry["skipped"] = why
+            all_ran &= row[5:] in OPTIONAL_ROWS
+            log(f"  {row}: not run: {why}")
+            continue
+        try:
+            entry.update(store_in_child(data_root, case, row, args.quick, log))
+            todo.append(row)
+        except Exception as exc:  # noqa: BLE001 - the table says which row failed and why
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            all_ran = False
+            log(f"  {row}: store failed: {entry['error']}")
+    return todo, all_ran
+
+
+def measure_rows(case, cr: dict, todo: list[str], args, base: dict, log) -> bool:
+    """Run the case's rows (taking turns, or one after another) into ``cr["rows"]``:
+    whether every one ran."""
+    spec = dict(base, case=case.name, batch_size=cr["batch_size"])
+    spec["conditions"] = [c.split("/") for c in cr["conditions"]]
+    specs = {row: dict(spec, row=row) for row in todo}
+    all_ran = True
+    alone = not base["rows_took_turns"]
+    for row, (code, stdout, stderr, rss_peak) in run_rows(specs, alone, args.row_timeout, log):
+        res, why = rowproc.result(code, stdout, stderr)
+        if res is None:
+            cr["rows"][row]["error"] = why
+            all_ran = False
+            log(f"  {row}: FAILED: {why}")
+            continue
+        cr["rows"][row].update(res, peak_rss_bytes=rss_peak)
+        conds = cr["rows"][row]["conditions"]
+        log(f"  {row}: " + ", ".join(f"{k} {v['samples_per_s']:,.0f}/s" for k, v in conds.items()))
+    return all_ran
+
+
+def run_case(case, args, data_root: Path, results: dict, read_as, log) -> bool:
+    """Generate, store and measure one case into ``results``: whether every row ran."""
+    log(f"case {case.name}: {case.count} samples {case.kind} {list(case.shape)}")
+    bdata.generate(case)
+    conditions = (QUICK_CONDITIONS if args.quick else CONDITIONS)[case.name]
+    cr = results["cases"][case.name] = {
+        "count": case.count,
+        "sample_bytes": case.sample_bytes(),
+        "rows": {},
+        "batch_size": BATCH_SIZE.get(case.name, args.batch_size),
+        "conditions": [f"{a}/{b}" for a, b in conditions],
+    }
+    todo, stored = store_rows(case, cr, args, data_root, log)
+    # what the writers left dirty, written back now: an eviction cannot drop a dirty page
+    # (rows just stored read "not cold"), and writeback must not share the disk with a
+    # timed pass
+    t_sync = time.perf_counter()
+    os.sync()
+    log(f"  sync: {time.perf_counter() - t_sync:.1f} s")
+    bound = cr["bound"] = read_bound(case, args.drop_caches, args.runs, args.batch_size)
+    log(
+        f"  read bound: cold {bound['cold']['MBps']:,.0f} MB/s, warm "
+        f"{bound['warm']['MBps']:,.0f} MB/s (into one reused 8 MiB buffer: "
+        f"{bound['warm']['warm_small_buffer_MBps']:,.0f} MB/s)"
+    )
+    base = {
+        "data": str(data_root),
+        "quick": args.quick,
+        "runs": args.runs,
+        "cap": args.cap,
+        "drop_caches": args.drop_caches,
+        "read_as": read_as,
+        "rows_took_turns": results["rows_took_turns"],
+    }
+    return measure_rows(case, cr, todo, args, base, log) and stored
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        rowproc.child_main(child_task, json.loads(args.child))
+        return 0
+    read_as = check_args(args)
+    data_root = Path(args.data) / ("quick" if args.quick else "full")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data_root.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+
+    def log(msg):
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    results = run_settings(args, data_root, read_as, log)
     all_ran = True
     for case in selected_cases(data_root, args.quick, args.cases):
-        log(f"case {case.name}: {case.count} samples {case.kind} {list(case.shape)}")
-        bdata.generate(case)
-        conditions = (QUICK_CONDITIONS if args.quick else CONDITIONS)[case.name]
-        bs = BATCH_SIZE.get(case.name, args.batch_size)
-        cr = {
-            "count": case.count,
-            "sample_bytes": case.sample_bytes(),
-            "rows": {},
-            "batch_size": bs,
-            "conditions": [f"{a}/{b}" for a, b in conditions],
-        }
-        results["cases"][case.name] = cr
-        todo = []
-        for label, row in rows():
-            if (args.rows and not re.search(args.rows, row)) or not row_applies(case, row):
-                continue
-            entry = cr["rows"][row] = {"label": row_label(case, label)}
-            if row.startswith("peer:"):
-                why = bpeers.missing(row[5:])
-                if why:
-                    entry["skipped"] = why
-                    all_ran &= row[5:] in OPTIONAL_ROWS
-                    log(f"  {row}: not run: {why}")
-                    continue
-            try:
-                entry.update(store_in_child(data_root, case, row, args.quick, log))
-                todo.append(row)
-            except Exception as exc:  # noqa: BLE001 - the table says which row failed and why
-                entry["error"] = f"{type(exc).__name__}: {exc}"
-                all_ran = False
-                log(f"  {row}: store failed: {entry['error']}")
-        # what the writers left dirty, written back now: an eviction cannot drop a dirty page
-        # (rows just stored read "not cold"), and writeback must not share the disk with a
-        # timed pass
-        t_sync = time.perf_counter()
-        os.sync()
-        log(f"  sync: {time.perf_counter() - t_sync:.1f} s")
-        cr["bound"] = read_bound(case, args.drop_caches, runs, args.batch_size)
-        log(
-            f"  read bound: cold {cr['bound']['cold']['MBps']:,.0f} MB/s, warm "
-            f"{cr['bound']['warm']['MBps']:,.0f} MB/s (into one reused 8 MiB buffer: "
-            f"{cr['bound']['warm']['warm_small_buffer_MBps']:,.0f} MB/s)"
-        )
-        specs = {
-            row: {
-                "data": str(data_root),
-                "quick": args.quick,
-                "case": case.name,
-                "row": row,
-                "conditions": conditions,
-                "runs": runs,
-                "cap": cap,
-                "batch_size": bs,
-                "drop_caches": args.drop_caches,
-                "read_as": read_as,
-            }
-            for row in todo
-        }
-        for row, (code, stdout, stderr, rss_peak) in run_rows(
-            specs, one_at_a_time, args.row_timeout, log
-        ):
-            res, why = rowproc.result(code, stdout, stderr)
-            if res is None:
-                cr["rows"][row]["error"] = why
-                all_ran = False
-                log(f"  {row}: FAILED: {why}")
-                continue
-            cr["rows"][row].update(res)
-            cr["rows"][row]["peak_rss_bytes"] = rss_peak
-            summary = ", ".join(
-                f"{k} {v['samples_per_s']:,.0f}/s" for k, v in cr["rows"][row]["conditions"].items()
-            )
-            log(f"  {row}: {summary}")
+        all_ran &= run_case(case, args, data_root, results, read_as, log)
     results["seconds"] = time.perf_counter() - t_start
-    table = build_table(results)
-    results["table"] = table
-    results["goals"] = goals(table)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    md = fmt_table(table)
-    if read_as:
-        md = f"Rows read as uid {results['read_as']} over packs written as root.\n\n" + md
-    (out_dir / "results.md").write_text(
-        md + "\n\n" + "\n".join(f"- {g}" for g in results["goals"]) + "\n\n" + ratio_tables(table)
-    )
-    drew = chart(table, out_dir / "benchmarks.png")
-    print(md)
-    print()
-    for g in results["goals"]:
-        print(g)
+    drew = breport.write(results, out_dir)
+    print(breport.markdown(results))
     print(
         f"\n{'every row ran' if all_ran else 'NOT every row ran'}; {results['seconds']:.0f} s;"
         f" results in {out_dir}" + ("" if drew else " (no matplotlib: no chart)")
