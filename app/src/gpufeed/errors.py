@@ -18,8 +18,8 @@ setting) and what to do. ``exit_code`` is the ``gpufeed`` command's exit status 
         ObjectNotFoundError, BucketNotFoundError, CredentialsError, CacheFullError
 
 Warnings: ShmBudgetWarning (/dev/shm too small for the planned workers), SysinfoWarning (a
-cgroup file could not be read), ShardSplitWarning (DataLoader workers without a shard),
-TunedBatchSizeWarning (loader settings tuned at another batch size).
+cgroup file could not be read), ShardSplitWarning (whole shards split unevenly over workers
+or ranks), TunedBatchSizeWarning (loader settings tuned at another batch size).
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ class SysinfoWarning(UserWarning):
 
 
 class ShardSplitWarning(UserWarning):
-    """Some DataLoader workers got no shard: they idle, and throughput drops."""
+    """A tar stream split by whole shards (``split="shards"``) is uneven: some workers get no
+    shard (they idle), or ranks get different sample counts (DDP would wait on the shortest)."""
 
 
 class TunedBatchSizeWarning(UserWarning):

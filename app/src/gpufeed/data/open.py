@@ -64,11 +64,12 @@ def open_dataset(
 
     HDF5Dataset, LMDBDataset, MmapDataset or TarIndexedDataset, all map-style.
     ``map_style=False`` on a tar pack gives TarShardDataset instead, an IterableDataset that
-    streams whole shards in order (with ``shuffle_buffer``, ``shuffle_shards``,
-    ``fetch_ahead``...): the explicit extra for tar sets read front to back, e.g. from object
-    storage past the cache's size. A path without manifest.json is read in place when it is
-    WebDataset tar shards, an image-folder tree or an HDF5 file given ``datasets=``
-    (gpufeed.formats.inplace); anything else (an unfinished pack, say) raises NotPackedError.
+    streams its shards in order, each rank and worker an equal share (``shuffle_buffer``,
+    ``shuffle_shards``, ``fetch_ahead``...): the explicit extra for tar sets read front to
+    back, e.g. from object storage past the cache's size. A path without manifest.json is
+    read in place when it is WebDataset tar shards, an image-folder tree or an HDF5 file
+    given ``datasets=`` (gpufeed.formats.inplace); anything else (an unfinished pack, say)
+    raises NotPackedError.
 
     Args:
         path: the pack's folder, or a URL (s3://bucket/prefix, gs://, az://, https://) read

@@ -192,7 +192,7 @@ def check_manifest(manifest: Any, where: str | os.PathLike) -> dict[str, Any]:
         SampleSpec.from_json(manifest.get("sample"))
     except DataError as e:
         raise DataError(f"{where}: {e}") from None
-    _expect(where, manifest, "classes", _STRINGS, optional=True)
+    _expect(where, manifest, "classes", _NAMES, optional=True)  # class_to_idx needs them distinct
     for name, entry in manifest.get("files", {}).items():
         field = f"files[{name!r}]"
         if not name or not isinstance(entry, dict):
@@ -223,6 +223,7 @@ _TEXT = (lambda value: isinstance(value, str), "a string")
 _OBJECT = (lambda value: isinstance(value, dict), "an object")
 _LIST = (lambda value: isinstance(value, list), "a list")
 _STRINGS = (_is_list_of(_TEXT[0]), "a list of strings")
+_NAMES = (lambda v: _STRINGS[0](v) and len(set(v)) == len(v), "a list of distinct strings")
 _COUNTS = (_is_list_of(_is_count), "a list of non-negative ints")
 
 # the layout fields each format's reader reads, and whether they may be left out (an mmap

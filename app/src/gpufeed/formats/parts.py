@@ -40,8 +40,9 @@ class Part:
     skip_items: np.ndarray  # int64 [k]
     skip_errors: np.ndarray  # str [k]
     spec: SampleSpec | None  # None when every item in the part was skipped
-    # int64 [items in the part's range, 2]: each source file's size and mtime_ns when read
-    # (-1 when it could not be stat'ed): a resume re-reads a part whose files changed since
+    # int64 [items in the part's range, 4]: each source file's size, mtime_ns, ctime_ns and
+    # inode when read ([.., 2]: size and mtime_ns, parts of older versions; -1 when it could
+    # not be stat'ed): a resume re-reads a part whose files changed since
     stamps: np.ndarray | None = None
     # int64 [n, 3]: each sample's (shard, offset, size) in the tar shards a fresh pack streamed
     # (gpufeed.write.assemble.Stream); such a part is saved without its payload (the shard

@@ -147,8 +147,9 @@ def make_loader(
     - ``distributed``, ``rank``, ``world_size``: ``"auto"`` shards by rank when the world
       size (the explicit arguments, else ``torch.distributed``, else env ``RANK`` /
       ``WORLD_SIZE``) is above 1: map-style datasets by
-      :class:`~gpufeed.data.distributed.DistributedBlockSampler`, gpufeed's tar stream by whole
-      shards; ``False`` reads everything on every rank.
+      :class:`~gpufeed.data.distributed.DistributedBlockSampler`, gpufeed's tar stream by equal
+      shares of its samples (every rank the same number of batches); ``False`` reads
+      everything on every rank.
     - ``settings``: a dict or a JSON file with any of
       :class:`~gpufeed.loading.settings.LoaderSettings`' fields (what ``gpufeed tune``
       writes), default the file named by env ``GPUFEED_LOADER_SETTINGS``. A setting applies

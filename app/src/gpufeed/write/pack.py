@@ -190,8 +190,9 @@ def pack_files(
     default_workers() processes only when the rest would take longer than starting them.
     overwrite: replace DEST if it is a pack gpufeed made (anything else is refused, see
     gpufeed.write.guard), or discard an unfinished DEST.partial.
-    follow_symlinks: follow symbolic links to folders in SOURCE (loops and second links to a
-    folder are problems, see gpufeed.write.scan); by default they are problems themselves.
+    follow_symlinks: follow symbolic links to folders in SOURCE, and links to files that lead
+    out of SOURCE (loops and second links to a folder are problems, see gpufeed.write.scan);
+    by default both are problems themselves.
     DEST a URL: the pack is made in `staging_dir` (default: the cache folder's
     staging/<scheme>/<bucket>/<prefix>, where resume=True finds it), then uploaded with the
     manifest last (gpufeed.write.remote), and the staged copy removed unless keep_staging.
