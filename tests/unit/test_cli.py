@@ -206,3 +206,61 @@ def test_inspect_shows_the_class_names_a_writer_was_given(tmp_path, capsys):
     assert main(["inspect", str(dest), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["classes"] == names and info["num_classes"] == 12
+
+
+def test_inspect_and_verify_an_image_folder_in_place(tmp_path, capsys, make_images, python_env):
+    """Issue 38 item 12: what open_dataset reads in place, inspect describes and verify
+    checks (read and decode every sample: there are no checksums), never refused."""
+    files = make_images(tmp_path / "src", {"a": 3, "b": 2}, ext=".jpg")
+    files[4].write_bytes(b"\xff\xd8\xff garbage")
+    src, idx = str(tmp_path / "src"), str(tmp_path / "idx")
+    assert main(["inspect", src, "--index-dir", idx]) == 0
+    text = capsys.readouterr().out
+    assert "format:      image folder, read in place (no manifest)" in text
+    assert "samples:     5" in text and "classes:     2 (a, b)" in text
+    assert "files:       5" in text and f"index:       {idx}/imagefolder-" in text
+    assert "no checksums" in text
+    assert main(["inspect", src, "--index-dir", idx, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["in_place"] is True and info["index"]["status"] == "cached"
+    assert main(["verify", src, "--index-dir", idx]) == 1
+    out = capsys.readouterr().out
+    assert f"{files[4]}: sample 4: cannot decode" in out and "no checksums" in out
+    assert main(["verify", src, "--index-dir", idx, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["in_place"] is True and report["checksums"] is False and report["checks"]
+    assert [p["file"] for p in report["problems"]] == [str(files[4])]
+    # inspect in place, like a pack's, needs no torch
+    code, modules = _imported(["inspect", src, "--index-dir", idx], python_env)
+    assert code == 0 and "torch" not in modules
+
+
+def test_inspect_and_verify_webdataset_shards_and_an_hdf5_file_in_place(tmp_path, capsys):
+    import h5py
+
+    wds = pytest.importorskip("webdataset")
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    with wds.TarWriter(str(shards / "part-0.tar")) as sink:
+        for i in range(4):
+            sink.write({"__key__": f"k{i}", "cls": i, "txt": f"text {i}"})
+    idx = str(tmp_path / "idx")
+    pattern = str(shards / "part-{0..0}.tar")  # a brace pattern, as open_dataset takes
+    assert main(["inspect", pattern, "--index-dir", idx, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["format"], info["count"], info["shards"]) == ("webdataset", 4, 1)
+    assert info["sample"]["text"] == "cls: int, txt: str"
+    assert main(["verify", str(shards), "--index-dir", idx]) == 0
+    assert "OK (WebDataset shards read in place, 4 samples" in capsys.readouterr().out
+    h5 = tmp_path / "theirs.h5"
+    with h5py.File(h5, "w") as f:
+        f["x"] = np.zeros((3, 2), np.float32)
+        f["y"] = np.arange(3)
+    assert main(["inspect", str(h5)]) == 1  # which datasets: named by --datasets
+    assert "--datasets" in capsys.readouterr().err
+    assert main(["inspect", str(h5), "--datasets", "x=/x,label=/y"]) == 0
+    text = capsys.readouterr().out
+    assert "HDF5 file, read in place" in text and "datasets:    x=/x, label=/y" in text
+    assert main(["verify", str(h5), "--datasets", "/x,/y", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["samples_checked"] == 3 and report["kind"] == "HDF5 file"

@@ -1,8 +1,8 @@
 """The `gpufeed` command (also `python -m gpufeed`).
 
   gpufeed pack SOURCE DEST --format {hdf5,lmdb,tar,mmap} [options]
-  gpufeed verify DEST [--decode]
-  gpufeed inspect DEST
+  gpufeed verify DEST [--decode]          (DEST a pack, or data read in place: an image
+  gpufeed inspect DEST                     folder, WebDataset shards, an HDF5 file --datasets)
   gpufeed doctor [DATA_DIR]              (gpufeed.tools.doctor)
   gpufeed bench PATH [--step-ms MS] [--device cuda]   (gpufeed.tools.bench)
   gpufeed tune PATH [--budget S] [--write FILE]      (gpufeed.tools.tune)
@@ -46,12 +46,18 @@ def existing_path(text: str) -> str:
 def pack_path(text: str) -> str:
     """A pack's path: it exists, or a pack into it is unfinished or being written
     (DEST.partial), which the command then explains (a usage error would hide that);
-    or a URL (s3://bucket/prefix, ...), read through the cache (--cache-dir, --cache-limit)."""
+    or a URL (s3://bucket/prefix, ...), read through the cache (--cache-dir, --cache-limit);
+    or WebDataset shards named by a brace pattern (shard-{000..009}.tar) whose first exists."""
     from gpufeed.formats.manifest import PARTIAL_SUFFIX
     from gpufeed.storage.urls import is_remote
 
     if is_remote(cliargs.location(text)) or os.path.lexists(text.rstrip("/") + PARTIAL_SUFFIX):
         return text
+    if "{" in text and not os.path.lexists(text):
+        from gpufeed.formats.webdataset import is_webdataset
+
+        if is_webdataset(text):
+            return text
     return existing_path(text)
 
 
@@ -177,14 +183,50 @@ def _add_pack_sources_and_urls(p) -> None:
 
 
 def _add_verify(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Re-read DEST, a pack: its files' sizes and sha256, every sample's crc32, the labels. "
+        "DEST data read in place (an image folder, WebDataset shards, an HDF5 file with "
+        "--datasets) has no checksums: every sample is read and decoded, each failure named."
+    )
     p.add_argument("dest", metavar="DEST", type=pack_path)
-    p.add_argument("--decode", action="store_true", help="also decode every encoded image")
+    p.add_argument(
+        "--decode",
+        action="store_true",
+        help="also decode every encoded image (always done for data read in place)",
+    )
     cliargs.add_cache_options(p)
+    _add_in_place_options(p)
 
 
 def _add_inspect(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "What DEST holds: a pack, or data read in place as open_dataset reads it (an image "
+        "folder, WebDataset shards, an HDF5 file with --datasets)."
+    )
     p.add_argument("dest", metavar="DEST", type=pack_path)
     cliargs.add_cache_options(p)
+    _add_in_place_options(p)
+
+
+def _add_in_place_options(p: argparse.ArgumentParser) -> None:
+    """verify's and inspect's options for data read in place (open_dataset's)."""
+    p.add_argument(
+        "--datasets",
+        type=cliargs.datasets,
+        help="DEST is an HDF5 file without a manifest: its datasets, one row per sample, as "
+        "FIELD=PATH,... or PATH,... (fields named by the last path component)",
+    )
+    p.add_argument(
+        "--index-dir",
+        type=cliargs.cache_dir,
+        help="DEST read in place: where its cached index is (default $GPUFEED_INDEX_DIR, "
+        "else ~/.cache/gpufeed/index)",
+    )
+
+
+def _in_place_options(args) -> dict:
+    """--datasets and --index-dir, as verify's and inspect's keywords, when given."""
+    return {k: getattr(args, k) for k in ("datasets", "index_dir") if getattr(args, k, None)}
 
 
 # The tools' modules own their arguments and their run (add_arguments, main).
@@ -204,8 +246,8 @@ COMMANDS = {
         "or HDF5",
         _add_pack,
     ),
-    "verify": ("re-read every sample and check checksums", _add_verify),
-    "inspect": ("format, count, classes, shapes, size on disk", _add_inspect),
+    "verify": ("re-read every sample and check checksums (or decode, in place)", _add_verify),
+    "inspect": ("format, count, classes, shapes, size on disk; packs or in place", _add_inspect),
     "doctor": ("check driver, GPUs, torch, CPUs, shm, limits and data", None),
     "synth": ("write a small demo image-folder dataset", None),
     "bench": ("measure how fast a pack delivers batches", None),
@@ -287,7 +329,11 @@ def _cmd_verify(args) -> int:
     from gpufeed.tools.verify import verify
 
     report = verify(
-        args.dest, decode=args.decode, quiet=args.quiet or args.json, **cliargs.cache_options(args)
+        args.dest,
+        decode=args.decode,
+        quiet=args.quiet or args.json,
+        **cliargs.cache_options(args),
+        **_in_place_options(args),
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -301,43 +347,84 @@ def _cmd_verify(args) -> int:
 
 
 def _cmd_inspect(args) -> int:
-    from gpufeed.system.sizes import format_size
     from gpufeed.tools.verify import inspect
 
-    info = inspect(args.dest, **cliargs.cache_options(args))
+    info = inspect(args.dest, **cliargs.cache_options(args), **_in_place_options(args))
     if args.json:
         print(json.dumps(info, indent=2))
         return EXIT_OK
-    if args.quiet:  # the exit status says it is a readable pack
+    if args.quiet:  # the exit status says it is a readable pack (or data read in place)
         return EXIT_OK
+    rows = _inspect_rows(info) + (_in_place_rows(info) if info["in_place"] else _pack_rows(info))
+    for key, value in rows:
+        print(f"{key + ':':<12} {value}")
+    return EXIT_OK
+
+
+def _inspect_rows(info) -> list[tuple[str, object]]:
+    """inspect's rows for a pack and for data read in place alike."""
+    from gpufeed.system.sizes import format_size
+
     s = info["sample"]
     if s["kind"] == "array":
         sample = f"{s['dtype_name']} {'x'.join(map(str, s['shape']))}"
     else:
         sample = s["text"] if s["kind"] == "fields" else "encoded"
     classes = info["classes"]
-    if classes is None:
-        class_text = "none (labels from the source or -1)"
-    else:
+    if classes is not None:
         shown = ", ".join(classes[:10]) + (", ..." if len(classes) > 10 else "")
         class_text = f"{len(classes)} ({shown})"
-    rows = [
+    elif info["in_place"]:
+        class_text = f"none (labels from {info['labels']})" if info["labels"] else "none (-1)"
+    else:
+        class_text = "none (labels from the source or -1)"
+    if info["in_place"]:
+        what = f"{info['kind']}, read in place (no manifest)"
+    else:
+        what = f"{info['format']} (format_version {info['format_version']})"
+    return [
         ("path", info["path"]),
-        ("format", f"{info['format']} (format_version {info['format_version']})"),
+        ("format", what),
         ("samples", info["count"]),
         ("classes", class_text),
         ("sample", sample),
         ("size", f"{format_size(info['size_bytes'])} ({format_size(info['disk_bytes'])} on disk)"),
     ]
+
+
+def _pack_rows(info) -> list[tuple[str, object]]:
+    rows: list[tuple[str, object]] = []
     if "shards" in info:
         rows.append(("shards", f"{info['shards']}: {info['pattern']}"))
     if info.get("compression"):
         rows.append(("compression", info["compression"]))
     rows.append(("skipped", info["skipped"]))
     rows.append(("created by", info["created_by"]))
-    for key, value in rows:
-        print(f"{key + ':':<12} {value}")
-    return EXIT_OK
+    return rows
+
+
+# inspect's words for the state of an in-place index (gpufeed.tools.in_place)
+INDEX_STATUS = {
+    "cached": "cached",
+    "built": "built now, and cached",
+    "rebuilt": "built anew: the data changed since it was indexed",
+    "not saved": "not saved: its folder cannot be written (built on every open)",
+}
+
+
+def _in_place_rows(info) -> list[tuple[str, object]]:
+    rows: list[tuple[str, object]] = [("shards" if "shards" in info else "files", info["files"])]
+    if info.get("dropped"):
+        rows.append(("dropped", "not in every sample: " + ", ".join(info["dropped"])))
+    if info.get("datasets"):
+        rows.append(("datasets", ", ".join(f"{k}={v}" for k, v in info["datasets"].items())))
+    index = info["index"]
+    if index is None:
+        rows.append(("index", "none (the file's own layout is read)"))
+    else:
+        rows.append(("index", f"{index['path']} ({INDEX_STATUS[index['status']]})"))
+    rows.append(("verify", f"{', '.join(info['checks'])}; no checksums (it has none)"))
+    return rows
 
 
 def _handler(command: str):

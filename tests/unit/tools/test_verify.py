@@ -11,7 +11,7 @@ import pytest
 from unit_sources import pack_with_broken_jpeg
 
 import gpufeed
-from gpufeed.errors import NotPackedError
+from gpufeed.errors import NotPackedError, UsageError
 from gpufeed.formats.checksums import crc32
 from gpufeed.formats.manifest import MANIFEST_NAME, file_entry, read_manifest, write_manifest
 from gpufeed.tools import verify as verify_mod
@@ -246,3 +246,136 @@ def test_inspect_does_not_follow_a_link_out_of_the_pack(tmp_path, array_folder):
     dest = fresh(tmp_path, array_folder)
     (dest / "dangling").symlink_to(tmp_path / "nowhere")
     assert inspect(dest)["count"] == 17
+
+
+# ---- data read in place (issue 38 item 12): inspect and verify as open_dataset reads it
+
+# the keys inspect gives a pack and data read in place alike, meaning the same
+SHARED_KEYS = {
+    "path",
+    "format",
+    "in_place",
+    "count",
+    "classes",
+    "num_classes",
+    "sample",
+    "size_bytes",
+    "disk_bytes",
+    "files",
+    "bytes_per_sample",
+    "checks",
+    "checksums",
+}
+
+
+def jpeg_bytes(value: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((8, 10, 3), value, np.uint8)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def write_shards(root, bad_jpeg=(), bad_npy=()):
+    """Two WebDataset shards of 5 samples (jpg, cls, tokens.npy) written by webdataset."""
+    wds = pytest.importorskip("webdataset")
+    root.mkdir()
+    for k in range(2):
+        with wds.TarWriter(str(root / f"part-{k}.tar")) as sink:
+            for i in range(5 * k, 5 * k + 5):
+                tokens = np.arange(i, dtype=np.int32)
+                sink.write(
+                    {
+                        "__key__": f"s{i:03d}",
+                        "jpg": b"\xff\xd8\xff garbage" if i in bad_jpeg else jpeg_bytes(i * 20),
+                        "cls": i % 3,
+                        "tokens.npy": b"not an array" if i in bad_npy else tokens,
+                    }
+                )
+    return root
+
+
+def test_inspect_an_image_folder_in_place(jpeg_folder, packs, tmp_path):
+    idx = tmp_path / "idx"
+    info = inspect(jpeg_folder, index_dir=idx)
+    assert (info["format"], info["kind"], info["in_place"]) == ("imagefolder", "image folder", True)
+    assert info["count"] == 13 and info["classes"] == ["cat", "dog", "eel"]
+    assert info["num_classes"] == 3 and info["labels"] == "class folders"
+    assert info["sample"]["kind"] == "encoded" and info["files"] == 13
+    images = sorted(jpeg_folder.rglob("*.jpg"))
+    assert info["size_bytes"] == sum(p.stat().st_size for p in images)
+    assert info["checksums"] is False and "every sample decoded" in info["checks"]
+    (cached,) = idx.iterdir()
+    assert info["index"] == {"path": str(cached), "status": "built"}
+    assert inspect(jpeg_folder, index_dir=idx)["index"]["status"] == "cached"
+    pack_info = inspect(packs["tar"])
+    assert SHARED_KEYS <= set(info) and SHARED_KEYS <= set(pack_info)
+    assert pack_info["in_place"] is False and pack_info["checksums"] is True
+    json.dumps(info)
+
+
+def test_verify_names_a_corrupt_jpeg_in_an_image_folder(tmp_path, make_images):
+    files = make_images(tmp_path / "src", {"a": 3, "b": 2}, ext=".jpg")
+    files[3].write_bytes(b"\xff\xd8\xff garbage")  # b/img0000.jpg
+    report = verify(tmp_path / "src", index_dir=tmp_path / "idx")
+    assert not report.ok and report.bad_samples == [3]
+    (problem,) = report.problems
+    assert problem.file == str(files[3]) and "cannot decode" in problem.message
+    assert report.samples_checked == 5 and report.files_checked == 5
+    out = report.to_json()
+    assert out["in_place"] is True and out["checksums"] is False
+    assert out["kind"] == "image folder" and out["checks"] == in_place_checks()
+    assert "no checksums" in report.summary() and "FAILED" in report.summary()
+
+
+def in_place_checks() -> list[str]:
+    from gpufeed.tools.in_place import IN_PLACE_CHECKS
+
+    return IN_PLACE_CHECKS
+
+
+def test_a_clean_image_folder_verifies(jpeg_folder, tmp_path):
+    report = verify(jpeg_folder, index_dir=tmp_path / "idx")
+    assert report.ok and report.samples_checked == 13 and report.problems_total == 0
+    assert "read in place" in report.summary() and "no checksums" in report.summary()
+
+
+def test_webdataset_shards_in_place(tmp_path):
+    root = write_shards(tmp_path / "shards", bad_jpeg={6}, bad_npy={2})
+    info = inspect(root, index_dir=tmp_path / "idx")
+    assert (info["format"], info["count"]) == ("webdataset", 10)
+    assert info["shards"] == info["files"] == 2
+    assert info["sample"]["text"] == "cls: int, jpg: image/jpeg, tokens_npy: int32[*]"
+    assert info["labels"] == "the cls member" and info["classes"] is None
+    assert info["size_bytes"] == sum(p.stat().st_size for p in root.iterdir())
+    assert info["index"]["status"] == "built" and info["dropped"] == []
+    report = verify(root, index_dir=tmp_path / "idx")
+    assert report.bad_samples == [2, 6] and report.samples_checked == 9
+    npy, jpg = report.problems
+    assert npy.file == str(root / "part-0.tar") and "s002.tokens.npy" in npy.message
+    assert jpg.file == str(root / "part-1.tar")
+    assert "member 's006.jpg' (field 'jpg'): cannot decode" in jpg.message
+    assert verify(tmp_path / "shards" / "part-{0..0}.tar", index_dir=tmp_path / "idx").count == 5
+
+
+def test_a_foreign_hdf5_file_in_place_given_its_datasets(tmp_path, packs):
+    import h5py
+
+    path = tmp_path / "theirs.h5"
+    with h5py.File(path, "w") as f:
+        f["images"] = np.arange(6 * 12, dtype=np.uint8).reshape(6, 3, 2, 2)
+        f["labels"] = np.arange(6) % 2
+        f["names"] = np.array([b"x"] * 6)
+    with pytest.raises(NotPackedError, match="datasets"):
+        inspect(path)  # which datasets hold a row per sample is not ours to guess
+    datasets = {"image": "/images", "label": "/labels"}
+    info = inspect(path, datasets=datasets)
+    assert (info["format"], info["count"], info["files"]) == ("hdf5-file", 6, 1)
+    assert info["sample"]["text"] == "image: uint8[3,2,2], label: int"
+    assert info["datasets"] == datasets and info["index"] is None
+    report = verify(path, datasets=["/images", "/labels", "/names"])
+    assert report.ok and report.samples_checked == 6 and report.files_checked == 1
+    with pytest.raises(UsageError, match=r"datasets= \(--datasets\) apply to local data"):
+        verify(packs["hdf5"], datasets=datasets)

@@ -36,7 +36,7 @@ from gpufeed.formats.manifest import MANIFEST_NAME, PARTIAL_SUFFIX
 from gpufeed.formats.webdataset import cached_index, in_place_identity, index_folder
 from gpufeed.write.scan import scan_source
 
-__all__ = ["ImageFolderReader", "is_image_folder"]
+__all__ = ["ImageFolderReader", "is_image_folder", "listing_path"]
 
 # what to do about the listing's problems, read in place
 IN_PLACE_FIX = (
@@ -76,9 +76,14 @@ def _folders_stamp(root: Path, linked: list[str]) -> str:
     return h.hexdigest()
 
 
-def _listing(root: Path, where: Path, follow_symlinks: bool) -> dict[str, Any]:
+def listing_path(root: Path, where: Path, follow_symlinks: bool = False) -> Path:
+    """Where the listing of the tree at `root` is cached in the index folder `where`."""
     real = os.path.realpath(root) + ("\0follow" if follow_symlinks else "")
     key = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()
+    return where / f"imagefolder-{key[:24]}.npz"
+
+
+def _listing(root: Path, where: Path, follow_symlinks: bool) -> dict[str, Any]:
     stamp = _folders_stamp(root, [])  # before the listing: a change during it shows
 
     def fresh(cached: dict[str, Any]) -> bool:
@@ -92,7 +97,7 @@ def _listing(root: Path, where: Path, follow_symlinks: bool) -> dict[str, Any]:
         linked = json.loads(str(listing["linked"]))
         return {**listing, "stamp": np.asarray(stamp), "linked_stamp": _folders_stamp(root, linked)}
 
-    return cached_index(where / f"imagefolder-{key[:24]}.npz", fresh, build)
+    return cached_index(listing_path(root, where, follow_symlinks), fresh, build)
 
 
 def _list(root: Path, follow_symlinks: bool) -> dict[str, Any]:

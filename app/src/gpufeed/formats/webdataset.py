@@ -385,6 +385,11 @@ class WebDatasetReader(Reader):
     def data_files(self) -> list[str]:
         return list(self.shards)
 
+    def member_name(self, index: int, j: int) -> str:
+        """The name of the tar member holding field j of sample `index` (for messages)."""
+        fd = self._fd(int(self.shard[index]))
+        return header_name(os.pread(fd, 512, int(self.offsets[index, j]) - 512))
+
     def read_batch(self, indices: np.ndarray):
         fields = self.spec.schema.fields
         out = []

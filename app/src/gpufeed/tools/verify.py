@@ -14,17 +14,23 @@ from gpufeed.errors import (
     CorruptSampleError,
     DataError,
     GpufeedError,
+    NotPackedError,
     StorageError,
     UnsafePathError,
+    UsageError,
 )
 from gpufeed.formats import reader_class
 from gpufeed.formats.checksums import crc32, row_crcs, sha256_file
-from gpufeed.formats.manifest import pack_file, read_manifest
+from gpufeed.formats.manifest import is_hugging_face_folder, pack_file, read_manifest
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.storage.packs import open_reader_at, read_manifest_at
 from gpufeed.storage.urls import RemoteURL, parse_location
+from gpufeed.tools import in_place
 
 MAX_PROBLEMS = 1000
+# what verify checks of a pack (PACK_DECODE with decode=True); data read in place: in_place's
+PACK_CHECKS = ["files' size and sha256", "samples' crc32", "labels within the classes"]
+PACK_DECODE = "every encoded sample decoded"
 
 
 @dataclass
@@ -52,6 +58,8 @@ class VerifyReport:
     samples_checked: int = 0
     problems: list[Problem] = field(default_factory=list)
     problems_total: int = 0
+    in_place: bool = False  # data read without a manifest: no checksums to compare
+    checks: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -67,15 +75,21 @@ class VerifyReport:
             self.problems.append(problem)
 
     def summary(self) -> str:
+        what = f"{in_place.KINDS[self.format]} read in place" if self.in_place else self.format
         if self.ok:
-            return (
-                f"{self.path}: OK ({self.format}, {self.samples_checked} samples, "
+            line = (
+                f"{self.path}: OK ({what}, {self.samples_checked} samples, "
                 f"{self.files_checked} files checked)"
             )
-        return (
-            f"{self.path}: FAILED: {self.problems_total} problem(s) in {self.format} dataset "
-            f"({self.samples_checked} of {self.count} samples readable)"
-        )
+        else:
+            line = (
+                f"{self.path}: FAILED: {self.problems_total} problem(s) in "
+                f"{what if self.in_place else f'{what} dataset'} "
+                f"({self.samples_checked} of {self.count} samples readable)"
+            )
+        if self.in_place:
+            line += f"; checked: {', '.join(self.checks)}; {in_place.no_checksums(self.format)}"
+        return line
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,6 +100,10 @@ class VerifyReport:
             "files_checked": self.files_checked,
             "samples_checked": self.samples_checked,
             "problems_total": self.problems_total,
+            **({"kind": in_place.KINDS[self.format]} if self.in_place else {}),
+            "in_place": self.in_place,
+            "checks": self.checks,
+            "checksums": not self.in_place,
             "problems": [
                 {"file": p.file, "index": p.index, "source": p.source, "message": p.message}
                 for p in self.problems
@@ -101,6 +119,8 @@ def verify(
     quiet: bool = True,
     cache_dir: str | os.PathLike | None = None,
     cache_limit: int | str | None = None,
+    datasets: dict[str, str] | list[str] | None = None,
+    index_dir: str | os.PathLike | None = None,
 ) -> VerifyReport:
     """Re-read DEST: every file the manifest names must be a regular file inside DEST (a name
     leading out of it, or a device, FIFO or link out, is reported and never opened; the
@@ -109,13 +129,21 @@ def verify(
     and source file) and the labels against the classes. decode=True also decodes every
     encoded image. Raises NotPackedError for a folder that is not a finished pack; every other
     finding is in the report. DEST a URL (s3://bucket/prefix): every file is fetched through
-    the cache (cache_dir, cache_limit), which checks its size and sha256 as it lands."""
+    the cache (cache_dir, cache_limit), which checks its size and sha256 as it lands.
+    DEST data read in place, as open_dataset reads it (an image folder, WebDataset shards, an
+    HDF5 file given datasets=; its cached index under index_dir): it has no checksums, so
+    every sample is read and decoded (whatever decode says), each failure naming its file
+    (and tar member or dataset)."""
     loc = parse_location(dest)
     if isinstance(loc, RemoteURL):
+        _no_in_place_options(loc, datasets, index_dir)
         return _verify_remote(loc, decode, chunk, quiet, cache_dir, cache_limit)
     dest = loc
-    manifest = read_manifest(dest)
+    manifest, opened = _pack_or_in_place(dest, datasets, index_dir)
+    if opened is not None:
+        return _verify_in_place(dest, opened[0], chunk, quiet)
     report = VerifyReport(str(dest), manifest["format"], int(manifest["count"]))
+    report.checks = _pack_checks(decode)
     unsafe = False
     for name, entry in sorted(manifest.get("files", {}).items()):
         report.files_checked += 1
@@ -143,6 +171,7 @@ def _verify_remote(url, decode, chunk, quiet, cache_dir, cache_limit) -> VerifyR
     reader = open_reader_at(str(url), cache_dir=cache_dir, cache_limit=cache_limit)
     manifest = reader.manifest
     report = VerifyReport(str(url), manifest["format"], int(manifest["count"]))
+    report.checks = _pack_checks(decode)
     for name in sorted(manifest.get("files", {})):
         report.files_checked += 1
         try:
@@ -153,6 +182,91 @@ def _verify_remote(url, decode, chunk, quiet, cache_dir, cache_limit) -> VerifyR
         report.add(Problem(str(url), "samples not read: files are missing or changed"))
         return report
     return _read_samples(reader, report, decode, chunk, quiet)
+
+
+def _pack_checks(decode: bool) -> list[str]:
+    return PACK_CHECKS + ([PACK_DECODE] if decode else [])
+
+
+def _no_in_place_options(where, datasets, index_dir, what: str = "a URL is a pack") -> None:
+    """datasets= and index_dir= given for a pack: a UsageError naming them."""
+    given = [o for o, v in (("datasets", datasets), ("index_dir", index_dir)) if v is not None]
+    if given:
+        names = ", ".join(f"{o}= (--{o.replace('_', '-')})" for o in given)
+        raise UsageError(
+            f"{where}: {names} apply to local data read in place (no manifest); {what}: "
+            "leave them out"
+        )
+
+
+def _pack_or_in_place(dest: Path, datasets, index_dir):
+    """(DEST's manifest, None), or (None, (reader, index)) for data read in place
+    (gpufeed.tools.in_place); NotPackedError when it is neither."""
+    try:
+        manifest = read_manifest(dest)
+    except NotPackedError:
+        if is_hugging_face_folder(dest):
+            raise  # its message says what to do (its split folders are no class folders)
+        opened = in_place.open_in_place_reader(dest, datasets, index_dir)
+        if opened is None:
+            raise
+        return None, opened
+    _no_in_place_options(dest, datasets, index_dir, f"this is a gpufeed {manifest['format']} pack")
+    return manifest, None
+
+
+def _verify_in_place(dest: Path, reader, chunk: int, quiet: bool) -> VerifyReport:
+    """verify() of data read in place: every sample read through its reader and decoded."""
+    report = VerifyReport(str(dest), reader.format_name, reader.count, in_place=True)
+    report.checks = list(in_place.IN_PLACE_CHECKS)
+    report.files_checked = len(in_place.data_files(reader))
+
+    def bad(i: int, message: str) -> None:
+        report.add(Problem(reader.location(i), message, i))
+
+    bar = _progress(reader.count, quiet)
+    try:
+        for lo in range(0, reader.count, chunk):
+            idx = np.arange(lo, min(lo + chunk, reader.count), dtype=np.int64)
+            payloads, readable = _read_chunk(reader, idx, bad)
+            report.samples_checked += len(readable)
+            for k, j in enumerate(readable):
+                problem = in_place.decode_problem(reader, int(idx[j]), payloads[k])
+                if problem is not None:
+                    bad(int(idx[j]), problem)
+            bar.update(len(idx))
+    finally:
+        bar.close()
+        reader.close()
+    return report
+
+
+def _progress(total: int, quiet: bool):
+    from tqdm import tqdm
+
+    disable = quiet or not sys.stderr.isatty()
+    return tqdm(total=total, unit="sample", desc="verify", file=sys.stderr, disable=disable)
+
+
+def _read_chunk(reader, idx: np.ndarray, bad) -> tuple[Any, list[int]]:
+    """(payloads, their positions in idx) of the samples at idx: read at once, else one by
+    one to find the sample(s) at fault, each reported through bad(index, message)."""
+    try:
+        return reader.read_batch(idx), list(range(len(idx)))
+    except Exception:  # noqa: BLE001 - find the sample(s) at fault one by one
+        pass
+    payloads, readable = [], []
+    for j, i in enumerate(idx.tolist()):
+        try:
+            payloads.append(reader.read_batch(np.array([i], dtype=np.int64))[0])
+        except CorruptSampleError as e:
+            bad(i, e.problem)
+            continue
+        except Exception as e:  # noqa: BLE001
+            bad(i, f"unreadable: {type(e).__name__}: {e}")
+            continue
+        readable.append(j)
+    return payloads, readable
 
 
 def _read_samples(reader, report: VerifyReport, decode, chunk, quiet) -> VerifyReport:
@@ -228,35 +342,15 @@ def _check_samples(reader, report: VerifyReport, decode: bool, chunk: int, quiet
         src = sources[i] if i < len(sources) else None
         report.add(Problem(reader.location(i), message, i, src))
 
-    from tqdm import tqdm
-
-    disable = quiet or not sys.stderr.isatty()
-    bar = tqdm(total=reader.count, unit="sample", desc="verify", file=sys.stderr, disable=disable)
+    bar = _progress(reader.count, quiet)
     for lo in range(0, reader.count, chunk):
         idx = np.arange(lo, min(lo + chunk, reader.count), dtype=np.int64)
-        try:
-            payloads = reader.read_batch(idx)
-            got = (
-                row_crcs(payloads)
-                if isinstance(payloads, np.ndarray)
-                else np.fromiter((crc32(p) for p in payloads), np.uint32, len(idx))
-            )
-            readable = list(range(len(idx)))
-        except Exception:  # noqa: BLE001 - find the sample(s) at fault one by one
-            payloads, got_list, readable = [], [], []
-            for j, i in enumerate(idx.tolist()):
-                try:
-                    p = reader.read_batch(np.array([i], dtype=np.int64))[0]
-                except CorruptSampleError as e:
-                    bad(i, e.problem)
-                    continue
-                except Exception as e:  # noqa: BLE001
-                    bad(i, f"unreadable: {type(e).__name__}: {e}")
-                    continue
-                payloads.append(p)
-                got_list.append(crc32(p))
-                readable.append(j)
-            got = np.asarray(got_list, dtype=np.uint32)
+        payloads, readable = _read_chunk(reader, idx, bad)
+        got = (
+            row_crcs(payloads)
+            if isinstance(payloads, np.ndarray)
+            else np.fromiter((crc32(p) for p in payloads), np.uint32, len(readable))
+        )
         want = reader.crc32[idx[readable]]
         for k in np.flatnonzero(got != want).tolist():
             bad(int(idx[readable[k]]), f"crc32 mismatch (stored {want[k]:08x}, read {got[k]:08x})")
@@ -306,31 +400,36 @@ def inspect(
     *,
     cache_dir: str | os.PathLike | None = None,
     cache_limit: int | str | None = None,
+    datasets: dict[str, str] | list[str] | None = None,
+    index_dir: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """What DEST holds: format, count, classes, sample dtype/shape, size on disk, shards,
     skipped items, and who made it. DEST a URL: its manifest only is fetched, and the sizes
-    are the manifest's (disk_bytes: what the cache would hold)."""
+    are the manifest's (disk_bytes: what the cache would hold). DEST data read in place (an
+    image folder, WebDataset shards, an HDF5 file given datasets=): the same keys where they
+    mean the same, as its reader infers them ("in_place": true; its kind, labels and cached
+    index: gpufeed.tools.in_place.describe)."""
     loc = parse_location(dest)
     if isinstance(loc, RemoteURL):
+        _no_in_place_options(loc, datasets, index_dir)
         manifest = read_manifest_at(str(loc), cache_dir=cache_dir, cache_limit=cache_limit)
         files = manifest.get("files", {}).values()
         content = allocated = sum(int(f.get("bytes", 0)) for f in files if isinstance(f, dict))
     else:
-        manifest = read_manifest(loc)
+        manifest, opened = _pack_or_in_place(loc, datasets, index_dir)
+        if opened is not None:
+            return _inspect_in_place(loc, *opened)
         content, allocated = _dir_size(loc)
     dest = loc
-    sample = dict(manifest["sample"])
-    sample["text"] = SampleSpec.from_json(manifest["sample"]).describe()  # checks the schema
-    if sample.get("dtype"):
-        sample["dtype_name"] = np.dtype(sample["dtype"]).name
     info: dict[str, Any] = {
         "path": str(dest),
         "format": manifest["format"],
         "format_version": manifest["format_version"],
+        "in_place": False,
         "count": manifest["count"],
         "classes": manifest.get("classes"),
         "num_classes": len(manifest["classes"]) if manifest.get("classes") is not None else None,
-        "sample": sample,
+        "sample": _sample_info(manifest["sample"]),
         "size_bytes": content,
         "disk_bytes": allocated,
         "files": len(manifest.get("files", {})),
@@ -338,6 +437,8 @@ def inspect(
         "created_by": manifest.get("created_by"),
         "source": manifest.get("source"),
         "options": manifest.get("options"),
+        "checks": PACK_CHECKS + [f"{PACK_DECODE} (--decode)"],
+        "checksums": True,
     }
     if manifest["count"]:
         info["bytes_per_sample"] = round(content / manifest["count"], 1)
@@ -351,3 +452,21 @@ def inspect(
     if manifest["format"] == "mmap":
         info["container"] = layout.get("container")
     return info
+
+
+def _inspect_in_place(dest: Path, reader, index) -> dict[str, Any]:
+    try:
+        info = {"path": str(dest), **in_place.describe(reader, index)}
+    finally:
+        reader.close()
+    info["sample"] = _sample_info(reader.manifest["sample"])
+    return info
+
+
+def _sample_info(spec: dict[str, Any]) -> dict[str, Any]:
+    """inspect's sample: the manifest's, its text (checking the schema) and dtype's name."""
+    sample = dict(spec)
+    sample["text"] = SampleSpec.from_json(spec).describe()
+    if sample.get("dtype"):
+        sample["dtype_name"] = np.dtype(sample["dtype"]).name
+    return sample
