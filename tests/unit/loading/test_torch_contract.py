@@ -1,6 +1,6 @@
 """Tutorial code works unchanged: every gpufeed dataset honours PyTorch's Dataset contract.
 
-The README's loading snippets and the seed's line
+The tutorial's loading snippets (docs/getting-started.md) and the seed's line
 ``DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4, pin_memory=True)`` run as they
 are written against every dataset type (HDF5, LMDB, mmap, tar through its index, tar streamed),
 with 0 and 2 workers under fork and spawn; torch's wrappers (Subset, random_split,
@@ -100,8 +100,8 @@ def make_loader_epoch(ds) -> set[bytes]:
 
 
 def readme_blocks() -> list[str]:
-    """The README's Python blocks marked as tutorials, in order."""
-    text = (ROOT / "README.md").read_text()
+    """docs/getting-started.md's Python blocks marked as tutorials, in order."""
+    text = (ROOT / "docs" / "getting-started.md").read_text()
     return re.findall(r"<!-- tutorial[^>]*-->\n```python\n(.*?)```", text, flags=re.S)
 
 
@@ -117,13 +117,11 @@ def test_readme_snippets_run_as_written(contract_packs, reference, kind, tmp_pat
     (tmp_path / "loader.json").write_text('{"num_workers": 0}')  # what `gpufeed tune` writes
     first, second = readme_blocks()
     path = contract_packs["tar" if kind.startswith("tar") else kind]
-    how = ", map_style=False" if kind == "tar-stream" else ""  # the README's streamed tar
-    first = first.replace(
-        'open_dataset("/workspace/train.lmdb")', f"open_dataset({str(path)!r}{how})"
-    )
+    how = ", map_style=False" if kind == "tar-stream" else ""  # the tutorial's streamed tar
+    first = first.replace('open_dataset("packs/train.lmdb")', f"open_dataset({str(path)!r}{how})")
     ns: dict = {}
     if kind == "tar-stream":
-        # PyTorch refuses shuffle=True for every IterableDataset; the README says to drop it
+        # PyTorch refuses shuffle=True for every IterableDataset; loading.md says to drop it
         with pytest.raises(ValueError, match="expected unspecified shuffle option"):
             exec(first, ns)
         first = first.replace("shuffle=True, ", "")

@@ -1,5 +1,5 @@
 """gpufeed.Writer and gpufeed.pack(fn, inputs): crash-safe (a real kill -9, then resume or
-refuse), locked, ordered, on_error semantics; the README's multi-field snippet."""
+refuse), locked, ordered, on_error semantics; docs/formats.md's multi-field snippet."""
 
 from __future__ import annotations
 
@@ -208,8 +208,8 @@ def test_pack_fn_refuses_a_sample_that_is_not_a_dict(tmp_path):
         gpufeed.pack(lambda i: "x", [1], tmp_path / "p", workers=0, quiet=True)
 
 
-def test_the_readme_multi_field_snippet_runs(tmp_path):
-    text = (ROOT / "README.md").read_text()
+def test_the_readme_multi_field_snippet_runs(tmp_path, monkeypatch):
+    text = (ROOT / "docs" / "formats.md").read_text()
     marker = r"tests/unit/write/test_writer.py runs these snippets -->\n```python\n(.*?)```"
     block = re.search(marker, text, re.S).group(1)
     rng = np.random.default_rng(0)
@@ -224,9 +224,9 @@ def test_the_readme_multi_field_snippet_runs(tmp_path):
          rng.random(100 + i, dtype=np.float32))
         for i in range(40)
     ]  # fmt: skip
-    block = block.replace("/workspace", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # the snippet writes packs/caps.tar
     scope = {"my_data": my_data}
-    exec(compile(textwrap.dedent(block), "README", "exec"), scope)
+    exec(compile(textwrap.dedent(block), "docs/formats.md", "exec"), scope)
     batch = scope["batch"]
     assert batch["image"].shape == (32, 3, 16, 16)
     assert batch["tokens"].shape == (32, 3 + 31) and batch["tokens_mask"].sum() == sum(
