@@ -163,10 +163,10 @@ bench-streaming: bench-image ## object storage: gpufeed vs LitData vs MosaicML S
 		-e GPUFEED_PREFLIGHT_QUIET=1 -e PYTHONPATH=/src:/src/app/src \
 		-v "$(CURDIR):/src:ro" -v "$(CURDIR)/.venv/bin/rclone:/usr/local/bin/rclone:ro" \
 		-v "$(abspath $(BENCH_DATA)):/bench-data" -w /src $(BENCH_IMAGE) \
-		python -m bench.streaming --tmp /bench-data $(BENCH_ARGS)
+		python -m bench.studies.streaming --tmp /bench-data $(BENCH_ARGS)
 
 # JPEG decode + RandomResizedCrop + flip, every candidate decoder side by side on the same JPEGs
-# (bench/jpeg_decoders.py). Candidates the bench image lacks (DALI, SPDL, PyTurboJPEG) are
+# (bench/studies/jpeg_decoders.py). Candidates the bench image lacks (DALI, SPDL, PyTurboJPEG) are
 # reported as not measured; JPEG_PEERS=dir adds a folder they were `pip install --target`ed to.
 JPEG_PEERS ?=
 bench-jpeg: bench-image ## JPEG decoders side by side: FFCV, gpufeed native/opencv, torchvision, ...
@@ -175,11 +175,11 @@ bench-jpeg: bench-image ## JPEG decoders side by side: FFCV, gpufeed native/open
 		-e GPUFEED_PREFLIGHT_QUIET=1 -e PYTHONPATH=/src:/src/app/src$(if $(JPEG_PEERS),:/peers) \
 		$(if $(JPEG_PEERS),-v "$(abspath $(JPEG_PEERS)):/peers:ro") \
 		-v "$(CURDIR):/src:ro" -v "$(abspath $(BENCH_OUT)):/bench-out" -w /src $(BENCH_IMAGE) \
-		python -m bench.jpeg_decoders --out /bench-out $(BENCH_ARGS)
+		python -m bench.studies.jpeg_decoders --out /bench-out $(BENCH_ARGS)
 
 # The same on the GPU runner and on any GPU box: the SSH image with --gpus all runs
 # tests/gpu/smoke.py on the working tree (read-only): the preflight, CUDA, a bf16 matmul against
-# float64, then bench/smoke_gpu.py. No GPU visible is a failure (exit 4), never a skip.
+# float64, then bench/studies/smoke_gpu.py. No GPU visible is a failure (exit 4), never a skip.
 smoke-gpu: ## GPU smoke test in the SSH image (--gpus all): preflight, CUDA, bf16, GPU benchmark
 	mkdir -p $(SMOKE_OUT) && chmod 0777 $(SMOKE_OUT)
 	docker run --rm --gpus all --shm-size=8g -e GPUFEED_SMOKE_BENCH \

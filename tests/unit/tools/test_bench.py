@@ -164,7 +164,7 @@ def test_bench_device_cuda_without_cuda(mmap_pack, capsys, monkeypatch):
 def test_smoke_gpu_script_cpu_path(tmp_path, monkeypatch, capsys):
     import runpy
 
-    smoke = runpy.run_path(str(REPO / "bench" / "smoke_gpu.py"), run_name="smoke_gpu")
+    smoke = runpy.run_path(str(REPO / "bench" / "studies" / "smoke_gpu.py"), run_name="smoke_gpu")
     args = ["--samples", "16", "--size", "8", "--batch-size", "8"]
     monkeypatch.delenv(bench.EXPECT_GPU_ENV, raising=False)
     out = tmp_path / "r.json"

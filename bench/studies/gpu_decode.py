@@ -1,8 +1,8 @@
 """JPEG decode + RandomResizedCrop + flip: the GPU decoders against the CPU ones, side by side
-in one run on one machine (issue 16's GPU rows; runs in the one prepared device script,
-bench/device_checks.sh).
+in one run on one machine (runs in the one prepared device script, bench/device_checks.sh).
 
-    python bench/gpu_decode.py [--images 1024] [--batch-size 256] [--json FILE]
+    python bench/studies/gpu_decode.py [--images 1024] [--batch-size 256] [--json FILE]
+                                       [--quick] [--out DIR]
 
 Rows (samples/s of ImageNet-sized JPEGs, 500x375 and 375x500, quality 90, out 224x224):
 
@@ -24,7 +24,6 @@ largest and mean absolute difference, share of values more than 1 apart.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -36,8 +35,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "app" / "src"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run as a file (device_checks.sh)
+
+from bench.studies import common  # noqa: E402, I001 - first: it puts gpufeed on the path
 
 import gpufeed  # noqa: E402
 from gpufeed.batch import Batch  # noqa: E402
@@ -87,12 +88,14 @@ def rate(fn, groups: list, sync=lambda: None, rounds: int = 3) -> tuple[float, f
     return len(groups[0]) / ms, ms * 1e3
 
 
-def cpu_rows(jpegs: list[bytes], batch_size: int) -> dict:
+def cpu_rows(jpegs: list[bytes], batch_size: int, rounds: int = 3) -> dict:
+    """The CPU decoders, their passes interleaved (common.interleaved) after one warm-up."""
     from gpufeed.data.decoders import BACKENDS
 
     rows: dict = {}
     arrays = batches([np.frombuffer(b, dtype=np.uint8) for b in jpegs], batch_size)
     cpus = os.cpu_count() or 1
+    passes = {}
     for backend, threads in (("native", 1), ("native", cpus), ("opencv", 1)):
         if backend not in BACKENDS:
             continue
@@ -101,7 +104,16 @@ def cpu_rows(jpegs: list[bytes], batch_size: int) -> dict:
         except Exception as exc:  # noqa: BLE001 - a backend not installed here: say so
             rows[f"cpu {backend} x{threads}"] = f"not run: {exc}"
             continue
-        rows[f"cpu {backend} x{threads}"] = rate(lambda g, c=crop: c(g), arrays)
+        crop(arrays[0])  # warm-up
+
+        def one_pass(c=crop):
+            for g in arrays:
+                c(g)
+
+        passes[f"cpu {backend} x{threads}"] = one_pass
+    for name, seconds in common.interleaved(passes, rounds).items():
+        ms = common.median(seconds) / len(arrays)
+        rows[name] = (batch_size / ms, ms * 1e3)
     return rows
 
 
@@ -251,31 +263,35 @@ def pixel_rows(jpegs: list[bytes], n: int = 64) -> dict:
 
 
 def table(rows: dict) -> str:
-    lines = [f"{'row':<40} {'samples/s':>10} {'ms/batch':>9}"]
+    """The rows as markdown: samples/s (as a ratio to the CPU decoder on one thread, where
+    measured) and ms a batch; the pixel rows as they are."""
+    ref = rows.get("cpu native x1")
+    lines = ["| row | samples/s | vs cpu native x1 | ms/batch |", "|---|---|---|---|"]
     for name, value in rows.items():
         if name.startswith("_"):
             continue
         if isinstance(value, tuple):
-            lines.append(f"{name:<40} {value[0]:>10,.0f} {value[1]:>9.2f}")
-        elif isinstance(value, dict):
-            lines.append(f"{name:<40} {json.dumps(value)}")
+            ratio = f"{value[0] / ref[0]:.2f}x" if isinstance(ref, tuple) else ""
+            lines.append(f"| {name} | {value[0]:,.0f} | {ratio} | {value[1]:.2f} |")
         else:
-            lines.append(f"{name:<40} {value}")
+            text = json.dumps(value) if isinstance(value, dict) else value
+            lines.append(f"| {name} | {text} | | |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--images", type=int, default=1024)
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--json", metavar="FILE")
+    ap = common.parser(__doc__)
+    ap.add_argument("--images", type=int, default=1024, help="(quick: 64)")
+    ap.add_argument("--batch-size", type=int, default=256, help="(quick: 32)")
     ap.add_argument("--gpu-only", action="store_true", help="skip the CPU and nvImageCodec rows")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.images, args.batch_size = 64, 32
     t0 = time.perf_counter()
     jpegs = make_jpegs(args.images)
     rows: dict = {"_cpus": os.cpu_count(), "_torch": torch.__version__}
     if not args.gpu_only:
-        rows.update(cpu_rows(jpegs, args.batch_size))
+        rows.update(cpu_rows(jpegs, args.batch_size, args.rounds))
     if torch.cuda.is_available():
         rows["_gpu"] = torch.cuda.get_device_name(0)
         rows.update(gpu_rows(jpegs, args.batch_size, nvimgcodec=not args.gpu_only))
@@ -283,13 +299,11 @@ def main(argv=None) -> int:
     else:
         rows["gpu"] = "no CUDA device: GPU rows not measured"
     rows["_seconds"] = time.perf_counter() - t0
-    print(
+    head = (
         f"{rows.get('_gpu', 'no GPU')}, {rows['_cpus']} CPUs, torch {rows['_torch']}, "
         f"batch {args.batch_size}, {args.images} JPEGs 500x375 q90 -> 224"
     )
-    print(table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2, default=str))
+    common.write(args, "gpu_decode", rows, head + "\n\n" + table(rows))
     return 0
 
 

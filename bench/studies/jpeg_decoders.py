@@ -1,6 +1,6 @@
 """JPEG decode + RandomResizedCrop + horizontal flip: the candidate CPU decoders side by side.
 
-    python -m bench.jpeg_decoders [--out DIR] [--reps 5] [--only REGEX]
+    python -m bench.studies.jpeg_decoders [--out DIR] [--rounds 5] [--only REGEX] [--quick]
     make bench-jpeg                       (in the bench image: FFCV, torchvision 0.24.1, ...)
 
 The same pictures (bench/data.py's generator) encoded once by FFCV's own encoder (OpenCV,
@@ -11,11 +11,11 @@ quality 90, what FFCV's writer stores), so every candidate decodes the very same
 
 Each candidate decodes every picture, crops a RandomResizedCrop box (scale 0.08-1, ratio
 3/4-4/3), resizes it to the output size and flips half, in batches of 256, with 1 thread and
-with 2. The passes are interleaved (rep 1 of every candidate, then rep 2, ...), so machine
-noise falls on all of them alike; the best pass counts. Candidates that are not installed
-are reported as such. Pixels: for the candidates whose box can be given, the largest
-difference from torchvision's RandomResizedCrop + flip for the same box on the first 64
-pictures (``-`` where a candidate samples its own boxes).
+with 2. The passes are interleaved (bench/studies/common.py: round 1 of every candidate,
+then round 2, ...), so machine noise falls on all of them alike; the best pass counts.
+Candidates that are not installed are reported as such. Pixels: for the candidates whose box
+can be given, the largest difference from torchvision's RandomResizedCrop + flip for the same
+box on the first 64 pictures (``-`` where a candidate samples its own boxes).
 
 Prints a table (per-image microseconds on 1 thread, images/s on 2 threads, both as ratios to
 FFCV) and writes ``jpeg_decoders.json`` / ``jpeg_decoders.md`` to --out.
@@ -23,24 +23,17 @@ FFCV) and writes ``jpeg_decoders.json`` / ``jpeg_decoders.md`` to --out.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-for path in (REPO, REPO / "app" / "src"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from bench.data import _picture  # noqa: E402
+from bench.data import _picture
+from bench.studies import common
 
 BATCH = 256
 CASES = {"small": (64, 64, 56, 8192), "imagenet": (375, 500, 224, 512)}
@@ -353,7 +346,16 @@ def _size(data: bytes):
     return img.shape[1], img.shape[2]
 
 
+def _one_pass(run, threads: int) -> None:
+    run(threads)  # its seconds are the result (common.interleaved)
+
+
+def _log_round(log, case: str, msg: str) -> None:
+    log(f"[{case}] {msg}")
+
+
 def measure(args) -> dict:
+    log = common.logger()
     torch.set_num_threads(1)
     workdir = Path(args.work)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -374,17 +376,14 @@ def measure(args) -> dict:
                 why = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 notes[name] = {"unavailable": why[:200]}
                 print(f"[{case}] {name}: not measured: {notes[name]['unavailable']}", flush=True)
-        best = {name: {1: 0.0, 2: 0.0} for name in runs}
-        for rep in range(args.reps):
-            for name, run in runs.items():
-                for threads in (1, 2):
-                    t0 = time.perf_counter()
-                    n = run(threads)
-                    rate = n / (time.perf_counter() - t0)
-                    best[name][threads] = max(best[name][threads], rate)
-            print(f"[{case}] rep {rep + 1}/{args.reps} done", flush=True)
-        for name, rates in best.items():
-            notes[name].update({"images_per_s_1": rates[1], "images_per_s_2": rates[2]})
+        timed = {
+            (name, threads): partial(_one_pass, run, threads)
+            for name, run in runs.items()
+            for threads in (1, 2)
+        }
+        passes = common.interleaved(timed, args.rounds, partial(_log_round, log, case))
+        for (name, threads), seconds in passes.items():
+            notes[name][f"images_per_s_{threads}"] = len(payloads) / min(seconds)
         results[case] = {"size": size, "count": len(payloads), "candidates": notes}
     return results
 
@@ -418,20 +417,16 @@ def table(results: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="bench/results")
+    ap = common.parser(__doc__, rounds=5)
+    ap.set_defaults(out=Path("bench/results"))
     ap.add_argument("--work", default=os.environ.get("TMPDIR", "/tmp") + "/gpufeed-jpeg-bench")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--cases", default="small,imagenet")
+    ap.add_argument("--cases", default="small,imagenet", help="(quick: small)")
     ap.add_argument("--only", default=None, help="only candidates matching this regex")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.cases, args.rounds = "small", 1
     results = measure(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "jpeg_decoders.json").write_text(json.dumps(results, indent=1))
-    text = table(results)
-    (out / "jpeg_decoders.md").write_text(text + "\n")
-    print(text)
+    common.write(args, "jpeg_decoders", results, table(results))
     return 0
 
 

@@ -1,8 +1,9 @@
 """Multi-field read speed: the batched read against the per-sample one, side by side.
 
-    python -m bench.fields_read [--n 4096] [--reps 5] [--formats lmdb,hdf5,tar,mmap]
+    python -m bench.studies.fields_read [--n 4096] [--rounds 5] [--formats lmdb,hdf5,tar,mmap]
+                                        [--quick] [--out DIR] [--json FILE]
 
-The same samples (a 64x64 JPEG, a 32-token int32 caption, a class: bench.multifield's) in
+The same samples (a 64x64 JPEG, a 32-token int32 caption, a class) in
 each gpufeed format, every sample read once in a shuffled order, batches of 256:
 
 - ``per-sample``: what gpufeed did before the batched path, and what the per-sample view
@@ -14,33 +15,44 @@ each gpufeed format, every sample read once in a shuffled order, batches of 256:
 Three decode settings: the JPEG kept encoded (``decode=False``), decoded
 (``decode=True``), and decoded + RandomResizedCrop(56) + flip; the per-sample row has no batch
 decoder, so it decodes, then crops per sample with bench.data.Augment (torchvision's
-transforms.v2, what a user of the per-sample path writes). Passes are interleaved, the best
-counts; ratios are printed.
+transforms.v2, what a user of the per-sample path writes). Rounds are interleaved
+(bench/studies/common.py), the best pass counts; ratios are printed.
 """
 
 from __future__ import annotations
 
-import argparse
+import io
 import shutil
-import sys
 import tempfile
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-for path in (REPO, REPO / "app" / "src"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-import gpufeed  # noqa: E402
-from bench.multifield import BATCH, best_rates, caption_sample  # noqa: E402
+import gpufeed  # noqa: E402, I001 - after common, which puts gpufeed's sources on the path
+from bench.studies import common
 from gpufeed.batch import collate_fields  # noqa: E402
 from gpufeed.data.fields import decode_fields  # noqa: E402
 
 FORMATS = ("lmdb", "hdf5", "tar", "mmap")
 SCHEMA = {"image": "jpeg", "tokens": "int32[32]", "label": "int"}
+BATCH = 256
+
+
+def jpeg(i: int, size: int = 64) -> bytes:
+    """A smooth picture, different for each ``i``, as a quality-90 JPEG."""
+    from PIL import Image
+
+    rng = np.random.default_rng(i)
+    base = rng.integers(0, 255, (size // 8, size // 8, 3), dtype=np.uint8)
+    img = Image.fromarray(base).resize((size, size), Image.BILINEAR)
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def caption_sample(i: int) -> dict:
+    return {"image": jpeg(i), "tokens": np.arange(32, dtype=np.int32) + i, "label": i % 10}
 
 
 def write_packs(root: Path, n: int, formats) -> None:
@@ -80,34 +92,40 @@ def settings():
     }
 
 
-def run(root: Path, n: int, reps: int, formats) -> None:
+def run(root: Path, n: int, rounds: int, formats) -> tuple[dict, str]:
+    """(results, markdown): per decode setting, each format's best rates both ways."""
     write_packs(root, n, formats)
-    print(f"fields read: {n} samples (64x64 JPEG + int32[32] caption + class), shuffled, "
-          f"batches of {BATCH}; get_batch / per-sample")  # fmt: skip
+    results, tables = {}, []
     for name, (decode, plain_decode, augment) in settings().items():
         candidates = {}
         for fmt in formats:
             ds = gpufeed.open_dataset(root / fmt, map_style=True, decode=decode)
             candidates[f"{fmt} per-sample"] = partial(per_sample_pass, ds, n, plain_decode, augment)
             candidates[f"{fmt} get_batch"] = partial(batched_pass, ds, n)
-        rates = best_rates(candidates, reps, n)
+        passes = common.rates(common.interleaved(candidates, rounds), n)
+        best = results[name] = {k: common.best(v) for k, v in passes.items()}
         for fmt in formats:
-            a, b = rates[f"{fmt} get_batch"], rates[f"{fmt} per-sample"]
-            print(f"  {name:15} {fmt:5} get_batch {a:9,.0f}/s  per-sample {b:9,.0f}/s  "
-                  f"ratio {a / b:5.2f}x")  # fmt: skip
+            pair = {k: best[k] for k in (f"{fmt} per-sample", f"{fmt} get_batch")}
+            tables.append(common.ratio_table(pair, f"{fmt} per-sample", title=f"{name}, {fmt}"))
+    head = (
+        f"fields read: {n} samples (64x64 JPEG + int32[32] caption + class), shuffled, "
+        f"batches of {BATCH}: get_batch over per-sample, the best of {rounds} rounds"
+    )
+    return results, "\n\n".join([head, *tables])
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=4096)
-    p.add_argument("--reps", type=int, default=5)
+    p = common.parser(__doc__, rounds=5)
+    p.add_argument("--n", type=int, default=4096, help="samples (quick: 512)")
     p.add_argument("--formats", default=",".join(FORMATS))
     args = p.parse_args(argv)
+    n = 512 if args.quick else args.n
     root = Path(tempfile.mkdtemp(prefix="gpufeed-fields-read-"))
     try:
-        run(root, args.n, args.reps, args.formats.split(","))
+        results, md = run(root, n, 1 if args.quick else args.rounds, args.formats.split(","))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    common.write(args, "fields_read", {"samples": n, "rates": results}, md)
     return 0
 
 

@@ -1,6 +1,7 @@
 """The tutorial line over a URL, its DataLoader workers forked against spawned, in one run.
 
-    python -m bench.url_workers [--samples 2000] [--sample-kib 16] [--workers 2] [--rounds 3]
+    python -m bench.studies.url_workers [--samples 2000] [--sample-kib 16] [--workers 2]
+                                        [--rounds 3] [--quick] [--out DIR] [--json FILE]
 
 Starts a real S3 server on 127.0.0.1 (bench/s3server.py: rclone), uploads a tar pack, then in
 interleaved rounds reads it with `open_dataset(url, cache_dir=..., map_style=True)` and a plain
@@ -13,18 +14,18 @@ is what `default_multiprocessing_context` is chosen by (docs/object-storage.md).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 from bench.s3server import S3Server
-from bench.streaming import make_pack
+from bench.studies import common
+from bench.studies.streaming import make_pack
 
 CONTEXTS = ("fork", "spawn")
 
@@ -51,14 +52,21 @@ def one_epoch(url: str, cache: Path, workers: int, context: str) -> tuple[float,
     return first or 0.0, time.perf_counter() - start
 
 
-def run(args) -> dict[str, dict[str, list[float]]]:
+def cold_then_warm(work: Path, context: str, workers: int) -> dict[str, float]:
+    """One candidate's turn: an epoch into an empty cache, then one from the filled cache."""
+    cache = work / f"cache-{context}"
+    out = {}
+    for state in ("cold", "warm"):
+        first, total = one_epoch("s3://bench/pack", cache, workers, context)
+        out[f"{state} first batch"], out[f"{state} epoch"] = first, total
+    shutil.rmtree(cache)
+    return out
+
+
+def run(args) -> dict[str, list[dict[str, float]]]:
+    """Each context's turns, one a round (the order rotated): seconds from open_dataset."""
     from gpufeed.storage import upload_pack
 
-    times: dict[str, dict[str, list[float]]] = {
-        f"{state} {what}": {c: [] for c in CONTEXTS}
-        for state in ("cold", "warm")
-        for what in ("first batch", "epoch")
-    }
     with tempfile.TemporaryDirectory(prefix="gpufeed-urlworkers-") as tmp:
         work = Path(tmp)
         local = make_pack(work, args.samples, args.sample_kib)
@@ -66,34 +74,33 @@ def run(args) -> dict[str, dict[str, list[float]]]:
             os.environ.update(server.env())
             server.make_bucket("bench")
             upload_pack(local, "s3://bench/pack")
-            for r in range(args.rounds):
-                for context in CONTEXTS if r % 2 == 0 else CONTEXTS[::-1]:
-                    cache = work / f"cache-{context}-{r}"
-                    for state in ("cold", "warm"):
-                        first, total = one_epoch("s3://bench/pack", cache, args.workers, context)
-                        times[f"{state} first batch"][context].append(first)
-                        times[f"{state} epoch"][context].append(total)
-                    shutil.rmtree(cache)
-    return times
+            turns = {c: partial(cold_then_warm, work, c, args.workers) for c in CONTEXTS}
+            return common.interleaved(turns, args.rounds)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--samples", type=int, default=2000)
+    p = common.parser(__doc__)
+    p.add_argument("--samples", type=int, default=2000, help="(quick: 200)")
     p.add_argument("--sample-kib", type=int, default=16)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
+    if args.quick:
+        args.samples, args.rounds = 200, 1
     warnings.filterwarnings("ignore", message=".*pin_memory.*")  # no accelerator on CPU hosts
-    times = run(args)
-    print(
+    turns = run(args)
+    head = (
         f"{args.samples} samples of {args.sample_kib} KiB, tar shards of 4 MiB, "
         f"DataLoader(batch_size=32, shuffle=True, num_workers={args.workers}, pin_memory=True), "
         f"medians of {args.rounds} interleaved rounds, seconds from open_dataset"
     )
-    for row, by in times.items():
-        fork, spawn = (statistics.median(by[c]) for c in CONTEXTS)
-        print(f"  {row:17s} spawn / fork: {spawn / fork:5.2f}x   (fork {fork:.2f} s)")
+    medians = {
+        what: {c: common.median([t[what] for t in turns[c]]) for c in CONTEXTS}
+        for what in turns[CONTEXTS[0]][0]
+    }
+    tables = [common.ratio_table(m, "fork", "seconds", title=what) for what, m in medians.items()]
+    common.write(
+        args, "url_workers", {"args": vars(args), "turns": turns}, "\n\n".join([head, *tables])
+    )
     return 0
 
 

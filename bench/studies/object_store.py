@@ -1,6 +1,7 @@
 """Object-storage clients side by side: obstore, fsspec (s3fs) and boto3 on the same objects.
 
-    python -m bench.object_store [--quick] [--concurrency 8] [--rounds 3] [--out FILE.json]
+    python -m bench.studies.object_store [--quick] [--concurrency 8] [--rounds 3] [--out DIR]
+                                         [--json FILE]
 
 One run starts a real S3-compatible server on 127.0.0.1 (bench/s3server.py: rclone, and moto
 for ranged reads, whose 206 answers obstore needs), uploads the same objects once, reads them
@@ -35,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.s3server import S3Server
+from bench.studies import common
 
 CLIENTS = ("obstore", "s3fs", "boto3")
 BUCKET = "bench"
@@ -241,7 +243,15 @@ def prepare(servers: list[S3Server], work: Path, quick: bool, list_count: int) -
 
 
 def spawn(client: str, task: str, cfg: dict, env: dict) -> dict:
-    cmd = [sys.executable, "-m", "bench.object_store", "--worker", client, task, json.dumps(cfg)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.studies.object_store",
+        "--worker",
+        client,
+        task,
+        json.dumps(cfg),
+    ]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if res.returncode != 0:
         lines = [ln for ln in res.stderr.splitlines() if "Error" in ln] or ["?"]
@@ -250,12 +260,9 @@ def spawn(client: str, task: str, cfg: dict, env: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
+    ap = common.parser(__doc__)
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ranges", type=int, default=200)
-    ap.add_argument("--out", type=Path)
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -264,9 +271,7 @@ def main(argv=None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="gpufeed-objbench-") as tmp:
         results = run_all(Path(tmp), args)
-    print_report(results)
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    common.write(args, "object_store", results, report(results))
     return 0
 
 
@@ -321,26 +326,32 @@ def _median(runs: list[dict], key: str):
     return statistics.median(vals) if vals else None
 
 
-def print_report(results: dict) -> None:
+def report(results: dict) -> str:
+    """Each task's clients as ratios to the best, the fetch against local disk."""
+    out = []
     rounds = results["rounds"]
     total = sum(results["sizes"]) / MIB
     n, c = len(results["sizes"]), results["concurrency"]
-    print(f"\n{n} objects, {total:.0f} MiB, {c} concurrent requests")
+    out.append(f"\n{n} objects, {total:.0f} MiB, {c} concurrent requests")
     for task in ("get", "upload"):
         secs = {c: _median(rounds[task][c], "seconds") for c in CLIENTS}
         best = min(s for s in secs.values() if s)
         cpu = {c: _median(rounds[task][c], "cpu_seconds") for c in CLIENTS}
         least = min(s for s in cpu.values() if s)
-        print(f"\n{task}: throughput and client CPU time as ratios to the best; peak RSS added")
+        out.append(
+            f"\n{task}: throughput and client CPU time as ratios to the best; peak RSS added"
+        )
         for c in CLIENTS:
             errs = [r["error"] for r in rounds[task][c] if "error" in r]
             if secs[c] is None:
-                print(f"  {c:8s} failed: {errs[0]}")
+                out.append(f"  {c:8s} failed: {errs[0]}")
                 continue
             rss = _median(rounds[task][c], "rss_added_mib")
-            print(f"  {c:8s} {best / secs[c]:5.2f}x   cpu {cpu[c] / least:5.2f}x   +{rss:5.0f} MiB")
+            out.append(
+                f"  {c:8s} {best / secs[c]:5.2f}x   cpu {cpu[c] / least:5.2f}x   +{rss:5.0f} MiB"
+            )
     for task in ("range", "range-moto"):
-        print(f"\n{task}: {RANGE_BYTES} B ranged reads, latency as a ratio to the fastest p50")
+        out.append(f"\n{task}: {RANGE_BYTES} B ranged reads, latency as a ratio to the fastest p50")
         p = {}
         for c in CLIENTS:
             lats = [x for r in rounds[task][c] for x in r.get("latencies", [])]
@@ -349,20 +360,23 @@ def print_report(results: dict) -> None:
         for c in CLIENTS:
             if p[c] is None:
                 err = next(r["error"] for r in rounds[task][c] if "error" in r)
-                print(f"  {c:8s} failed: {err}")
+                out.append(f"  {c:8s} failed: {err}")
             else:
-                print(f"  {c:8s} p50 {p[c][0] / best:5.2f}x   p95 {p[c][1] / best:5.2f}x")
+                out.append(f"  {c:8s} p50 {p[c][0] / best:5.2f}x   p95 {p[c][1] / best:5.2f}x")
     secs = {c: _median(rounds["list"][c], "seconds") for c in CLIENTS}
     best = min(s for s in secs.values() if s)
-    print("\nlist: time as a ratio to the fastest (lower is better)")
+    out.append("\nlist: time as a ratio to the fastest (lower is better)")
     for c in CLIENTS:
-        print(f"  {c:8s} {secs[c] / best:5.2f}x")
+        out.append(f"  {c:8s} {secs[c] / best:5.2f}x")
     disk = rounds["disk"]
-    print("\nfetch through the server (obstore) vs the same files from local disk (time ratio)")
+    out.append(
+        "\nfetch through the server (obstore) vs the same files from local disk (time ratio)"
+    )
     for mode in ("cold", "warm"):
         f = statistics.median(d[f"fetch_{mode}"] for d in disk)
         d = statistics.median(d[f"disk_{mode}"] for d in disk)
-        print(f"  {mode}: fetch time / disk time = {f / d:5.2f}x")
+        out.append(f"  {mode}: fetch time / disk time = {f / d:5.2f}x")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

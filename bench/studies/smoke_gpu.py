@@ -1,4 +1,4 @@
-"""GPU smoke benchmark: `make smoke-gpu` (or python bench/smoke_gpu.py [--json FILE]).
+"""GPU smoke benchmark: `make smoke-gpu` (or python bench/studies/smoke_gpu.py [--json FILE]).
 
 One short script (well under 10 minutes on any GPU) that measures what only a GPU can show:
 
@@ -18,7 +18,6 @@ where a missing device is the failure to report): then it exits 1.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -26,8 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "app" / "src"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run as a file (tests/gpu/smoke.py, device_checks.sh)
+
+from bench.studies import common  # noqa: E402 - it puts gpufeed's sources on the path too
 
 
 def make_pack(root: Path, count: int, shape) -> Path:
@@ -130,15 +131,24 @@ def jpeg_rows(pack: Path, batch_size: int, step_ms: float, log) -> dict:
     return out
 
 
+def summary(report: dict) -> str:
+    """The markdown: one line per check (the GPU's measurements as their JSON)."""
+    lines = [f"- torch {report['torch']} (CUDA build {report['cuda_build']})"]
+    lines += [f"- {report[k]}" for k in ("cpu_path", "cpu_decode_path") if k in report]
+    lines.append(f"- gpu: {json.dumps(report.get('gpu'), default=str)}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", metavar="FILE", help="also write the results here")
+    ap = common.parser(__doc__, rounds=1)
     ap.add_argument("--samples", type=int, default=1024, help="samples in the test pack")
     ap.add_argument("--size", type=int, default=224, help="image side (3 x size x size)")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--step-ms", type=float, default=25.0, help="compute step per batch")
     ap.add_argument("--jpegs", type=int, default=512, help="500x375 JPEGs for the decode rows")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.samples, args.jpegs = min(args.samples, 64), min(args.jpegs, 32)
 
     import torch
 
@@ -187,8 +197,7 @@ def main(argv=None) -> int:
             print(NO_CUDA, flush=True)
         del loader
     report["seconds"] = time.perf_counter() - t0
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    common.write(args, "smoke_gpu", report, summary(report))
     if not cuda and expect:
         print(
             f"error: {EXPECT_GPU_ENV}=1 but torch sees no CUDA device; check the driver, "

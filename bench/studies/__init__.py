@@ -1,0 +1,1 @@
+"""Studies: one question each, candidates side by side on one shared runner (common.py)."""
