@@ -1,0 +1,58 @@
+"""The studies' shared runner (bench/studies/common.py): rounds taken in turn with the order
+rotated, the base options, one output format (JSON + a markdown ratio table)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture()
+def common(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO))
+    from bench.studies import common
+
+    return common
+
+
+def test_rounds_run_every_candidate_once_each_starting_one_further_on(common):
+    order = []
+    candidates = {name: (lambda name=name: order.append(name) or len(order)) for name in "abc"}
+    results = common.interleaved(candidates, rounds=3)
+    assert order == list("abcbcacab")
+    assert results == {"a": [1, 6, 8], "b": [2, 4, 9], "c": [3, 5, 7]}
+    seconds = common.interleaved({"x": lambda: None}, rounds=2)["x"]
+    assert len(seconds) == 2 and all(s >= 0 for s in seconds)  # nothing returned: its seconds
+    assert common.rates({"x": [0.5, 0.25]}, 100) == {"x": [200.0, 400.0]}
+
+
+def test_base_options_and_one_output_format(common, tmp_path, capsys):
+    args = common.parser("A study.\n\nMore.").parse_args(
+        [
+            "--rounds",
+            "2",
+            "--quick",
+            "--out",
+            str(tmp_path / "o"),
+            "--json",
+            str(tmp_path / "r.json"),
+        ]
+    )
+    assert (args.rounds, args.quick) == (2, True)
+    md = common.ratio_table({"base": 100.0, "new": 250.0, "gone": None}, "base", title="t")
+    assert md.splitlines()[2:] == [
+        "| candidate | samples/s | vs base |",
+        "|---|---|---|",
+        "| base | 100 | 1.00x |",
+        "| new | 250 | 2.50x |",
+        "| gone | not run | |",
+    ]
+    common.write(args, "study", {"rates": {"new": 250.0}}, md)
+    assert capsys.readouterr().out.strip() == md
+    assert json.loads((tmp_path / "o" / "study.json").read_text()) == {"rates": {"new": 250.0}}
+    assert (tmp_path / "o" / "study.md").read_text().strip() == md
+    assert json.loads((tmp_path / "r.json").read_text()) == {"rates": {"new": 250.0}}
