@@ -226,9 +226,9 @@ def ratio_tables(table: list[dict]) -> str:
 def _goal(case: str, cond: str, g: dict, p: dict) -> str:
     rate = "headline_samples_per_s"
     worst = min(g.values(), key=lambda t: t[rate])
-    line = f"{case} {cond}: slowest gpufeed format {worst['key'][8:]} "
+    line = f"{case} {cond}: slowest gpufeed format {worst['key'][8:]}"
     if worst.get("vs_perfile"):
-        line += f"{worst['vs_perfile']:.1f}x per-file"
+        line += f" {worst['vs_perfile']:.1f}x per-file"
     if p:
         bp = max(p.values(), key=lambda t: t[rate])
         line += (
