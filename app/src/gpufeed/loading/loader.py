@@ -179,12 +179,11 @@ class GpufeedLoader:
             for obj in (self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
                 if callable(getattr(obj, "set_epoch", None)):
                     obj.set_epoch(self.epoch)
-        else:
-            # in-process this is the copy that is read; with workers it keeps len() (which
-            # may depend on the epoch's shard split) in step; workers get it via _IterProxy
-            set_epoch = getattr(self.dataset, "set_epoch", None)
-            if set_epoch is not None:
-                set_epoch(self.epoch)
+        # in-process this is the copy that is read (a mixture's draws, a stream's shard
+        # split); with workers it keeps len() in step; workers get it via the proxies
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(self.epoch)
         if self._epoch_value is not None:
             self._epoch_value.value = self.epoch
         return skip_samples, skip_batches
