@@ -1,0 +1,424 @@
+"""Parquet files and Hugging Face ``datasets`` folders read in place (``pip install
+'gpufeed[parquet]'``: pyarrow).
+
+What is read: one ``.parquet`` file, a glob of them (``data/train-*.parquet``), a folder of
+them (searched below it, as the Hub lays them out: ``data/train-00000-of-00012.parquet``; a
+folder holding several splits is refused: name one with a glob), or a folder made by
+``datasets``' ``save_to_disk`` (``state.json`` listing ``*.arrow`` files: Arrow IPC streams,
+memory-mapped, their record batches read without a copy where they are uncompressed).
+
+Each column is a field (gpufeed.formats.inplace.arrow_columns), ``columns=`` picks some; a
+column named ``label`` of integers gives the labels (a Hugging Face ClassLabel its class
+names). The unit of I/O is the row group (a record batch of an Arrow file): a batch's rows are
+gathered per row group, each needed one read once with only the chosen columns, and each
+process keeps its last ``cache_row_groups`` row groups. Files are opened lazily, per process
+(fork and spawn safe). ``preferred_block_size`` is the row-group size, so make_loader's block
+shuffle reads whole row groups.
+
+Everything in the files is untrusted: a footer, a row count, a page that does not read is a
+DataError (CorruptSampleError for one sample's rows) naming the file.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.errors import CorruptSampleError, DataError, StalePackError, UsageError
+from gpufeed.formats.base import Reader
+from gpufeed.formats.files import file_identity
+from gpufeed.formats.inplace.arrow_columns import (
+    column_field,
+    first_bytes,
+    hub_features,
+    null_problem,
+    stored_column,
+)
+from gpufeed.formats.record import join_record
+from gpufeed.formats.schema import Schema
+
+__all__ = ["ParquetReader", "is_parquet", "parquet_files"]
+
+PARQUET_MAGIC = b"PAR1"
+HUB_SHARD = re.compile(r"(.+)-\d+-of-\d+$")  # data/train-00000-of-00012.parquet
+SPLIT_FOLDERS = {"train", "test", "validation", "valid", "val", "dev"}
+# more rows than this in one file is no real file's: a crafted footer
+MAX_ROWS = 1 << 40
+INSTALL = "install pyarrow: pip install 'gpufeed[parquet]'"
+
+
+def _pyarrow():
+    try:
+        import pyarrow as pa
+        import pyarrow.ipc  # noqa: F401 - pa.ipc
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UsageError(f"reading Parquet and Arrow files needs pyarrow: {INSTALL}") from None
+    return pa, pq
+
+
+def _globbed(path: str) -> bool:
+    return any(c in path for c in "*?[")
+
+
+def _hf_files(folder: Path) -> list[Path] | None:
+    """The .arrow files a save_to_disk folder's state.json lists (plain names in it)."""
+    if (folder / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in folder.iterdir() if (p / "state.json").is_file())
+        raise UsageError(
+            f"{folder}: a Hugging Face DatasetDict (splits {', '.join(splits) or 'none'}); "
+            f"open one split's folder, e.g. {folder / (splits[0] if splits else 'train')}"
+        )
+    try:
+        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+        names = [str(d["filename"]) for d in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for name in names:
+        if not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise DataError(f"{folder / 'state.json'}: lists {name!r}, not a file in the folder")
+    return [folder / name for name in names]
+
+
+def parquet_files(path: str | os.PathLike) -> list[Path] | None:
+    """The Parquet or Arrow files `path` names (module docstring), in order; None when it
+    names none (no pyarrow needed to tell)."""
+    text = os.fspath(path)
+    if _globbed(text):
+        files = [Path(p) for p in sorted(glob.glob(text, recursive=True)) if os.path.isfile(p)]
+        files = [p for p in files if p.suffix in (".parquet", ".arrow")]
+        return files or None
+    p = Path(text)
+    if p.is_file():
+        return [p] if p.suffix in (".parquet", ".arrow") or _has_magic(p) else None
+    if not p.is_dir():
+        return None
+    if (p / "state.json").is_file() or (p / "dataset_dict.json").is_file():
+        listed = _hf_files(p)
+        if listed is not None:
+            return listed
+    files = sorted(f for f in p.rglob("*.parquet") if f.is_file() and not _hidden(f.relative_to(p)))
+    if files:
+        _one_split(p, files)
+    return files or None
+
+
+def _has_magic(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == PARQUET_MAGIC
+    except OSError:
+        return False
+
+
+def _hidden(rel: Path) -> bool:
+    return any(part.startswith((".", "_")) for part in rel.parts)
+
+
+def _one_split(folder: Path, files: list[Path]) -> None:
+    """A folder holding several splits (train-*, test-*; or train/, test/) is refused: read
+    together they would mix them."""
+    splits: dict[str, str] = {}
+    for f in files:
+        m = HUB_SHARD.fullmatch(f.stem)
+        if m:
+            splits.setdefault(m.group(1), str(f.parent / f"{m.group(1)}-*.parquet"))
+        elif f.parent.name in SPLIT_FOLDERS:
+            splits.setdefault(f.parent.name, str(f.parent / "*.parquet"))
+    if len(splits) > 1:
+        raise UsageError(
+            f"{folder}: holds the splits {', '.join(sorted(splits))}; read one, e.g. "
+            f"open_dataset({next(iter(splits.values()))!r})"
+        )
+
+
+def is_parquet(path: str | os.PathLike) -> bool:
+    try:
+        return parquet_files(path) is not None
+    except (UsageError, DataError):
+        return True  # its reader says why it cannot be read
+
+
+class _File:
+    """One file as this process reads it: Parquet row groups, or an Arrow file's batches."""
+
+    def __init__(self, path: Path):
+        pa, pq = _pyarrow()
+        self.path = path
+        self.parquet = None
+        self.batches = None
+        if _has_magic(path):
+            self.parquet = pq.ParquetFile(path, memory_map=True)
+            self.schema = self.parquet.schema_arrow
+            meta = self.parquet.metadata
+            self.rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            return
+        source = pa.memory_map(str(path))
+        head = source.read(6)
+        source.seek(0)
+        if head == b"ARROW1":
+            f = pa.ipc.open_file(source)
+            self.batches = [f.get_batch(k) for k in range(f.num_record_batches)]
+            self.schema = f.schema
+        else:
+            f = pa.ipc.open_stream(source)
+            self.schema = f.schema
+            self.batches = list(f)
+        self.rows = [b.num_rows for b in self.batches]
+
+    def group(self, g: int, columns: list[str]):
+        """Row group g, only `columns` (a Table)."""
+        pa, _ = _pyarrow()
+        if self.parquet is not None:
+            return self.parquet.read_row_group(g, columns=columns, use_threads=False)
+        return pa.Table.from_batches([self.batches[g]]).select(columns)
+
+
+def _opened(path: Path) -> _File:
+    """A file opened, any failure of pyarrow's a DataError naming it."""
+    pa, _ = _pyarrow()
+    try:
+        return _File(path)
+    except (pa.ArrowException, OSError, ValueError, MemoryError) as e:
+        raise DataError(
+            f"{path}: not a readable Parquet or Arrow file ({type(e).__name__}: {e}); "
+            "it is truncated, damaged or not such a file"
+        ) from None
+
+
+class ParquetReader(Reader):
+    """Rows of Parquet files or a ``datasets`` folder as multi-field samples (module
+    docstring). ``columns``: the columns to read (default all); ``cache_row_groups``: how
+    many decoded row groups each process keeps."""
+
+    format_name = "parquet"
+    checksums = False  # Parquet's page checksums are pyarrow's to check, not per sample
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        columns: list[str] | None = None,
+        cache_row_groups: int = 8,
+    ):
+        files = parquet_files(path)
+        if not files:
+            raise DataError(f"{path}: no Parquet or Arrow files there")
+        if int(cache_row_groups) < 1:
+            raise UsageError(f"cache_row_groups={cache_row_groups!r}: at least 1")
+        self.files = [str(f) for f in files]
+        self.cache_row_groups = int(cache_row_groups)
+        first = _opened(files[0])
+        names = self._columns(path, first.schema, columns)
+        self.columns = names
+        opened = [first] + [_opened(f) for f in files[1:]]
+        schema, classes = self._schema(first, names)
+        self._check_same(opened, first.schema, names)
+        self._index(opened)
+        manifest = {
+            "format": self.format_name,
+            "format_version": 2,
+            "count": self.count_rows,
+            "classes": classes,
+            "sample": {"kind": "fields", "fields": schema.to_json()},
+            "files": {},
+            "layout": {"files": self.files, "row_groups": len(self.group_file)},
+        }
+        super().__init__(files[0].parent, manifest)
+        self.identity = [file_identity(os.stat(f)) for f in files]
+        self.labels = self._labels(opened, schema)
+        self.crc32 = np.broadcast_to(np.uint32(0), (self.count,))
+        sizes = np.diff(self.group_start)
+        self.preferred_block_size = int(np.median(sizes)) if len(sizes) else 1
+
+    # -- opening -------------------------------------------------------------------------
+    def _columns(self, path, schema, columns) -> list[str]:
+        have = list(schema.names)
+        if columns is None:
+            return have
+        if isinstance(columns, str) or not columns:
+            raise UsageError(f"columns={columns!r}: a list of column names, e.g. {have[:2]}")
+        missing = [c for c in columns if c not in have]
+        if missing:
+            raise UsageError(f"{path}: no column {missing}; it has {have}")
+        return [str(c) for c in columns]
+
+    def _schema(self, first: _File, names: list[str]) -> tuple[Schema, list[str] | None]:
+        features = hub_features(first.schema)
+        sample = first.group(0, names) if first.rows and first.rows[0] else None
+        fields = []
+        for name in names:
+            col = sample.column(name) if sample is not None else None
+            head = first_bytes(col) if col is not None else None
+            try:
+                fields.append(
+                    column_field(name, first.schema.field(name).type, features.get(name), head)
+                )
+            except UsageError as e:
+                raise DataError(f"{first.path}: column {name!r}: {e}") from None
+        label = features.get("label")
+        classes = label.get("names") if isinstance(label, dict) else None
+        ok = isinstance(classes, list) and all(isinstance(c, str) for c in classes)
+        return Schema(tuple(fields)), (classes if ok else None)
+
+    def _check_same(self, opened: list[_File], schema, names: list[str]) -> None:
+        for f in opened[1:]:
+            for name in names:
+                if (
+                    name not in f.schema.names
+                    or f.schema.field(name).type != schema.field(name).type
+                ):
+                    found = (
+                        f.schema.field(name).type if name in f.schema.names else "no such column"
+                    )
+                    raise DataError(
+                        f"{f.path}: column {name!r} is {found}; {opened[0].path} has "
+                        f"{schema.field(name).type}: the files must share their columns"
+                    )
+
+    def _index(self, opened: list[_File]) -> None:
+        """The row groups of every file in order: group_file, group_index, group_start."""
+        rows, gfile, gindex = [], [], []
+        for k, f in enumerate(opened):
+            if sum(f.rows) > MAX_ROWS or any(r < 0 for r in f.rows):
+                raise DataError(
+                    f"{f.path}: its footer claims {sum(f.rows):,} rows; no real file holds "
+                    "that many (the file is damaged or crafted)"
+                )
+            for g, r in enumerate(f.rows):
+                rows.append(r)
+                gfile.append(k)
+                gindex.append(g)
+        self.group_file = np.asarray(gfile, dtype=np.int32)
+        self.group_index = np.asarray(gindex, dtype=np.int32)
+        self.group_start = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
+        self.count_rows = int(self.group_start[-1])
+
+    def _labels(self, opened: list[_File], schema: Schema) -> np.ndarray:
+        """The label column's values, when there is one of integers (else -1s)."""
+        if "label" not in schema.names or schema["label"].type != "int":
+            return np.broadcast_to(np.int64(-1), (self.count,))
+        pa, _ = _pyarrow()
+        out = np.empty(self.count, dtype=np.int64)
+        for g in range(len(self.group_file)):
+            f = opened[int(self.group_file[g])]
+            try:
+                col = f.group(int(self.group_index[g]), ["label"]).column("label").combine_chunks()
+            except (pa.ArrowException, OSError, MemoryError) as e:
+                raise DataError(f"{f.path}: its label column does not read: {e}") from None
+            self._check_rows(g, f, len(col))
+            lo, hi = int(self.group_start[g]), int(self.group_start[g + 1])
+            out[lo:hi] = col.fill_null(-1).to_numpy(zero_copy_only=False)
+        return out
+
+    def _check_rows(self, g: int, f: _File, rows: int) -> None:
+        """Row group g read as `rows` rows: as many as its footer said, or a DataError."""
+        want = int(self.group_start[g + 1] - self.group_start[g])
+        if rows != want:
+            raise DataError(
+                f"{f.path}: row group {int(self.group_index[g])} holds {rows:,} rows, its "
+                f"footer says {want:,}; the file is damaged or crafted"
+            )
+
+    # -- reading -------------------------------------------------------------------------
+    def _open(self):
+        return {"files": {}, "groups": OrderedDict()}
+
+    def _close(self, handle) -> None:
+        handle["files"].clear()
+        handle["groups"].clear()
+
+    def _file(self, k: int) -> _File:
+        files = self.handle["files"]
+        if k not in files:
+            path = Path(self.files[k])
+            try:
+                now = file_identity(os.stat(path))
+            except FileNotFoundError:
+                now = None
+            if now != self.identity[k]:
+                raise StalePackError(
+                    f"{path}: replaced or changed since this dataset was opened; open it again"
+                )
+            files[k] = _opened(path)
+        return files[k]
+
+    def _group(self, g: int):
+        """Row group g (global number) as a Table, from this process's cache."""
+        cache = self.handle["groups"]
+        if g in cache:
+            cache.move_to_end(g)
+            return cache[g]
+        pa, _ = _pyarrow()
+        f = self._file(int(self.group_file[g]))
+        try:
+            table = f.group(int(self.group_index[g]), self.columns)
+        except (pa.ArrowException, OSError, ValueError, MemoryError) as e:
+            raise CorruptSampleError(
+                f.path,
+                int(self.group_start[g]),
+                f"row group {int(self.group_index[g])} does not read: {e}",
+            ) from None
+        self._check_rows(g, f, table.num_rows)
+        cache[g] = table
+        while len(cache) > self.cache_row_groups:
+            cache.popitem(last=False)
+        return table
+
+    def location(self, index: int) -> str:
+        g = int(np.searchsorted(self.group_start, index, side="right")) - 1
+        return self.files[int(self.group_file[g])]
+
+    def data_files(self) -> list[str]:
+        return list(self.files)
+
+    def mean_sample_bytes(self) -> float:
+        total = sum(os.path.getsize(f) for f in self.files if os.path.exists(f))
+        return total / max(1, self.count)
+
+    def read_batch(self, indices: np.ndarray):
+        indices = np.asarray(indices, dtype=np.int64)
+        groups = np.searchsorted(self.group_start, indices, side="right") - 1
+        out: list = [None] * len(indices)
+        for g in np.unique(groups).tolist():
+            where = np.flatnonzero(groups == g)
+            local = indices[where] - self.group_start[g]
+            for j, record in zip(where.tolist(), self._records(g, local), strict=True):
+                out[j] = record
+        return out
+
+    def _records(self, g: int, local: np.ndarray) -> list[bytes]:
+        """The records of rows `local` of row group g."""
+        pa, _ = _pyarrow()
+        rows = self._group(g).take(pa.array(local))
+        columns = []
+        for field in self.spec.schema.fields:
+            col = rows.column(field.name).combine_chunks()
+            self._check_nulls(g, local, field, col)
+            try:
+                columns.append(stored_column(field, col))
+            except (pa.ArrowException, ValueError, TypeError) as e:
+                i = int(self.group_start[g] + local[0])
+                raise CorruptSampleError(
+                    self.location(i), i, f"column {field.name!r}: {e}"
+                ) from None
+        return [join_record(list(values)) for values in zip(*columns, strict=True)]
+
+    def _check_nulls(self, g: int, local: np.ndarray, field, col) -> None:
+        j = null_problem(field, col)
+        if j is None:
+            return
+        i = int(self.group_start[g] + local[j])
+        raise CorruptSampleError(
+            self.location(i),
+            i,
+            f"column {field.name!r} is null in this row (row {int(local[j])} of row group "
+            f"{int(self.group_index[g])}); gpufeed stores no nulls: leave the column out "
+            "(columns=[...]), fill it, or pass on_error='skip' to leave such rows out",
+        )

@@ -1,0 +1,270 @@
+"""Parquet files and Hugging Face datasets folders read in place (formats/inplace/parquet.py):
+files written by pyarrow and by datasets (Image feature, list columns, strings, nulls,
+several files and row groups), read through DataLoader with 0 and 2 workers under fork and
+spawn, split across ranks; crafted files are DataErrors naming them, never a crash."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+from gpufeed.data.map_style import PackedDataset  # noqa: E402
+from gpufeed.errors import CorruptSampleError, DataError, UsageError  # noqa: E402
+from gpufeed.formats.inplace.parquet import ParquetReader, parquet_files  # noqa: E402
+
+ROWS, GROUP = 40, 8
+
+
+def _jpeg(k: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((12, 10, 3), k, np.uint8)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def _table(lo: int, hi: int):
+    ids = list(range(lo, hi))
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "label": pa.array([i % 3 for i in ids], pa.int32()),
+            "score": pa.array([i / 2 for i in ids], pa.float32()),
+            "text": pa.array([f"row {i}" for i in ids]),
+            "tokens": pa.array([list(range(i % 5)) for i in ids], pa.list_(pa.int32())),
+            "boxes": pa.array(
+                [[[i, 0, 1, 2]] * (i % 3) for i in ids], pa.list_(pa.list_(pa.float32(), 4))
+            ),
+            "vec": pa.array([[i, i + 1, i + 2] for i in ids], pa.list_(pa.int16(), 3)),
+            "image": pa.array([_jpeg(i) for i in ids], pa.binary()),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Hub layout: data/train-0000k-of-00002.parquet, row groups of GROUP rows."""
+    root = tmp_path_factory.mktemp("hub")
+    (root / "data").mkdir()
+    half = ROWS // 2
+    for k, (lo, hi) in enumerate([(0, half), (half, ROWS)]):
+        pq.write_table(
+            _table(lo, hi), root / "data" / f"train-{k:05d}-of-00002.parquet", row_group_size=GROUP
+        )
+    return root
+
+
+def _as_listed(batch):
+    return batch
+
+
+def _ids(samples) -> list[int]:
+    return [int(s["id"]) for s in samples]
+
+
+def test_columns_become_fields(shards):
+    r = ParquetReader(shards)
+    s = r.spec.schema
+    assert [f.type for f in s.fields] == [
+        "int",
+        "int",
+        "float",
+        "str",
+        "ragged",
+        "ragged",
+        "array",
+        "image",
+    ]
+    assert s["boxes"].shape == (-1, 4) and s["vec"].shape == (3,) and s["image"].format == "jpeg"
+    assert r.count == ROWS and r.preferred_block_size == GROUP
+    assert r.labels.tolist() == [i % 3 for i in range(ROWS)]
+
+
+def test_values_read_back(shards):
+    ds = PackedDataset(shards, reader=ParquetReader)
+    got = ds[[37, 3, 21]]
+    assert _ids(got) == [37, 3, 21]
+    one = got[0]
+    assert one["text"] == "row 37" and one["score"] == pytest.approx(18.5)
+    assert one["tokens"].tolist() == list(range(37 % 5))
+    assert one["boxes"].shape == (37 % 3, 4) and one["vec"].tolist() == [37, 38, 39]
+    assert one["image"].shape == (3, 12, 10) and one["image"].dtype == torch.uint8
+
+
+def test_columns_select(shards):
+    ds = PackedDataset(shards, reader=ParquetReader, columns=["id", "text"])
+    assert ds.reader.spec.schema.names == ["id", "text"]
+    assert ds[5] == {"id": 5, "text": "row 5"}
+    with pytest.raises(UsageError, match="no column"):
+        ParquetReader(shards, columns=["nope"])
+
+
+def test_several_splits_refused(shards, tmp_path):
+    import shutil
+
+    shutil.copytree(shards, tmp_path / "hub")
+    pq.write_table(_table(0, 4), tmp_path / "hub" / "data" / "test-00000-of-00001.parquet")
+    with pytest.raises(UsageError, match="splits test, train"):
+        ParquetReader(tmp_path / "hub")
+    assert len(parquet_files(str(tmp_path / "hub" / "data" / "train-*.parquet"))) == 2
+
+
+@pytest.mark.parametrize(("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")])
+def test_dataloader_every_row_once(shards, workers, context):
+    ds = PackedDataset(shards, reader=ParquetReader, columns=["id", "tokens", "image"])
+    dl = DataLoader(
+        ds, batch_size=6, shuffle=True, num_workers=workers, multiprocessing_context=context,
+        collate_fn=_as_listed,
+    )  # fmt: skip
+    seen = [int(s["id"]) for batch in dl for s in batch]
+    assert sorted(seen) == list(range(ROWS))
+
+
+def test_make_loader_ranks_and_resume(shards):
+    from gpufeed import make_loader
+
+    ds = PackedDataset(shards, reader=ParquetReader, columns=["id", "label"])
+    seen = []
+    for rank in range(2):
+        dl = make_loader(
+            ds, batch_size=4, shuffle=True, seed=3, rank=rank, world_size=2, num_workers=0
+        )
+        seen += [int(i) for b in dl for i in b["id"]]
+    assert sorted(seen) == list(range(ROWS))
+    dl = make_loader(ds, batch_size=4, shuffle=True, seed=3, num_workers=0)
+    it = iter(dl)
+    first = [int(i) for _ in range(3) for i in next(it)["id"]]
+    state = dl.state_dict()
+    rest = [int(i) for b in it for i in b["id"]]
+    again = make_loader(ds, batch_size=4, shuffle=True, seed=3, num_workers=0)
+    again.load_state_dict(state)
+    assert [int(i) for b in again for i in b["id"]] == rest
+    assert sorted(first + rest) == list(range(ROWS))
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    datasets = pytest.importorskip("datasets")
+    root = tmp_path_factory.mktemp("hf")
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "label": datasets.ClassLabel(names=["cat", "dog"]),
+            "tokens": datasets.Sequence(datasets.Value("int32")),
+            "caption": datasets.Value("string"),
+        }
+    )
+    rows = {
+        "image": [{"bytes": _jpeg(i), "path": None} for i in range(10)],
+        "label": [i % 2 for i in range(10)],
+        "tokens": [list(range(i)) for i in range(10)],
+        "caption": [None if i == 4 else f"c{i}" for i in range(10)],
+    }
+    ds = datasets.Dataset.from_dict(rows, features=features)
+    ds.save_to_disk(str(root / "saved"), max_shard_size="2KB")
+    ds.to_parquet(str(root / "hub.parquet"), batch_size=3)
+    return root
+
+
+@pytest.mark.parametrize("name", ["saved", "hub.parquet"])
+def test_hugging_face_written(hf_folder, name):
+    ds = PackedDataset(hf_folder / name, reader=ParquetReader)
+    r = ds.reader
+    assert r.manifest["classes"] == ["cat", "dog"]
+    assert r.spec.schema["image"].type == "image"
+    assert r.labels.tolist() == [i % 2 for i in range(10)]
+    s = ds[7]
+    assert s["caption"] == "c7" and s["tokens"].tolist() == list(range(7))
+    assert s["image"].shape == (3, 12, 10)
+    with pytest.raises(CorruptSampleError, match="column 'caption' is null") as e:
+        ds[4]
+    assert str(hf_folder / name) in str(e.value)
+
+
+def test_null_skipped_when_asked(hf_folder):
+    ds = PackedDataset(hf_folder / "saved", reader=ParquetReader, on_error="skip")
+    got = ds[[3, 4, 5]]
+    assert got[1] is None and got[0]["caption"] == "c3" and ds.skipped == 1
+
+
+def test_saved_folder_lists_arrow_streams(hf_folder):
+    files = parquet_files(hf_folder / "saved")
+    assert files and all(f.suffix == ".arrow" for f in files)
+    assert ParquetReader(hf_folder / "saved").count == 10
+
+
+def test_random_crop_decodes_the_image_column(shards):
+    from gpufeed import RandomResizedCrop
+
+    ds = PackedDataset(
+        shards, reader=ParquetReader, columns=["image", "label"], decode=RandomResizedCrop(8)
+    )
+    b = ds.get_batch([0, 9, 17])
+    assert b["image"].shape == (3, 3, 8, 8)
+
+
+# -- crafted files ------------------------------------------------------------------------
+def _crafted(tmp_path, how: str):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(_table(0, 16), path, row_group_size=GROUP)
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    elif how == "footer length":
+        data[-8:-4] = (2**31 - 1).to_bytes(4, "little")
+    elif how == "pages":
+        mid = len(data) // 3
+        data[mid : mid + 200] = b"\xff" * 200
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("how", ["truncated", "footer length", "pages"])
+def test_crafted_file_is_an_error_naming_it(tmp_path, python_env, how):
+    path = _crafted(tmp_path, how)
+    code = (
+        "import sys, numpy as np\n"
+        "from gpufeed.errors import DataError\n"
+        "from gpufeed.formats.inplace.parquet import ParquetReader\n"
+        "try:\n"
+        f"    r = ParquetReader({str(path)!r})\n"
+        "    r.read_batch(np.arange(r.count))\n"
+        "except DataError as e:\n"
+        "    print('DataError', e)\n"
+        "    sys.exit(0)\n"
+        "print('read')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=python_env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    if how != "pages" or "DataError" in out.stdout:  # damaged pages may still decode
+        assert out.stdout.startswith("DataError") and str(path) in out.stdout, out.stdout
+
+
+def test_footer_claiming_huge_row_count(tmp_path, monkeypatch):
+    """The count comes from the footer: one past any real file is refused before any array
+    of that size is made."""
+    path = tmp_path / "big.parquet"
+    pq.write_table(_table(0, 4), path)
+    import gpufeed.formats.inplace.parquet as mod
+
+    monkeypatch.setattr(mod, "MAX_ROWS", 3)
+    with pytest.raises(DataError, match="claims 4 rows") as e:
+        ParquetReader(path)
+    assert str(path) in str(e.value)
+
+
+def test_not_parquet_is_none(tmp_path):
+    (tmp_path / "a.txt").write_text("x")
+    assert parquet_files(tmp_path) is None
+    assert parquet_files(tmp_path / "a.txt") is None
