@@ -1,0 +1,296 @@
+"""``gpufeed.merge(parts, dest)``: one pack of many, written anywhere, without copying samples.
+
+Independent writers (processes, Slurm array tasks, Ray or Spark tasks, machines) each write
+a complete pack of the same format and sample spec into a folder of their own; merge makes
+one pack of them, samples in the order the parts are given. No sample byte is copied when
+the parts and DEST share a file system: the merged pack's files are hard links of the
+parts' files (a part's file lives on as long as either links it; parts stay usable and can
+be deleted after the merge). Across file systems the files are copied instead.
+
+How, by format (docs/packing-at-scale.md):
+  tar             an ordinary tar pack: the parts' shards linked in as shard-NNNNNN.tar,
+                  numbered on across parts, and one index.npz (each part's index with its
+                  shard numbers shifted; offsets, sizes, labels and crc32 as they were).
+                  Member keys restart at 0 in each part's shards (gpufeed reads by the index).
+  hdf5/lmdb/mmap  their samples live in one file a pack (data.h5, data.mdb, samples.npy or
+                  encoded.npy), which cannot be joined without copying: each part is linked
+                  in whole as parts/NNNNNN/ (a complete pack) and the manifest lists them
+                  (layout.parts); gpufeed.formats.multipart reads it as one pack.
+
+Crash safety as for a pack: under the pack lock everything is built in DEST.partial/out/,
+the manifest written last, then out/ is renamed to DEST. A merge stopped at any point
+leaves the parts as they were and either no DEST or the complete one; merging the same
+parts into DEST again redoes an unfinished merge and returns a finished one as it is (its
+manifest records each part's path, count and manifest digest).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpufeed._version import __version__
+from gpufeed.errors import DataError, NotPackedError, UsageError
+from gpufeed.formats import reader_class
+from gpufeed.formats.files import fsync_dir
+from gpufeed.formats.lock import PackLock
+from gpufeed.formats.manifest import (
+    MANIFEST_NAME,
+    MANIFEST_SCHEMA,
+    PARTIAL_SUFFIX,
+    SOURCES_NAME,
+    file_entry,
+    pack_file,
+    read_manifest,
+    write_manifest,
+)
+from gpufeed.formats.multipart import PARTS_LAYOUT, is_multipart
+from gpufeed.formats.tar.writer import INDEX_NAME, SHARD_FORMAT, shard_pattern
+from gpufeed.storage.urls import require_local
+from gpufeed.write.assemble import _swap_into_place
+from gpufeed.write.ownership import (
+    OUT_DIR,
+    check_removable,
+    clear_partial,
+    occupied,
+    remove_partial,
+)
+
+__all__ = ["merge"]
+
+PART_DIR = "parts/{:06d}"  # where a multi-part pack keeps part k
+# what every part must share with the first, as the manifest says it
+AGREE = ("format", "format_version", "sample", "classes", "created_by")
+
+
+def merge(
+    parts: Sequence[str | os.PathLike], dest: str | os.PathLike, *, overwrite: bool = False
+) -> dict[str, Any]:
+    """Merge finished packs ``parts`` (in this order) into one pack at ``dest``.
+
+    Args:
+        parts: the part packs' folders, each a complete pack of the same format, sample
+            spec, classes and gpufeed version (a part that differs is refused, named).
+        dest: the merged pack's folder; on the parts' file system for a merge without
+            copies (hard links), elsewhere the parts' files are copied.
+        overwrite: replace a pack at ``dest`` that is not this merge of these parts.
+
+    Returns:
+        The merged pack's manifest (that of the pack already at ``dest`` when it is this
+        merge of these same parts: merging again changes nothing).
+    """
+    for part in parts:
+        require_local(part, "merge local parts (object storage parts: not supported yet)")
+    require_local(dest, "merge into a local folder, then gpufeed.storage.upload_pack(it, URL)")
+    if not parts:
+        raise UsageError("merge: no parts given; pass the part packs to merge")
+    dest = Path(dest).absolute()
+    paths = [Path(p).absolute() for p in parts]
+    manifests = [_part_manifest(p, dest) for p in paths]
+    _check_agree(paths, manifests)
+    merged_from = [_record(p, m) for p, m in zip(paths, manifests, strict=True)]
+    partial = dest.with_name(dest.name + PARTIAL_SUFFIX)
+    done = _finished(dest, merged_from)
+    if done is not None:
+        _clean_up(dest, partial)
+        return done
+    if occupied(dest) and not overwrite:
+        raise UsageError(
+            f"{dest}: exists and is not a merge of these parts; pass overwrite=True "
+            "(--overwrite) to replace it, or choose another destination"
+        )
+    if occupied(dest):
+        check_removable(dest, "replace it (--overwrite)")  # before anything is built
+    with PackLock(dest, partial) as lock:
+        clear_partial(partial, "redo an unfinished merge")
+        out = partial / OUT_DIR
+        out.mkdir()
+        build = _merge_tar if manifests[0]["format"] == "tar" else _merge_whole
+        manifest = build(paths, manifests, out)
+        manifest.update(_common(manifests, merged_from))
+        write_manifest(out, manifest)
+        fsync_dir(out)
+        _swap_into_place(out, dest, partial, None)
+        remove_partial(partial, lock)
+    return manifest
+
+
+def _part_manifest(path: Path, dest: Path) -> dict[str, Any]:
+    """A part's manifest (NotPackedError naming it when it is not a finished pack); a part
+    may not hold DEST or lie inside it, nor be a merged pack of parts itself."""
+    real, top = os.path.realpath(path), os.path.realpath(dest)
+    if real == top or os.path.commonpath([real, top]) in (real, top):
+        raise UsageError(f"{path}: a part cannot be, hold or lie inside DEST {dest}")
+    try:
+        manifest = read_manifest(path)
+    except NotPackedError as e:
+        raise NotPackedError(f"part {path}: {e}") from None
+    if is_multipart(manifest):
+        raise UsageError(
+            f"{path}: is itself a merged pack of parts; merge its parts ({path}/parts/*) instead"
+        )
+    return manifest
+
+
+def _check_agree(paths: list[Path], manifests: list[dict[str, Any]]) -> None:
+    """Every part as the first in format, layout version, sample spec, classes and the
+    gpufeed version that wrote it: a UsageError naming the first part that differs."""
+    first = manifests[0]
+    for path, manifest in zip(paths[1:], manifests[1:], strict=True):
+        for key in AGREE:
+            if manifest.get(key) != first.get(key):
+                raise UsageError(
+                    f"{path}: its {key} is {str(manifest.get(key))[:100]}, the first part's "
+                    f"({paths[0]}) is {str(first.get(key))[:100]}; parts of one pack must "
+                    "share format, sample spec (schema), classes and gpufeed version: "
+                    "re-pack this part like the others"
+                )
+
+
+def _record(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """What names a part in the merged manifest: its path, count and its manifest's digest
+    (a part re-packed since is a different part)."""
+    digest = hashlib.sha256((path / MANIFEST_NAME).read_bytes()).hexdigest()
+    return {"path": str(path), "count": manifest["count"], "manifest_sha256": digest}
+
+
+def _finished(dest: Path, merged_from: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The manifest at DEST when it is the finished merge of these parts, else None."""
+    try:
+        manifest = read_manifest(dest)
+    except (DataError, OSError):  # no pack there, or a damaged one: not this merge
+        return None
+    return manifest if manifest.get("merged_from") == merged_from else None
+
+
+def _clean_up(dest: Path, partial: Path) -> None:
+    """DEST.partial left by a merge stopped after its rename into place: removed (under the
+    lock, only when it is gpufeed's own)."""
+    if partial.is_dir() and not partial.is_symlink():
+        with PackLock(dest, partial) as lock:
+            remove_partial(partial, lock)
+
+
+def _common(manifests: list[dict[str, Any]], merged_from: list[dict[str, Any]]) -> dict:
+    """The merged manifest's fields every format shares."""
+    first = manifests[0]
+    skipped = [
+        {**entry, "part": k}
+        for k, m in enumerate(manifests)
+        for entry in m.get("skipped") or []
+        if isinstance(entry, dict)
+    ]
+    digest = hashlib.sha256(json.dumps(merged_from, sort_keys=True).encode()).hexdigest()
+    items = sum(int((m.get("source") or {}).get("items") or m["count"]) for m in manifests)
+    return {
+        "gpufeed_manifest": MANIFEST_SCHEMA,
+        "format": first["format"],
+        "format_version": first.get("format_version"),
+        "count": sum(m["count"] for m in manifests),
+        "classes": first.get("classes"),
+        "sample": first["sample"],
+        "source": {"path": None, "kind": "merge", "items": items, "digest": digest},
+        "options": first.get("options") or {},
+        "skipped": skipped,
+        "created_by": f"gpufeed {__version__}",
+        "merged_from": merged_from,
+    }
+
+
+def _link(src: Path, dst: Path) -> None:
+    """dst as a hard link of src; a copy where the file systems differ (or links are not
+    allowed there)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        shutil.copyfile(src, dst)
+
+
+def _merge_whole(paths: list[Path], manifests: list[dict[str, Any]], out: Path) -> dict:
+    """hdf5, lmdb, mmap: each part linked in whole under parts/NNNNNN/ (its manifest and
+    every file it lists, checked inside the part first), read by MultiPartReader."""
+    files: dict[str, Any] = {}
+    entries = []
+    for k, (path, manifest) in enumerate(zip(paths, manifests, strict=True)):
+        _open_checked(path, manifest)
+        where = PART_DIR.format(k)
+        for name, entry in manifest["files"].items():
+            _link(pack_file(path, name), out / where / name)
+            files[f"{where}/{name}"] = entry
+        _link(path / MANIFEST_NAME, out / where / MANIFEST_NAME)
+        entries.append({"path": where, "count": manifest["count"]})
+    return {"files": files, "layout": {PARTS_LAYOUT: entries}}
+
+
+def _open_checked(path: Path, manifest: dict[str, Any]):
+    """The part's own reader: everything it checks when it opens (its index against its
+    files) holds before the part becomes a piece of the merged pack."""
+    reader = reader_class(manifest["format"])(path, manifest)
+    reader.close()
+    return reader
+
+
+def _merge_tar(paths: list[Path], manifests: list[dict[str, Any]], out: Path) -> dict:
+    """tar: the parts' shards linked in, numbered on; one index over them all."""
+    files: dict[str, Any] = {}
+    names: list[str] = []
+    counts: list[int] = []
+    index: dict[str, list[np.ndarray]] = {k: [] for k in ("shard", "offset", "size")}
+    index.update(labels=[], crc32=[])
+    for path, manifest in zip(paths, manifests, strict=True):
+        reader = _open_checked(path, manifest)
+        index["shard"].append(reader.shard.astype(np.int64) + len(names))
+        for key in ("offset", "size", "labels", "crc32"):
+            index[key].append(getattr(reader, key))
+        for old in reader.shards:
+            new = SHARD_FORMAT.format(len(names))
+            _link(path / old, out / new)
+            entry = manifest["files"].get(old)
+            files[new] = entry if isinstance(entry, dict) and "sha256" in entry else None
+            names.append(new)
+        counts.extend(int(c) for c in manifest["layout"]["shard_counts"])
+    arrays = {k: np.concatenate(v) for k, v in index.items()}
+    arrays["shard"] = arrays["shard"].astype(np.int32)
+    arrays["crc32"] = arrays["crc32"].astype(np.uint32)
+    with open(out / INDEX_NAME, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    files[INDEX_NAME] = None
+    if _write_sources(paths, out):
+        files[SOURCES_NAME] = None
+    files = {n: e or file_entry(out, n) for n, e in sorted(files.items())}
+    layouts = [m["layout"] for m in manifests]
+    layout = {
+        "pattern": shard_pattern(len(names)),
+        "shards": names,
+        "shard_counts": counts,
+        "key_format": layouts[0].get("key_format", "%09d"),
+        "shard_size": max(int(lay.get("shard_size") or 0) for lay in layouts),
+        "shard_bytes": max(int(lay.get("shard_bytes") or 0) for lay in layouts),
+    }
+    return {"files": files, "layout": layout}
+
+
+def _write_sources(paths: Iterable[Path], out: Path) -> bool:
+    """sources.txt of the merged tar pack: the parts' in order, when every part has one."""
+    lists = []
+    for path in paths:
+        if not (path / SOURCES_NAME).is_file():
+            return False
+        lists.append(pack_file(path, SOURCES_NAME).read_bytes())
+    with open(out / SOURCES_NAME, "wb") as f:
+        for data in lists:
+            f.write(data if not data or data.endswith(b"\n") else data + b"\n")
+    return True
