@@ -332,3 +332,26 @@ def test_encode_record_stores_values_that_fit_of_any_integer_type():
     assert np.asarray(out["x"]).tolist() == [0, 255]
     f = np.asarray(out["f"])
     assert f[0] == np.inf and np.isnan(f[1]) and f[2] == 1.5
+
+
+def test_partial_schema_names_some_fields_the_rest_inferred():
+    from gpufeed.formats.schema import inferred_names
+
+    sample = {"tokens": np.arange(5, dtype=np.int32), "caption": "x", "n": 3}
+    schema = infer_schema(sample, {"tokens": "int32[-1]"})
+    assert schema.describe() == "tokens: int32[*], caption: str, n: int"
+    assert inferred_names(schema, {"tokens": "int32[-1]"}) == ["caption", "n"]
+    with pytest.raises(UsageError, match="does not hold"):
+        infer_schema(sample, {"boxes": "float32[-1,4]"})
+
+
+def test_a_size_that_varies_widens_an_inferred_array():
+    from gpufeed.formats.schema import widened
+
+    field = infer_schema({"t": np.zeros((2, 38), np.int32)})["t"]
+    wide = widened(field, np.zeros((2, 40), np.int32))
+    assert wide.type == "ragged" and wide.shape == (2, -1)
+    assert widened(field, np.zeros((2, 38), np.int32)) is None  # fits already
+    assert widened(field, np.zeros((2, 3, 4), np.int32)) is None  # another ndim
+    assert widened(field, np.zeros((2, 40), np.float64)) is None  # does not cast safely
+    assert widened(wide, np.zeros((3, 7), np.int16)).shape == (-1, -1)

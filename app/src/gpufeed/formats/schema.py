@@ -41,7 +41,9 @@ __all__ = [
     "fit_float",
     "fit_int",
     "infer_schema",
+    "inferred_names",
     "parse_schema",
+    "widened",
 ]
 
 IMAGE_FORMATS = ("jpeg", "png", "webp")
@@ -193,6 +195,10 @@ class Schema:
     def to_json(self) -> list[dict[str, Any]]:
         return [f.to_json() for f in self.fields]
 
+    def to_json_dict(self) -> dict[str, dict[str, Any]]:
+        """{name: the field's dict form}, as parse_schema takes it."""
+        return {f.name: f.to_json() for f in self.fields}
+
     @classmethod
     def from_json(cls, fields: list[dict[str, Any]]) -> Schema:
         if not isinstance(fields, list) or not fields:
@@ -336,12 +342,48 @@ def _infer_field(name: str, value: Any) -> Any:
     return {"type": "array", "dtype": arr.dtype.str, "shape": list(arr.shape)}
 
 
-def infer_schema(sample: Mapping[str, Any]) -> Schema:
-    """The schema of a first sample: arrays fixed-shape (declare ragged ones: 'int32[-1]'),
-    image bytes by their magic number, the rest by Python type."""
+def infer_schema(sample: Mapping[str, Any], declared: Mapping[str, Any] | None = None) -> Schema:
+    """The schema of a first sample: arrays of its shape (a Writer makes a size that varies
+    later -1: widened), image bytes by their magic number, the rest by Python type.
+    ``declared``: a partial schema; the fields it names are as it says (in the sample's
+    order), the others inferred."""
     if not isinstance(sample, Mapping) or not sample:
         raise UsageError(f"a sample is a non-empty dict of fields, got {type(sample).__name__}")
-    return parse_schema({name: _infer_field(name, v) for name, v in sample.items()})
+    given = dict(parse_schema(declared).to_json_dict()) if declared else {}
+    unknown = [name for name in given if name not in sample]
+    if unknown:
+        raise UsageError(
+            f"the schema names {unknown}, which the first sample does not hold "
+            f"(its fields: {sorted(sample)})"
+        )
+    return parse_schema(
+        {name: given.get(name) or _infer_field(name, v) for name, v in sample.items()}
+    )
+
+
+def inferred_names(schema: Schema, declared: Mapping[str, Any] | None) -> list[str]:
+    """The fields of ``schema`` that were inferred: those ``declared`` does not name."""
+    named = set(parse_schema(declared).names) if declared else set()
+    return [name for name in schema.names if name not in named]
+
+
+def widened(field: Field, value: Any) -> Field | None:
+    """An inferred fixed-shape array field made to hold ``value`` too: the same dtype and
+    number of dimensions, -1 where the sizes differ (a ragged field); None when ``value``
+    fits it already or cannot be made to (another dtype or number of dimensions)."""
+    if field.type not in ("array", "ragged") or isinstance(value, (bytes, str)):
+        return None
+    arr = np.asarray(value)
+    if arr.dtype.hasobject or arr.ndim != len(field.shape):
+        return None
+    if arr.dtype != np.dtype(field.dtype) and not np.can_cast(arr.dtype, field.dtype, "safe"):
+        return None
+    shape = tuple(
+        -1 if w != n and w != -1 else w for n, w in zip(arr.shape, field.shape, strict=True)
+    )
+    if shape == field.shape:
+        return None
+    return _array_field(field.name, field.dtype, shape, field.compression)
 
 
 def sniff_image(head: bytes) -> str | None:
