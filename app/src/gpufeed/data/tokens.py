@@ -103,6 +103,14 @@ class TokenWindows(Dataset):
         self.pad_id = self._fits("pad_id", pad_id)
         self.boundaries = bool(boundaries)
         lengths = document_lengths(self.reader, self.field_index, self.field)
+        # an mmap pack of one uncompressed field: windows are slices of its map (_mapped)
+        self._maps = (
+            self.reader.format_name == "mmap"
+            and len(self.reader.spec.schema.fields) == 1
+            and not self.field.compression
+            and isinstance(getattr(self.reader, "offsets", None), np.ndarray)
+        )
+        self._map = None
         self.lengths = lengths + (0 if self.eos is None else 1)  # tokens per document
         self.starts = np.concatenate(([0], np.cumsum(self.lengths)))  # [N + 1] in the stream
         self.total_tokens = int(self.starts[-1])
@@ -135,46 +143,89 @@ class TokenWindows(Dataset):
         return self.__getitems__([one_index(index)])[0]
 
     def __getitems__(self, indices) -> list:
-        """The windows at ``indices``: every document they touch read in one read_batch."""
+        """The windows at ``indices``: every document they touch read in one read_batch,
+        copied once into a [len(indices), B] array whose rows are handed out."""
         idx = as_index_array(indices, len(self), self.path)
         B = self.block_size
         if self.boundaries:
             docs = self.doc_of[idx]
-            lo, hi = self.starts[docs] + self.first[idx], self.starts[docs + 1]
-            hi = np.minimum(hi, lo + B)
+            lo = self.starts[docs] + self.first[idx]
+            hi = np.minimum(self.starts[docs + 1], lo + B)
         else:
             lo = idx * B
             hi = lo + B
         first = np.searchsorted(self.starts, lo, side="right") - 1
         last = np.searchsorted(self.starts, np.maximum(hi - 1, lo), side="right") - 1
-        flat, where = self._gather(_ranges(first, last))
-        out = []
-        at = where(first) + lo - self.starts[first]  # each window's first token in flat
-        for a, b in zip(at.tolist(), (hi - lo).tolist(), strict=True):
-            window = torch.from_numpy(flat[a : a + b])
-            out.append(self._padded(window) if self.boundaries else window)
-        return out
+        docs = _ranges(first, last)
+        tokens = self._read(docs)
+        out = np.full((len(idx), B), self.pad_id, dtype=self.dtype)
+        # per document touched: its tokens, where it starts in the stream, its length
+        stream = (tokens, self.starts[docs].tolist(), self.lengths[docs].tolist())
+        at = np.searchsorted(docs, first).tolist()
+        for w, (a, b, j) in enumerate(zip(lo.tolist(), hi.tolist(), at, strict=True)):
+            self._fill(out[w], a, b, j, stream)
+        rows = list(torch.from_numpy(out))
+        if not self.boundaries:
+            return rows
+        mask = torch.from_numpy(np.arange(B) < (hi - lo)[:, None])
+        return [{"tokens": t, "mask": m} for t, m in zip(rows, mask, strict=True)]
 
-    def _padded(self, window: torch.Tensor) -> dict[str, torch.Tensor]:
-        n, B = len(window), self.block_size
-        tokens = torch.full((B,), self.pad_id, dtype=window.dtype)
-        tokens[:n] = window
-        mask = torch.zeros(B, dtype=torch.bool)
-        mask[:n] = True
-        return {"tokens": tokens, "mask": mask}
+    def _fill(self, row: np.ndarray, a: int, b: int, j: int, stream) -> None:
+        """Stream tokens [a, b), starting in the j-th document read, into ``row``."""
+        tokens, starts, lengths = stream
+        filled = 0
+        while a < b:
+            doc = tokens[j]
+            off = a - starts[j]
+            take = min(b - a, lengths[j] - off)
+            body = min(take, max(0, len(doc) - off))  # tokens of the document; then its eos
+            row[filled : filled + body] = doc[off : off + body]
+            if take > body:
+                row[filled + body] = self.eos
+            filled, a, j = filled + take, a + take, j + 1
 
-    def _gather(self, docs: np.ndarray):
-        """The documents ``docs`` (sorted, distinct) read in one round trip and joined (each
-        followed by eos): (tokens, doc index array -> its first token's place in them)."""
+    def _read(self, docs: np.ndarray) -> list[np.ndarray]:
+        """The token arrays of documents ``docs`` (sorted, distinct): one read_batch, or
+        slices of the mapped stream (an mmap pack of one uncompressed field)."""
+        flat = self._mapped()
+        if flat is not None:
+            return self._slices(flat, docs)
         records = self.reader.read_batch(docs)
         parts = document_tokens(self.reader, self.field_index, self.field, records, docs)
         self._check_lengths(parts, docs)
-        if self.eos is not None:
-            sep = np.array([self.eos], dtype=self.dtype)
-            parts = [x for p in parts for x in (p, sep)]
-        flat = np.concatenate(parts) if parts else np.empty(0, self.dtype)
-        place = np.concatenate(([0], np.cumsum(self.lengths[docs])))
-        return flat, lambda d: place[np.searchsorted(docs, d)]
+        return parts
+
+    def _mapped(self) -> np.ndarray | None:
+        """The mmap pack's record bytes as one plain uint8 array (slicing a np.memmap costs
+        more than the copy of a window), or None where the records are no such map."""
+        if not self._maps:
+            return None
+        handle = self.reader.handle  # opened (again) in this process, checked by the reader
+        if self._map is None or self._map[0] is not handle:
+            self._map = (handle, np.asarray(handle).reshape(-1).view(np.uint8))
+        return self._map[1]
+
+    def _slices(self, flat: np.ndarray, docs: np.ndarray) -> list[np.ndarray]:
+        """Documents ``docs`` as views of the map: every record's two int64 heads (the field
+        size, the length) checked at once against the lengths counted at open."""
+        begin = self.reader.offsets[docs]
+        heads = flat[begin[:, None] + np.arange(16)].view("<i8").reshape(-1, 2)
+        n = self.lengths[docs] - (0 if self.eos is None else 1)
+        size = self.reader.offsets[docs + 1] - begin
+        bad = (heads[:, 0] != size - 8) | (heads[:, 1] != n)
+        if bad.any():
+            doc = int(docs[np.argmax(bad)])
+            raise CorruptSampleError(
+                self.reader.location(doc),
+                doc,
+                f"field {self.field.name!r}: its record heads {heads[np.argmax(bad)].tolist()} "
+                f"do not hold a document of {int(n[np.argmax(bad)])} tokens: re-pack it",
+            )
+        itemsize = self.dtype.itemsize
+        return [
+            flat[a : a + k * itemsize].view(self.field.dtype)
+            for a, k in zip((begin + 16).tolist(), n.tolist(), strict=True)
+        ]
 
     def _check_lengths(self, parts: list[np.ndarray], docs: np.ndarray) -> None:
         """A document read must hold the tokens counted when the dataset was made: else the
@@ -189,6 +240,11 @@ class TokenWindows(Dataset):
                     f"holds {len(p)} tokens, {n} when the dataset was opened: the pack "
                     "changed or is damaged (open it again; check it with gpufeed verify)",
                 )
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_map"] = None  # the map is this process's (the reader opens its own)
+        return state
 
     def __repr__(self) -> str:
         how = ", boundaries" if self.boundaries else ""
@@ -215,12 +271,18 @@ def document_tokens(reader, k: int, field, records, docs: np.ndarray) -> list[np
     """The token arrays of ``records`` (field ``k``; ``docs``: their sample numbers, for
     errors): views of the read bytes where uncompressed; a CorruptSampleError naming the
     file and sample where a record does not split or its stored length disagrees."""
+    dtype = np.dtype(field.dtype)
+    if len(reader.spec.schema.fields) == 1 and not field.compression:
+        # the record is the field's size, then the field: no split needed, no copy
+        return [
+            _tokens_of(reader, int(doc), field, _one_field(reader, int(doc), rec), dtype)
+            for doc, rec in zip(docs.tolist(), records, strict=True)
+        ]
     split = split_records(reader.spec.schema, records)
     if split.bad:
         j, why = next(iter(split.bad.items()))
         raise CorruptSampleError(reader.location(int(docs[j])), int(docs[j]), why)
     col = split.column(k)
-    dtype = np.dtype(field.dtype)
     out = []
     for j, (a, n) in enumerate(zip(col.starts.tolist(), col.sizes.tolist(), strict=True)):
         data = col.buf[a : a + n]
@@ -232,6 +294,18 @@ def document_tokens(reader, k: int, field, records, docs: np.ndarray) -> list[np
                 raise CorruptSampleError(reader.location(doc), doc, str(e)) from None
         out.append(_tokens_of(reader, int(docs[j]), field, data, dtype))
     return out
+
+
+def _one_field(reader, doc: int, record) -> np.ndarray:
+    """A one-field record's field bytes (uint8, a view): after its int64 size, which must
+    be the rest of the record."""
+    rec = np.frombuffer(record, np.uint8)
+    size = int(rec[:8].view("<i8")[0]) if len(rec) >= 8 else -1
+    if size != len(rec) - 8:
+        raise CorruptSampleError(
+            reader.location(doc), doc, f"record of {len(rec)} bytes says its field holds {size}"
+        )
+    return rec[8:]
 
 
 def _tokens_of(reader, doc: int, field, data: np.ndarray, dtype: np.dtype) -> np.ndarray:
