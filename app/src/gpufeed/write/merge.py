@@ -94,6 +94,7 @@ def merge(
         raise UsageError("merge: no parts given; pass the part packs to merge")
     dest = Path(dest).absolute()
     paths = [Path(p).absolute() for p in parts]
+    _check_distinct(paths)
     manifests = [_part_manifest(p, dest) for p in paths]
     _check_agree(paths, manifests)
     merged_from = [_record(p, m) for p, m in zip(paths, manifests, strict=True)]
@@ -121,6 +122,16 @@ def merge(
         _swap_into_place(out, dest, partial, None)
         remove_partial(partial, lock)
     return manifest
+
+
+def _check_distinct(paths: list[Path]) -> None:
+    """Each part given once: a part twice would be its samples twice."""
+    seen: dict[str, Path] = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UsageError(f"{path}: given twice (also as {seen[real]}); give each part once")
+        seen[real] = path
 
 
 def _part_manifest(path: Path, dest: Path) -> dict[str, Any]:
@@ -223,7 +234,8 @@ def _merge_whole(paths: list[Path], manifests: list[dict[str, Any]], out: Path) 
     files: dict[str, Any] = {}
     entries = []
     for k, (path, manifest) in enumerate(zip(paths, manifests, strict=True)):
-        _open_checked(path, manifest)
+        if manifest["format"] != "lmdb":  # LMDB keeps an environment open per process, and
+            _open_checked(path, manifest)  # refuses a second one on the same (linked) file
         where = PART_DIR.format(k)
         for name, entry in manifest["files"].items():
             _link(pack_file(path, name), out / where / name)
