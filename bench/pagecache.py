@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from gpufeed.formats.pagecache import mincore_sees
+from gpufeed.pagecache.probe import mincore_sees
 
 __all__ = ["NOT_COLD", "drop_all_caches", "resident_fraction"]
 

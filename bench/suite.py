@@ -197,7 +197,7 @@ def prepare(case, row: str) -> dict:
 
 
 def evict(paths: list[str], drop_caches: bool = False) -> None:
-    maps = sys.modules.get("gpufeed.formats.maps")
+    maps = sys.modules.get("gpufeed.pagecache.maps")
     if maps is not None:
         # gpufeed's readers keep their maps across passes; mapped pages cannot be evicted
         maps.forget_maps()

@@ -1,9 +1,9 @@
 """The package's layout rules (docs/architecture.md), checked on the source text:
 
-- each stage imports only the stages below it (errors/system < formats < storage < write <
+- each stage imports only the stages below it (errors/system < pagecache < formats < storage < write <
   batch < data < loading < tools/cli), lazy imports inside functions included;
 - no module imports another module's private name (``from gpufeed.x import _y``);
-- gpufeed.formats knows no torch, but for the .pt container (formats/pt.py, lazily);
+- gpufeed.formats knows no torch, but for the .pt container (formats/mmap/pt.py, lazily);
 - no module over MAX_MODULE_LINES lines, no function body over MAX_FUNCTION_LINES lines
   (signature and docstring not counted) unless its docstring says why ("Long because ...");
 - the public API stays small.
@@ -26,6 +26,7 @@ MAX_PUBLIC_NAMES = 20
 # lowest first; a module may import from its own layer and the ones before it
 LAYERS = (
     {"_version", "errors", "system"},
+    {"pagecache"},
     {"formats", "pixels"},
     {"storage"},
     {"write"},
@@ -106,9 +107,9 @@ def test_formats_know_no_torch():
                 (getattr(n, "module", None) or a.name).split(".")[0] == "torch" for a in n.names
             )
         ]
-        if name == "gpufeed.formats.pt":
+        if name == "gpufeed.formats.mmap.pt":
             top = {n.lineno for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
-            assert torch and not set(torch) & top, "formats/pt.py imports torch lazily"
+            assert torch and not set(torch) & top, "formats/mmap/pt.py imports torch lazily"
         else:
             assert torch == [], f"{name} imports torch (lines {torch})"
 

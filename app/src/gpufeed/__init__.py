@@ -47,7 +47,7 @@ _EXPORTS = {
 # Names gpufeed exported at the top level before 0.2 that now live only in their module:
 # still found here, with a DeprecationWarning naming the new path.
 _MOVED = {
-    "scan_source": "gpufeed.write.scan",
+    "scan_source": "gpufeed.formats.inplace.tree",
     "VerifyReport": "gpufeed.tools.verify",
     "read_manifest": "gpufeed.formats.manifest",
     "PackedDataset": "gpufeed.data.map_style",

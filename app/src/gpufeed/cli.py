@@ -54,7 +54,7 @@ def pack_path(text: str) -> str:
     if is_remote(cliargs.location(text)) or os.path.lexists(text.rstrip("/") + PARTIAL_SUFFIX):
         return text
     if "{" in text and not os.path.lexists(text):
-        from gpufeed.formats.webdataset import is_webdataset
+        from gpufeed.formats.inplace.webdataset import is_webdataset
 
         if is_webdataset(text):
             return text

@@ -346,7 +346,7 @@ def test_lmdb_missing_or_resized_records_are_named(packs, tmp_path):
 
     import lmdb
 
-    from gpufeed.formats.lmdb import key
+    from gpufeed.formats.lmdb.keys import key
 
     dest = tmp_path / "l.lmdb"
     shutil.copytree(packs["lmdb"], dest)

@@ -15,8 +15,8 @@ import torch
 import gpufeed
 from gpufeed.cli import main
 from gpufeed.errors import DataError, NotPackedError, UsageError
-from gpufeed.formats import webdataset as wdsindex
-from gpufeed.formats import webdataset_scan
+from gpufeed.formats.inplace import webdataset as wdsindex
+from gpufeed.formats.inplace import webdataset_index as webdataset_scan
 from gpufeed.loading.make import make_loader
 
 wds = pytest.importorskip("webdataset")

@@ -13,10 +13,11 @@ import torch
 from unit_sources import write_arrays
 
 import gpufeed
-from gpufeed.data import pool as pool_module
+from gpufeed.data import shuffle_buffer as pool_module
 from gpufeed.data import streaming
-from gpufeed.data.pool import RowPool, SamplePool, SlotPool, make_pool
-from gpufeed.formats import open_reader, readahead
+from gpufeed.data.shuffle_buffer import RowPool, SamplePool, SlotPool, make_pool
+from gpufeed.formats.open import open_reader
+from gpufeed.pagecache import advise as readahead
 
 N = 60
 

@@ -16,9 +16,11 @@ import pytest
 from unit_sources import evict, resident_share, write_arrays
 
 import gpufeed
-from gpufeed.formats import open_reader, pagecache, readahead
-from gpufeed.formats.pagecache import FileProbe, cache_probe, mincore_sees
-from gpufeed.formats.readahead import BlocksAhead, advise_rows
+from gpufeed.formats.open import open_reader
+from gpufeed.pagecache import advise as readahead
+from gpufeed.pagecache import probe as pagecache
+from gpufeed.pagecache.advise import BlocksAhead, advise_rows
+from gpufeed.pagecache.probe import FileProbe, cache_probe, mincore_sees
 
 NOBODY = 65534
 
@@ -250,7 +252,7 @@ def test_a_non_owner_tells_a_cold_pack_from_a_warm_one(open_tmp, fmt):
 
 
 def test_the_tar_reader_asks_its_shards_where_mincore_cannot_see(tmp_path, monkeypatch):
-    from gpufeed.formats import tar
+    from gpufeed.formats.tar import reader as tar
 
     write_arrays(tmp_path / "src", {"x": 8, "y": 8}, shape=(3, 16, 16), seed=4)
     gpufeed.pack(tmp_path / "src", tmp_path / "tar", format="tar", workers=1, quiet=True)

@@ -14,8 +14,10 @@ import torch
 from unit_sources import write_arrays
 
 import gpufeed
-from gpufeed.formats import open_reader, readahead, rowcopy
-from gpufeed.formats.readahead import BlocksAhead
+from gpufeed.formats.open import open_reader
+from gpufeed.pagecache import advise as readahead
+from gpufeed.pagecache import copy as rowcopy
+from gpufeed.pagecache.advise import BlocksAhead
 
 
 def blocks_of(n_blocks: int, block: int = 4, row: int = 8) -> np.ndarray:
@@ -206,7 +208,7 @@ def test_read_batch_makes_its_blocks_ready_before_the_copy(tmp_path, monkeypatch
     monkeypatch.setattr(reader.ahead, "ready", lambda idx: order.append(("ready", list(idx))))
     real_take = rowcopy.take_rows
     monkeypatch.setattr(
-        "gpufeed.formats.mmap.take_rows",
+        "gpufeed.formats.mmap.reader.take_rows",
         lambda *a: (order.append(("copy", None)), real_take(*a))[1],
     )
     reader.read_batch(np.array([3, 9]))

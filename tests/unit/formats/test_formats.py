@@ -16,7 +16,7 @@ import gpufeed
 from gpufeed.batch import Batch
 from gpufeed.data.decoders import decode_image
 from gpufeed.data.map_style import HDF5Dataset, LMDBDataset
-from gpufeed.formats import open_reader
+from gpufeed.formats.open import open_reader
 
 FORMATS = ["hdf5", "lmdb", "tar", "mmap"]
 
@@ -202,7 +202,7 @@ def test_lmdb_reader_reads_ahead_unless_told_not_to(array_folder, tmp_path):
 
 
 def test_lmdb_map_size_grows_when_it_fills(array_folder, tmp_path, monkeypatch):
-    from gpufeed.formats import lmdb as lmdb_format
+    from gpufeed.formats.lmdb import writer as lmdb_format
 
     monkeypatch.setattr(lmdb_format, "FIRST_MAP_SIZE", 64 << 10)
     dest = tmp_path / "ds.lmdb"
@@ -271,11 +271,11 @@ def test_tar_shard_size_limits(array_folder, tmp_path):
 
 
 def test_tar_member_headers_are_the_bytes_tarfile_writes():
-    """formats/tar.py builds ustar headers itself (tarfile's cost most of a tar pack's
+    """formats/tar/reader.py builds ustar headers itself (tarfile's cost most of a tar pack's
     assembly): byte for byte what tarfile writes, so packs stay the same."""
     import tarfile
 
-    from gpufeed.formats.ustar import member_header
+    from gpufeed.formats.tar.members import member_header
 
     for name, size in [("000000001.jpg", 0), ("000000001.caption.txt", 12345),
                        ("é" * 40, 8**11 - 1), ("x" * 100, 5)]:  # fmt: skip
@@ -298,7 +298,7 @@ def test_tar_member_headers_are_the_bytes_tarfile_writes():
 def test_tar_consecutive_batches_across_shards_read_a_run_per_shard(source, request, tmp_path):
     """A batch of consecutive samples that spans shards is read as one run per shard (no
     read a sample) and gives the samples one-at-a-time reads give, in order."""
-    from gpufeed.formats import tar
+    from gpufeed.formats.tar import reader as tar
 
     dest = tmp_path / "shards"
     m = gpufeed.pack(

@@ -14,9 +14,9 @@ from unit_sources import PYTHON_ENV
 
 import gpufeed
 from gpufeed.errors import DataError
-from gpufeed.formats import open_reader
-from gpufeed.formats.lmdb_values import PlacedRecords
+from gpufeed.formats.lmdb.values import PlacedRecords
 from gpufeed.formats.npy import npy_bytes
+from gpufeed.formats.open import open_reader
 
 PAGE = 4096
 

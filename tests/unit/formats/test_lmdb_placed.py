@@ -14,8 +14,9 @@ import torch
 from unit_sources import write_arrays
 
 import gpufeed
-from gpufeed.formats import lmdb as lmdb_format
-from gpufeed.formats import lmdb_values, open_reader
+from gpufeed.formats.lmdb import reader as lmdb_format
+from gpufeed.formats.lmdb import values as lmdb_values
+from gpufeed.formats.open import open_reader
 
 N = 48
 
@@ -126,7 +127,7 @@ def test_a_copy_is_read_by_its_table_only_where_every_page_stayed(tmp_path, raw_
     dest.mkdir()
     for name in ("manifest.json", lmdb_values.VALUES_FILE):
         shutil.copy(raw_pack / name, dest / name)
-    gpufeed.formats.maps.forget_maps()  # the pack's environment closed: LMDB opens it once
+    gpufeed.pagecache.maps.forget_maps()  # the pack's environment closed: LMDB opens it once
     env = lmdb.open(str(raw_pack), subdir=True, readonly=True, lock=False)
     env.copy(str(dest), compact=compact)  # mdb_copy [-c]
     env.close()

@@ -17,9 +17,10 @@ import unit_sources
 from unit_sources import write_arrays
 
 import gpufeed
-from gpufeed.formats import lmdb as lmdb_format
-from gpufeed.formats import lmdb_values, open_reader
-from gpufeed.formats.readahead import Background, address, looks_cached, populate
+from gpufeed.formats.lmdb import reader as lmdb_format
+from gpufeed.formats.lmdb import values as lmdb_values
+from gpufeed.formats.open import open_reader
+from gpufeed.pagecache.advise import Background, address, looks_cached, populate
 
 N = 64
 
@@ -189,7 +190,7 @@ def test_storage_order_reads_blocks_ahead_where_the_reader_says_so(tmp_path, mon
     want = [y.clone() for _, y in gpufeed.make_loader(first, 4, num_workers=0)]
     first.close()
     where = record_offsets(raw_pack, N)
-    gpufeed.formats.maps.forget_maps()
+    gpufeed.pagecache.maps.forget_maps()
     unit_sources.evict(raw_pack / "data.mdb")
     # readahead=False: a lookup reads its own pages only, not the file around them
     ds = gpufeed.open_dataset(raw_pack, readahead=False)
@@ -225,7 +226,7 @@ def test_nothing_is_read_ahead_for_a_cached_pack(raw_pack, monkeypatch):
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
 def test_an_evicted_block_is_read_in_by_the_threads_and_reads_the_same(raw_pack, monkeypatch):
     want = open_reader(raw_pack).read_batch(np.arange(N, dtype=np.int64))
-    gpufeed.formats.maps.forget_maps()
+    gpufeed.pagecache.maps.forget_maps()
     fd = os.open(raw_pack / "data.mdb", os.O_RDONLY)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     os.close(fd)
@@ -291,7 +292,7 @@ def test_a_cold_block_of_varying_records_is_read_in_by_the_value_table(tmp_path)
             w.write({"blob": rng.bytes(int(size))})
     table = np.load(dest / lmdb_values.VALUES_FILE)
     data = dest / "data.mdb"
-    gpufeed.formats.maps.forget_maps()
+    gpufeed.pagecache.maps.forget_maps()
     unit_sources.evict(data)
     # readahead=False: the reader's own lookups read their pages only, not the file around
     reader = open_reader(dest, readahead=False)

@@ -1,4 +1,4 @@
-"""Readers keep their memory maps across datasets in one process (formats/maps.py): a pass
+"""Readers keep their memory maps across datasets in one process (pagecache/maps.py): a pass
 that opens the pack again reuses the map, and with it the pages already mapped; a replaced
 pack is never read through the old map; the kept maps are bounded."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gpufeed
-from gpufeed.formats import maps
+from gpufeed.pagecache import maps
 
 
 @pytest.fixture(autouse=True)

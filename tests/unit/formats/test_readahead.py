@@ -15,14 +15,14 @@ from unit_sources import evict, resident_pages, write_arrays
 
 import gpufeed
 from gpufeed.data.samplers import LookaheadBatch, SortedBatchSampler
-from gpufeed.formats import open_reader
-from gpufeed.formats.readahead import (
+from gpufeed.formats.open import open_reader
+from gpufeed.pagecache.advise import (
     PREFETCH_MIN_BYTES,
     advise_rows,
     looks_cached,
     sample_range_spans,
 )
-from gpufeed.formats.rowcopy import take_rows
+from gpufeed.pagecache.copy import take_rows
 
 FORMATS = ["hdf5", "lmdb", "tar", "mmap"]
 ROW = 128 << 10  # one sample: 128 KiB, above PREFETCH_MIN_BYTES
@@ -63,9 +63,9 @@ def test_advise_rows_reads_just_those_rows_into_the_page_cache(tmp_path):
 def test_advise_rows_leaves_small_rows_alone(monkeypatch):
     calls = []
     monkeypatch.setattr(
-        "gpufeed.formats.readahead.advise_willneed", lambda regions, *_: calls.append(list(regions))
+        "gpufeed.pagecache.advise.advise_willneed", lambda regions, *_: calls.append(list(regions))
     )
-    monkeypatch.setattr("gpufeed.formats.readahead.looks_cached", lambda *_: False)
+    monkeypatch.setattr("gpufeed.pagecache.advise.looks_cached", lambda *_: False)
     advise_rows(np.zeros((8, PREFETCH_MIN_BYTES // 2), np.uint8), np.arange(8))
     assert calls == []
     advise_rows(np.zeros((8, PREFETCH_MIN_BYTES), np.uint8), np.array([5, 1]))
@@ -75,14 +75,14 @@ def test_advise_rows_leaves_small_rows_alone(monkeypatch):
 def test_advise_rows_leaves_cached_rows_alone(monkeypatch):
     calls, asked = [], []
     monkeypatch.setattr(
-        "gpufeed.formats.readahead.advise_willneed", lambda regions, *_: calls.append(list(regions))
+        "gpufeed.pagecache.advise.advise_willneed", lambda regions, *_: calls.append(list(regions))
     )
 
     def cached(addr, length):
         asked.append((addr, length))
         return True
 
-    monkeypatch.setattr("gpufeed.formats.readahead.looks_cached", cached)
+    monkeypatch.setattr("gpufeed.pagecache.advise.looks_cached", cached)
     data = np.zeros((8, PREFETCH_MIN_BYTES), np.uint8)
     advise_rows(data, np.array([5, 1, 6]))
     assert calls == []
@@ -217,7 +217,7 @@ def test_reader_prefetch_ranges_populates_the_ranges_bytes(tmp_path, monkeypatch
     gpufeed.pack(src, dest, format=fmt, workers=1, quiet=True)
     reader = open_reader(dest)
     calls = []
-    monkeypatch.setattr("gpufeed.formats.readahead.looks_cached", lambda *_: False)
+    monkeypatch.setattr("gpufeed.pagecache.advise.looks_cached", lambda *_: False)
     n, row = reader.count, int(reader.mean_sample_bytes())
     before = reader.read_batch(np.arange(n, dtype=np.int64))
     monkeypatch.setattr(reader.ahead.background, "submit", lambda fn, *span: calls.append(span))

@@ -17,7 +17,7 @@ from gpufeed.errors import UsageError
 from gpufeed.formats import zstd
 from gpufeed.formats.record import decode_value, plain_bytes, record_from_members
 from gpufeed.formats.schema import Field, Schema
-from gpufeed.formats.ustar import member_header
+from gpufeed.formats.tar.members import member_header
 
 GIB = 1 << 30
 

@@ -7,7 +7,7 @@ import pytest
 import gpufeed
 from gpufeed.data.map_style import HDF5Dataset, LMDBDataset, MmapDataset
 from gpufeed.errors import UsageError
-from gpufeed.formats import open_reader
+from gpufeed.formats.open import open_reader
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""formats/rowcopy.py: a batch's large rows copied on several threads, only where that pays."""
+"""pagecache/copy.py: a batch's large rows copied on several threads, only where that pays."""
 
 import os
 import threading
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from gpufeed.formats import rowcopy
-from gpufeed.formats.rowcopy import PARALLEL_COPY_MIN_BYTES, copy_buffers, copy_threads, take_rows
+from gpufeed.pagecache import copy as rowcopy
+from gpufeed.pagecache.copy import PARALLEL_COPY_MIN_BYTES, copy_buffers, copy_threads, take_rows
 
 ROW = PARALLEL_COPY_MIN_BYTES  # the smallest row copied on several threads
 
@@ -206,8 +206,8 @@ def test_large_samples_read_back_exactly_through_each_format(
     from unit_sources import write_arrays
 
     import gpufeed
-    from gpufeed.formats import open_reader
     from gpufeed.formats.manifest import read_sources
+    from gpufeed.formats.open import open_reader
 
     paths = write_arrays(tmp_path / "src", {"a": 6, "b": 6}, shape=(4, 128, 128), seed=4)
     dest = tmp_path / f"ds.{fmt}"

@@ -1,4 +1,4 @@
-"""formats/tar.py: index.npz is untrusted. Every offset and size is checked against the
+"""formats/tar/reader.py: index.npz is untrusted. Every offset and size is checked against the
 shard it names when a pack is opened (0 <= offset, offset + size <= the shard's bytes, the
 samples of a shard in order), so a crafted index is a DataError naming index.npz and the
 first bad sample: never a strided view past a shard's map (a SIGSEGV, or bytes of this
@@ -228,7 +228,7 @@ def test_index_members_larger_than_the_count_allows_are_refused_before_reading(t
     assert str(dest / "index.npz") in str(e.value)
 
 
-# -- the default shard size (formats/tar_write.py: default_shard_size) ------------------------
+# -- the default shard size (formats/tar/writer.py: default_shard_size) ------------------------
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +241,7 @@ def small_samples(tmp_path_factory):
 
 
 def test_the_default_shard_size_rule():
-    from gpufeed.formats.tar_write import DEFAULT_SHARD_SIZE, default_shard_size
+    from gpufeed.formats.tar.writer import DEFAULT_SHARD_SIZE, default_shard_size
 
     assert default_shard_size(None) == DEFAULT_SHARD_SIZE  # not known yet
     assert default_shard_size(2000) == 125  # 16 shards
@@ -271,7 +271,7 @@ def test_an_explicit_shard_size_is_kept(small_samples, tmp_path, shard_size, cou
 def test_large_samples_are_cut_by_bytes_by_default(tmp_path):
     """40 samples of 3 MiB: the count rule allows 64 a shard; the default 64 MiB a shard
     cuts them into two."""
-    from gpufeed.formats.tar_write import DEFAULT_SHARD_BYTES
+    from gpufeed.formats.tar.writer import DEFAULT_SHARD_BYTES
 
     def sample(i):
         return {"x": np.full((1536, 2048), i, np.uint8)}

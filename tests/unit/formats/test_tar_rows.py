@@ -1,5 +1,5 @@
 """Tar packs of fixed-shape samples read as strided rows of their shards' kept maps
-(formats/tar_rows.py): the same bytes as the sample-by-sample read, in any order; packs
+(formats/tar/rows.py): the same bytes as the sample-by-sample read, in any order; packs
 whose index does not give one stride a shard read as before."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from unit_sources import write_arrays
 
 import gpufeed
 from gpufeed.errors import CorruptSampleError, DataError
-from gpufeed.formats import maps, open_reader
-from gpufeed.formats.tar_rows import gather_rows, shard_rows, shard_strides
+from gpufeed.formats.open import open_reader
+from gpufeed.formats.tar.rows import gather_rows, shard_rows, shard_strides
+from gpufeed.pagecache import maps
 
 N = 60
 
@@ -144,7 +145,8 @@ def test_strided_rows_survive_a_fork_into_two_loader_workers(tar_pack):
 def test_blocks_of_a_map_style_order_are_populated_in_their_shards(tar_pack, monkeypatch):
     """Blocks of 12 (shards of 16): block 12-23 is populated in shard 0 (12-15), the rest
     (16-23, shard 1) asked for; a batch makes its own blocks resident, none left pending."""
-    from gpufeed.formats import readahead, tar
+    from gpufeed.formats.tar import reader as tar
+    from gpufeed.pagecache import advise as readahead
 
     populated, asked = [], []
     monkeypatch.setattr(readahead, "looks_cached", lambda *_: False)
@@ -166,7 +168,7 @@ def test_blocks_of_a_map_style_order_are_populated_in_their_shards(tar_pack, mon
 
 
 def test_make_loader_reads_a_map_style_tar_pack_ahead_by_block(tar_pack, monkeypatch):
-    from gpufeed.formats.tar import TarReader
+    from gpufeed.formats.tar.reader import TarReader
 
     announced = []
     real = TarReader.prefetch_ranges

@@ -1,4 +1,4 @@
-"""formats/ustar.py: header_size, the one parser of a tar header's size field."""
+"""formats/tar/members.py: header_size, the one parser of a tar header's size field."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import tarfile
 
 import pytest
 
-from gpufeed.formats.ustar import header_size, member_header
+from gpufeed.formats.tar.members import header_size, member_header
 
 
 def _with_size_field(field: bytes) -> bytes:

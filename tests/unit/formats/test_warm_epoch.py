@@ -16,8 +16,10 @@ from unit_sources import evict, write_arrays
 
 import gpufeed
 from gpufeed.data.samplers import LookaheadBatch, SortedBatchSampler
-from gpufeed.formats import maps, open_reader, readahead
-from gpufeed.formats.readahead import WARM_PROBES, ask_unless_cached, looks_warm
+from gpufeed.formats.open import open_reader
+from gpufeed.pagecache import advise as readahead
+from gpufeed.pagecache import maps
+from gpufeed.pagecache.advise import WARM_PROBES, ask_unless_cached, looks_warm
 
 FORMATS = ["mmap", "hdf5", "lmdb", "tar"]
 

@@ -1,5 +1,5 @@
-"""WebDataset shards read in place (gpufeed.formats.webdataset): the cached index serves only
-the files it was built from, and a member that cannot be read names its shard and member."""
+"""WebDataset shards read in place (gpufeed.formats.inplace.webdataset): the cached index serves
+only the files it was built from, and a member that cannot be read names its shard and member."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 import gpufeed
 from gpufeed.errors import CorruptSampleError, DataError, StalePackError
-from gpufeed.formats import webdataset as wds
+from gpufeed.formats.inplace import webdataset as wds
 
 
 def npy(arr: np.ndarray) -> bytes:

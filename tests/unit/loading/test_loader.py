@@ -13,8 +13,8 @@ from gpufeed.data.distributed import DistributedBlockSampler
 from gpufeed.errors import ShmBudgetWarning
 from gpufeed.loading import make as make_mod
 from gpufeed.loading import plan as plan_mod
+from gpufeed.loading.cpu_budget import worker_count_for
 from gpufeed.loading.make import make_loader
-from gpufeed.loading.outlook import worker_count_for
 from gpufeed.loading.plan import clear_plan_cache
 from gpufeed.loading.settings import SETTINGS_KEYS
 

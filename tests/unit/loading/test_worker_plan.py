@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import Dataset
 
 import gpufeed
+from gpufeed.loading.cpu_budget import worker_count_for, worker_outlook
 from gpufeed.loading.make import make_loader
-from gpufeed.loading.outlook import worker_count_for, worker_outlook
 from gpufeed.loading.plan import clear_plan_cache
 from gpufeed.loading.settings import SETTINGS_ENV
 from gpufeed.tools import tune

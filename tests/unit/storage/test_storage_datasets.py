@@ -251,7 +251,7 @@ def test_a_map_style_tar_pack_keeps_its_shards_open_within_the_pin_budget(
     """A cache epoch that fits reopens no shard (each reopen maps the shard anew); past the
     pin budget (a share of cache_limit) the shards read before are closed and unpinned, so
     the cache can evict them: only the shard read now stays open."""
-    from gpufeed.formats import tar
+    from gpufeed.formats.tar import reader as tar
     from gpufeed.storage import packs as storage_packs
 
     monkeypatch.setattr(storage_packs, "PIN_SHARE", 64)  # 64 KB: a budget of 1 KB

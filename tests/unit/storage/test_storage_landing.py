@@ -23,7 +23,7 @@ from gpufeed.data.open import open_dataset
 from gpufeed.errors import ChecksumError
 from gpufeed.loading.make import make_loader
 from gpufeed.storage import upload_pack
-from gpufeed.storage.landing import Landing
+from gpufeed.storage.growing_file import Landing
 from gpufeed.storage.store import ObjectStore
 from gpufeed.write.pack import pack
 

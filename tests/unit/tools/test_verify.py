@@ -229,7 +229,7 @@ def test_labels_of_the_wrong_dtype_or_shape_are_a_problem_naming_file_and_datase
 def test_verify_of_an_index_the_reader_does_not_check(tmp_path, array_folder):
     """verify's own check: readers may accept an index verify cannot compare (a reader
     built over crafted arrays directly); a problem, never a numpy error."""
-    from gpufeed.formats import open_reader
+    from gpufeed.formats.open import open_reader
 
     dest = fresh(tmp_path, array_folder, "mmap")
     reader = open_reader(dest)

@@ -15,7 +15,7 @@ import torch
 
 import gpufeed
 from gpufeed.errors import NotPackedError, SourceError, UsageError
-from gpufeed.write.scan import scan_source
+from gpufeed.formats.inplace.tree import scan_source
 
 FORMATS = ["hdf5", "lmdb", "tar", "mmap"]
 

@@ -101,7 +101,7 @@ def test_a_resumed_writer_pack_is_the_same_bytes(in_process, tmp_path):
 def test_a_default_cut_pack_is_the_same_bytes_streamed_resumed_or_by_workers(tmp_path):
     """Without shard_size a Writer's stream cuts shards before it knows the count (10,000 a
     shard: 400 samples in one); closing, it writes the pack again from its parts, cut as
-    the count asks (64 a shard: gpufeed.formats.tar_write.default_shard_size), the bytes a
+    the count asks (64 a shard: gpufeed.formats.tar.writer.default_shard_size), the bytes a
     resumed Writer (which knows the count) writes."""
     opts = {k: v for k, v in OPTS.items() if k not in ("shard_size", "quiet")}
     fresh = tmp_path / "fresh"
@@ -142,7 +142,7 @@ def test_short_writes_are_finished(in_process, tmp_path, monkeypatch):
 
 def test_every_shard_is_the_bytes_tarfile_writes_for_its_members(in_process, tmp_path):
     """The members' headers, data and padding, built a run of samples at a time with numpy
-    (gpufeed.formats.tar_fields), against tarfile writing the same members: the same bytes;
+    (gpufeed.formats.tar.fields), against tarfile writing the same members: the same bytes;
     and each member holds what webdataset's decoders read back as the field."""
     for name in [n for n in in_process if n.endswith(".tar")]:
         members = []
@@ -173,7 +173,7 @@ def test_every_shard_is_the_bytes_tarfile_writes_for_its_members(in_process, tmp
 def test_member_headers_at_once_are_member_header_for_each(first_key, suffixes):
     """ustar.member_headers (numpy, a run of samples at once; one at a time for keys past
     nine digits) is member_header for every member."""
-    from gpufeed.formats.ustar import member_header, member_headers
+    from gpufeed.formats.tar.members import member_header, member_headers
 
     sizes = np.array([[0, 511][: len(suffixes)], [512, 8**11 - 1][: len(suffixes)],
                       [1, 12345][: len(suffixes)], [7, 8][: len(suffixes)]], np.int64)  # fmt: skip

@@ -18,7 +18,7 @@ from gpufeed.formats.checksums import sha256_file
 from gpufeed.formats.parts import Part
 from gpufeed.formats.record import encode_record, record_encoder
 from gpufeed.formats.schema import parse_schema
-from gpufeed.write.streamed import check_part, keep_streamed
+from gpufeed.write.direct import check_part, keep_streamed
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_writer import SCHEMA, _pack_files, check, sample  # noqa: E402

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpufeed.data.imagefolder import ImageFolderReader, is_image_folder
 from gpufeed.data.map_style import (
     HDF5Dataset,
     LMDBDataset,
@@ -20,8 +19,9 @@ from gpufeed.data.map_style import (
 from gpufeed.data.streaming import TarShardDataset
 from gpufeed.errors import NotPackedError, UsageError
 from gpufeed.formats import reader_class
+from gpufeed.formats.inplace.imagefolder import ImageFolderReader, is_image_folder
+from gpufeed.formats.inplace.webdataset import WebDatasetReader
 from gpufeed.formats.manifest import is_hugging_face_folder
-from gpufeed.formats.webdataset import WebDatasetReader
 from gpufeed.storage.packs import read_manifest_at
 
 __all__ = ["MAP_STYLE", "open_dataset"]
@@ -153,7 +153,7 @@ def _open_in_place(path, map_style, common, in_place, options) -> PackedDataset:
         extra = _keywords(ImageFolderReader.__init__) - IN_PLACE_OPTIONS
         _check_options(path, options, extra, "an image folder read in place", IN_PLACE_OPTIONS)
         return PackedDataset(path, reader=ImageFolderReader, **common, **in_place, **options)
-    from gpufeed.formats.inplace import HDF5FileReader  # h5py, imported when needed
+    from gpufeed.formats.inplace.hdf5_file import HDF5FileReader  # h5py, imported when needed
 
     readers = (WebDatasetReader.__init__, HDF5FileReader.__init__)
     extra = set().union(*map(_keywords, readers)) - IN_PLACE_OPTIONS

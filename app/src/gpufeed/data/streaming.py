@@ -1,6 +1,6 @@
 """Streaming tar shards: each rank and DataLoader worker reads its own equal share of the
 samples in runs of consecutive samples (the next ones read ahead), through a seeded shuffle
-buffer (gpufeed.data.pool)."""
+buffer (gpufeed.data.shuffle_buffer)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from gpufeed.batch import to_batch, to_samples
 from gpufeed.data import distributed
-from gpufeed.data.pool import SamplePool, make_pool
 from gpufeed.data.reading import SampleReading
+from gpufeed.data.shuffle_buffer import SamplePool, make_pool
 from gpufeed.errors import ShardSplitWarning, UsageError
 from gpufeed.storage.packs import open_reader_at
 
-__all__ = ["SamplePool", "TarShardDataset"]  # SamplePool: gpufeed.data.pool
+__all__ = ["SamplePool", "TarShardDataset"]  # SamplePool: gpufeed.data.shuffle_buffer
 
 # concurrent downloads per reading process (a DataLoader worker) of a remote pack's shards
 FETCH_WORKERS = 4

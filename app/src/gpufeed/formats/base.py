@@ -17,9 +17,9 @@ import numpy as np
 from gpufeed.errors import DataError, StalePackError
 from gpufeed.formats.files import file_identity
 from gpufeed.formats.manifest import MANIFEST_NAME, SOURCES_NAME, pack_file, read_sources
-from gpufeed.formats.pagecache import cache_probe
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
+from gpufeed.pagecache.probe import cache_probe
 
 __all__ = [
     "ContiguousWriter",

@@ -31,16 +31,16 @@ from gpufeed.formats.base import (
     index_array,
     span_views,
 )
-from gpufeed.formats.maps import kept_map
-from gpufeed.formats.readahead import (
+from gpufeed.formats.spec import SampleSpec
+from gpufeed.pagecache.advise import (
     BlocksAhead,
     advise_buffers,
     advise_rows,
     advise_samples,
     map_looks_warm,
 )
-from gpufeed.formats.rowcopy import take_rows
-from gpufeed.formats.spec import SampleSpec
+from gpufeed.pagecache.copy import take_rows
+from gpufeed.pagecache.maps import kept_map
 
 FILE_NAME = "data.h5"
 CHUNK_BYTES = 1 << 16
@@ -246,7 +246,7 @@ class HDF5Reader(Reader):
                 shape, dtype = (int(self.offsets[-1]),), np.uint8
             if shape[0] == 0:
                 return np.empty(shape, dtype)
-            data = kept_map(  # kept for the next reader of this file (formats/maps.py)
+            data = kept_map(  # kept for the next reader of this file (pagecache/maps.py)
                 self.path,
                 self.pinned_identity(FILE_NAME),
                 (np.dtype(dtype).str, self.mmap_offset, shape),

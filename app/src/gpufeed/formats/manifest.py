@@ -34,8 +34,9 @@ from gpufeed.errors import DataError, NotPackedError, UnsafePathError
 from gpufeed.formats import FORMATS
 from gpufeed.formats.checksums import sha256_file
 from gpufeed.formats.files import atomic_write_json
+from gpufeed.formats.inplace import hdf5_needs_datasets, is_hdf5_file
 from gpufeed.formats.lock import busy_message
-from gpufeed.formats.spec import FORMAT_VERSION, SampleSpec
+from gpufeed.formats.spec import FORMAT_VERSION, MANIFEST_NAME, SampleSpec
 
 __all__ = [
     "MANIFEST_NAME",
@@ -54,7 +55,6 @@ __all__ = [
     "write_sources",
 ]
 
-MANIFEST_NAME = "manifest.json"
 SOURCES_NAME = "sources.txt"
 # An unfinished pack of DEST is written in DEST.partial (gpufeed.write.pack)
 PARTIAL_SUFFIX = ".partial"
@@ -128,8 +128,6 @@ def manifest_path(dest: str | Path) -> Path:
 
 
 def _not_a_pack(dest: Path) -> str:
-    from gpufeed.formats.inplace import hdf5_needs_datasets, is_hdf5_file  # it reads manifests
-
     if is_hdf5_file(dest):  # someone else's HDF5 file, or a file inside a pack
         return hdf5_needs_datasets(dest)
     return f"{dest}: no {MANIFEST_NAME}; not a gpufeed dataset (make one with `gpufeed pack`)"

@@ -46,7 +46,7 @@ class Part:
     stamps: np.ndarray | None = None
     # int64 [n, 3]: each sample's (shard, offset, size) in the tar shards a fresh pack streamed
     # (gpufeed.write.assemble.Stream); such a part is saved without its payload (the shard
-    # holds it, written once), gpufeed.write.streamed reads it back on resume
+    # holds it, written once), gpufeed.write.direct reads it back on resume
     where: np.ndarray | None = None
 
     def __len__(self) -> int:

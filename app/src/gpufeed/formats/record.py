@@ -30,7 +30,7 @@ from gpufeed.errors import UsageError
 from gpufeed.formats import zstd
 from gpufeed.formats.npy import parse_header
 from gpufeed.formats.schema import Field, Schema, fit_array, fit_float, fit_int, sniff_image
-from gpufeed.formats.ustar import header_size
+from gpufeed.formats.tar.members import header_size
 
 __all__ = [
     "TAR_EXT",

@@ -11,6 +11,9 @@ import numpy as np
 from gpufeed.errors import DataError, UsageError
 from gpufeed.formats.schema import MAX_DIMS, MAX_SAMPLE_BYTES, Schema
 
+# the file that makes a folder a finished pack (gpufeed.formats.manifest reads and writes it)
+MANIFEST_NAME = "manifest.json"
+
 __all__ = ["FIELDS_FORMAT_VERSION", "FORMAT_VERSION", "SampleSpec"]
 
 # The newest on-disk layout version this gpufeed reads (the manifest's format_version).

@@ -34,9 +34,8 @@ from gpufeed.data.order import DEFAULT_BLOCK_SIZE
 from gpufeed.data.samplers import BlockShuffleSampler, SortedBatchSampler
 from gpufeed.data.streaming import TarShardDataset
 from gpufeed.errors import ShmBudgetWarning, UsageError
-from gpufeed.formats.readahead import PREFETCH_MIN_BYTES
+from gpufeed.loading.cpu_budget import loader_cpus
 from gpufeed.loading.loader import GpufeedLoader
-from gpufeed.loading.outlook import loader_cpus
 from gpufeed.loading.plan import (
     LoaderPlan,
     default_multiprocessing_context,
@@ -51,6 +50,7 @@ from gpufeed.loading.settings import (
     resolve_settings,
     with_given_arguments,
 )
+from gpufeed.pagecache.advise import PREFETCH_MIN_BYTES
 from gpufeed.system import thresholds
 from gpufeed.system.shm import shm_budget
 

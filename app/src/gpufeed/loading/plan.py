@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from gpufeed.batch import batch_nbytes, collate, iter_tensors
 from gpufeed.errors import ShardSplitWarning
-from gpufeed.loading.outlook import loader_cpus, worker_count_for
+from gpufeed.loading.cpu_budget import loader_cpus, worker_count_for
 from gpufeed.loading.settings import SETTINGS_KEYS
 from gpufeed.loading.workers import MapProxy, loader_dataset
 

@@ -21,7 +21,7 @@ from gpufeed.errors import (
     StorageError,
 )
 from gpufeed.storage.cache import Cache, FileEntry, Pin
-from gpufeed.storage.prefetch import Prefetcher
+from gpufeed.storage.fetch_ahead import Prefetcher
 from gpufeed.storage.remote import RemotePack, open_pack
 from gpufeed.storage.retry import RetryPolicy
 from gpufeed.storage.stats import StorageStats

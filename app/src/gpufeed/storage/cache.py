@@ -23,7 +23,7 @@ drops a dead process's locks):
     and the reservation counts against cache_limit), is checked against the caller's size and
     sha256, fsynced, and renamed into place. A reader never sees a half-written file, with
     one exception that checks what it reads: the downloading process may hand its download
-    in progress to a reader that checks each sample's crc32 (on_landing, storage/landing.py).
+    in progress to a reader that checks each sample's crc32 (on_landing, storage/growing_file.py).
   - Recently used = most recent mtime: every pin touches the file.
   - A forked child closes its copies of this process's lock descriptors at once (a flock
     belongs to the open file, so a copy would hold it until the child exits: a forked worker
@@ -46,7 +46,7 @@ from typing import BinaryIO
 
 from gpufeed.errors import CacheFullError, ChecksumError, UsageError
 from gpufeed.formats.files import fsync_dir
-from gpufeed.storage.landing import Landing
+from gpufeed.storage.growing_file import Landing
 from gpufeed.storage.modes import (
     PRIVATE_FILE,
     SHARED_FILE,
@@ -60,7 +60,8 @@ OBJECTS = "objects"
 LOCKS = "locks"
 CACHE_LOCK = "cache.lock"
 PART = ".part"
-LANDING_STEP = 1 << 20  # a download in progress is readable (storage/landing.py) in these steps
+# a download in progress is readable (storage/growing_file.py) in these steps
+LANDING_STEP = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ class Cache:
         """The file pinned, from the cache or, on a miss, fetched by `fetch(entry, out)` (which
         writes its bytes to `out`; a ChecksumError or any other error leaves nothing behind).
         on_landing(landing), on a miss this call downloads: the download in progress, for a
-        reader that checks what it reads to read it before it lands (storage/landing.py)."""
+        reader that checks what it reads to read it before it lands (storage/growing_file.py)."""
         pin = self.pin(entry)
         if pin is not None:
             self.stats.add(hits=1)

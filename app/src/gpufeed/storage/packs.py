@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from gpufeed.errors import CacheFullError, DataError, UnsafePathError, UsageError
-from gpufeed.formats import open_reader, reader_class
+from gpufeed.formats import reader_class
 from gpufeed.formats.base import Reader
 from gpufeed.formats.files import atomic_write_bytes
 from gpufeed.formats.manifest import MANIFEST_NAME, read_manifest
+from gpufeed.formats.open import open_reader
 from gpufeed.storage.cache import Pin
-from gpufeed.storage.landing import Landing
+from gpufeed.storage.growing_file import Landing
 from gpufeed.storage.modes import make_cache_dirs
 from gpufeed.storage.remote import RemotePack, check_remote_name, open_pack
 from gpufeed.storage.urls import RemoteURL, parse_location
@@ -161,7 +162,7 @@ class RemoteFiles:
 
     def landing(self, name: str) -> Landing | None:
         """The download of `name` in progress, when warm() started it in this process and it
-        is still running: its bytes can be read before it lands (storage/landing.py), by a
+        is still running: its bytes can be read before it lands (storage/growing_file.py), by a
         reader that checks them. None otherwise (fetch() gives the landed file)."""
         self._mine()
         started, landings = self._landings.pop(name, (None, None))

@@ -19,8 +19,8 @@ from gpufeed.errors import (
 from gpufeed.formats.manifest import MANIFEST_NAME, check_manifest, unsafe_name
 from gpufeed.storage.cache import Cache, FileEntry, OnLanding, Pin
 from gpufeed.storage.download import download
+from gpufeed.storage.fetch_ahead import DEFAULT_AHEAD, DEFAULT_WORKERS, Prefetcher
 from gpufeed.storage.helper import FetchHelper
-from gpufeed.storage.prefetch import DEFAULT_AHEAD, DEFAULT_WORKERS, Prefetcher
 from gpufeed.storage.retry import RetryPolicy, with_retries
 from gpufeed.storage.stats import StorageStats
 from gpufeed.storage.store import ObjectStore, forked_from_a_client

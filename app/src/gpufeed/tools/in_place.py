@@ -9,10 +9,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpufeed.data.imagefolder import ImageFolderReader, is_image_folder, listing_path
 from gpufeed.errors import DataError
-from gpufeed.formats import webdataset as wds
 from gpufeed.formats.base import Reader
+from gpufeed.formats.inplace import webdataset as wds
+from gpufeed.formats.inplace.imagefolder import ImageFolderReader, is_image_folder, listing_path
 
 __all__ = [
     "IN_PLACE_CHECKS",
@@ -53,7 +53,7 @@ def open_in_place_reader(
     ({"path", "status"}: status cached, built, rebuilt, or not saved where the index folder
     cannot be written; None for an HDF5 file, read by its own layout). None: it is none."""
     if datasets is not None:
-        from gpufeed.formats.inplace import HDF5FileReader  # h5py, imported when needed
+        from gpufeed.formats.inplace.hdf5_file import HDF5FileReader  # h5py, imported when needed
 
         return HDF5FileReader(path, datasets=datasets), None
     where = wds.index_folder(index_dir)

@@ -9,7 +9,7 @@ own seeded generator, so the result does not depend on how many processes made i
 The tree is written under ``PATH.partial`` and renamed to ``PATH`` when complete, so a crash
 never leaves a folder that looks like a finished dataset. ``--overwrite`` replaces only a
 dataset synth made (its synth.json), and a leftover ``PATH.partial`` is cleared only when it
-holds nothing but synth's class folders (gpufeed.write.guard); anything else is refused.
+holds nothing but synth's class folders (gpufeed.write.ownership); anything else is refused.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 from gpufeed import cliargs
 from gpufeed.errors import UsageError
 from gpufeed.formats.manifest import PARTIAL_SUFFIX
-from gpufeed.write.guard import check_removable, register_owner, remove_tree
+from gpufeed.write.ownership import check_removable, register_owner, remove_tree
 
 __all__ = ["CLASS_NAMES", "DEFAULT_COUNT", "DEFAULT_SIZE", "synth_image_folder"]
 

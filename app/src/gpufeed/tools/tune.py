@@ -77,7 +77,7 @@ def tune(
     from torch.utils.data import IterableDataset
 
     from gpufeed.data.order import DEFAULT_BLOCK_SIZE
-    from gpufeed.loading.outlook import loader_cpus
+    from gpufeed.loading.cpu_budget import loader_cpus
 
     t_start = time.perf_counter()
     cpus = cpus or loader_cpus()[0]  # the CPUs make_loader plans with (per local rank)
@@ -195,7 +195,7 @@ class _Search:
     def workers(self, base: dict[str, Any]) -> Trial:
         """1-2: in-process and one worker (both always run: a result needs a best trial),
         then from the CPU quota upwards while samples/s grow."""
-        from gpufeed.loading.outlook import worker_count_for
+        from gpufeed.loading.cpu_budget import worker_count_for
 
         bs = self.batch_size
         best = self.run("in-process", bs, _with(base, num_workers=0))

@@ -40,9 +40,9 @@ _CHEAPER = (
 def _worker_tip(inner: Any, workers: int | None) -> str:
     """What to do about workers, from the same plan make_loader made (a gpufeed loader's
     ``plan``) or, for any other loader, the rule make_loader would apply here
-    (:func:`gpufeed.loading.outlook.worker_outlook`): watch never advises a count make_loader
+    (:func:`gpufeed.loading.cpu_budget.worker_outlook`): watch never advises a count make_loader
     measured and turned down."""
-    from gpufeed.loading.outlook import worker_count_for, worker_outlook
+    from gpufeed.loading.cpu_budget import worker_count_for, worker_outlook
 
     plan = getattr(inner, "plan", None)
     if plan is not None and hasattr(plan, "reason"):

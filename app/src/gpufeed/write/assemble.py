@@ -16,6 +16,7 @@ from gpufeed._version import __version__
 from gpufeed.errors import DiskFullError
 from gpufeed.formats import writer_class
 from gpufeed.formats.files import fsync_dir, is_disk_full, no_space_is_an_error
+from gpufeed.formats.inplace.tree import Source
 from gpufeed.formats.manifest import (
     MANIFEST_SCHEMA,
     SOURCES_NAME,
@@ -23,11 +24,13 @@ from gpufeed.formats.manifest import (
     write_manifest,
     write_sources,
 )
-from gpufeed.formats.maps import forget_maps
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
+from gpufeed.pagecache.maps import forget_maps
 from gpufeed.write import progress
-from gpufeed.write.guard import (
+from gpufeed.write.direct import keep_streamed, load_part
+from gpufeed.write.options import MANIFEST_OPTIONS
+from gpufeed.write.ownership import (
     OUT_DIR,
     PARTS_DIR,
     REPLACED_DIR,
@@ -36,10 +39,7 @@ from gpufeed.write.guard import (
     occupied,
     remove_tree,
 )
-from gpufeed.write.options import MANIFEST_OPTIONS
-from gpufeed.write.scan import Source
 from gpufeed.write.staging import part_path
-from gpufeed.write.streamed import keep_streamed, load_part
 
 __all__ = ["STREAMED_FORMATS", "Stream", "assemble"]
 

@@ -309,7 +309,7 @@ def pack_in_place(
     """Pack data read in place (WebDataset shards, an HDF5 file given ``datasets``:
     gpufeed.formats.inplace) into DEST: its records copied as they are read, in order,
     through a Writer (crash-safe, ``resume=True`` goes on after the committed samples)."""
-    from gpufeed.formats.inplace import open_in_place
+    from gpufeed.formats.open import open_in_place
 
     if encode != "keep" or resize is not None:
         raise UsageError("--encode raw and --resize apply to image folders, not to shards or HDF5")

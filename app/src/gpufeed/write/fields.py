@@ -27,9 +27,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import UsageError
-from gpufeed.formats.schema import Schema, infer_schema, parse_schema
-from gpufeed.write.items import encoded_image, load_pt_array
-from gpufeed.write.scan import (
+from gpufeed.formats.inplace.tree import (
     IMAGE_EXTS,
     Source,
     file_kind,
@@ -37,6 +35,8 @@ from gpufeed.write.scan import (
     mixed_kinds_message,
     suffix,
 )
+from gpufeed.formats.schema import Schema, infer_schema, parse_schema
+from gpufeed.write.items import encoded_image, load_pt_array
 
 __all__ = ["FileSamples", "plan_fields", "read_wav"]
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufeed.formats.checksums import crc32
+from gpufeed.formats.inplace.tree import IMAGE_EXTS, suffix
 from gpufeed.pixels import to_8bit
 from gpufeed.system.native import jpeg_module
-from gpufeed.write.scan import IMAGE_EXTS, suffix
 
 __all__ = [
     "STAMP_FIELDS",

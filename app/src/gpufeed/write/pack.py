@@ -17,7 +17,7 @@ How a pack survives a crash at any point (kill -9 included):
      sample once: into DEST.partial/out/ as its part is committed, while the workers read
      on; the part keeps only where each sample is there (Part.where), and neither is
      fsynced until the pack is finished. After a crash the resume moves out/ aside and
-     checks every kept part's samples there by their crc32s (gpufeed.write.streamed); a part
+     checks every kept part's samples there by their crc32s (gpufeed.write.direct); a part
      that does not check (torn by a power loss, its samples lost) is read again. Any other
      part (HDF5, mmap, a resumed pack's) holds its samples' bytes and is fsynced. When every
      part is committed, the format writer finishes out/ (a fresh streamed pack) or
@@ -25,9 +25,9 @@ How a pack survives a crash at any point (kill -9 included):
      is only ever written in one pass from committed parts); then the manifest is written
      last and out/ is renamed to DEST. A DEST without manifest.json never exists.
   4. One pack at a time per DEST: the run holds a lock on DEST.partial (gpufeed.formats.lock) until
-     DEST.partial is gone. --overwrite replaces only a pack gpufeed made (gpufeed.write.guard): an
-     old DEST is moved into DEST.partial, the new one renamed into place, then DEST.partial
-     (with the old pack) deleted.
+     DEST.partial is gone. --overwrite replaces only a pack gpufeed made
+     (gpufeed.write.ownership): an old DEST is moved into DEST.partial, the new one renamed
+     into place, then DEST.partial (with the old pack) deleted.
 """
 
 from __future__ import annotations
@@ -42,12 +42,16 @@ from typing import Any
 from gpufeed._version import __version__
 from gpufeed.errors import UsageError
 from gpufeed.formats.files import atomic_write_json
+from gpufeed.formats.inplace.tree import Source, scan_source
 from gpufeed.formats.lock import PackLock
 from gpufeed.formats.manifest import PARTIAL_SUFFIX, read_manifest
 from gpufeed.storage.urls import RemoteURL, parse_location
 from gpufeed.write.assemble import Stream, assemble
+from gpufeed.write.direct import keep_streamed
 from gpufeed.write.fields import plan_fields
-from gpufeed.write.guard import (
+from gpufeed.write.items import LoadOptions
+from gpufeed.write.options import MANIFEST_OPTIONS, check_options, parse_resize
+from gpufeed.write.ownership import (
     PARTS_DIR,
     STATE_NAME,
     STREAMED_DIR,
@@ -59,10 +63,7 @@ from gpufeed.write.guard import (
     remove_tree,
     source_clash,
 )
-from gpufeed.write.items import LoadOptions
-from gpufeed.write.options import MANIFEST_OPTIONS, check_options, parse_resize
 from gpufeed.write.remote import pack_to_store
-from gpufeed.write.scan import Source, scan_source
 from gpufeed.write.sources import Listing
 from gpufeed.write.staging import (
     commit_parts,
@@ -70,7 +71,6 @@ from gpufeed.write.staging import (
     drop_torn_parts,
     say_resumed,
 )
-from gpufeed.write.streamed import keep_streamed
 
 __all__ = ["pack", "pack_files"]
 
@@ -117,7 +117,7 @@ def pack(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
         kwargs.setdefault("workers", 0)  # in memory already: encoding is a copy
         return pack_function(as_sample, source, dest, *args, **kwargs)
     from gpufeed.formats.inplace import hdf5_needs_datasets, is_hdf5_file
-    from gpufeed.formats.webdataset import is_webdataset
+    from gpufeed.formats.inplace.webdataset import is_webdataset
 
     if kwargs.get("datasets") is None and is_hdf5_file(source):
         raise UsageError(hdf5_needs_datasets(source))
@@ -189,10 +189,10 @@ def pack_files(
     workers: reader processes; None reads the first items in-process and starts
     default_workers() processes only when the rest would take longer than starting them.
     overwrite: replace DEST if it is a pack gpufeed made (anything else is refused, see
-    gpufeed.write.guard), or discard an unfinished DEST.partial.
+    gpufeed.write.ownership), or discard an unfinished DEST.partial.
     follow_symlinks: follow symbolic links to folders in SOURCE, and links to files that lead
-    out of SOURCE (loops and second links to a folder are problems, see gpufeed.write.scan);
-    by default both are problems themselves.
+    out of SOURCE (loops and second links to a folder are problems, see
+    gpufeed.formats.inplace.tree); by default both are problems themselves.
     DEST a URL: the pack is made in `staging_dir` (default: the cache folder's
     staging/<scheme>/<bucket>/<prefix>, where resume=True finds it), then uploaded with the
     manifest last (gpufeed.write.remote), and the staged copy removed unless keep_staging.
@@ -301,7 +301,7 @@ def _stream(src: Source, partial: Path, nparts: int, state: dict, say) -> Stream
     """The committed parts a resume keeps checked (torn ones, and those whose source files
     changed, dropped), then the stream: on when no part is kept (a fresh pack's format
     files are written as its parts are committed), its files from an earlier run kept
-    aside for the parts that name them (gpufeed.write.streamed)."""
+    aside for the parts that name them (gpufeed.write.direct)."""
     parts_dir = partial / PARTS_DIR
     if any(parts_dir.glob("part-*.npz")):
         keep_streamed(partial)

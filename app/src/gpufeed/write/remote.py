@@ -20,7 +20,7 @@ from gpufeed.storage.modes import cache_shared, make_cache_dirs
 from gpufeed.storage.packs import default_cache_dir
 from gpufeed.storage.upload import check_upload_destination, upload_pack
 from gpufeed.storage.urls import RemoteURL
-from gpufeed.write.guard import is_pack
+from gpufeed.write.ownership import is_pack
 
 STAGING = "staging"
 

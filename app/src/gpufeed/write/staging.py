@@ -4,7 +4,7 @@ staged part (parts/part-NNNNNN.npz, gpufeed.formats.parts) that a resume keeps.
 A fresh tar or LMDB pack writes each sample once: into the format's files as its part is
 committed (gpufeed.write.assemble.Stream), the part keeping only where each sample is
 (Part.where), not fsynced; a resume checks every such part against the streamed files by its
-crc32s (gpufeed.write.streamed) and redoes the parts that do not check. Other parts hold
+crc32s (gpufeed.write.direct) and redoes the parts that do not check. Other parts hold
 their samples' bytes and are fsynced. A resume redoes the parts that are missing, and reads
 again a part any of whose source files changed since it was committed, so the pack cannot
 depend on where a run stopped.
@@ -21,14 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed.errors import SourceError
+from gpufeed.formats.inplace.tree import Source
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.write import progress
+from gpufeed.write.direct import check_part
 from gpufeed.write.items import STAMP_FIELDS, stamp_changed
 from gpufeed.write.options import positive_int
 from gpufeed.write.pool import default_workers, ordered_map
-from gpufeed.write.scan import Source
-from gpufeed.write.streamed import check_part
 
 __all__ = [
     "PartBuilder",
@@ -261,7 +261,7 @@ class _Committer:
     def _commit(self, p: int, builder: PartBuilder) -> None:
         part = builder.build()
         # the stream first, so a part never names bytes not yet written; a part that says
-        # where its samples are keeps no copy of them and is not fsynced (gpufeed.write.streamed)
+        # where its samples are keeps no copy of them and is not fsynced (gpufeed.write.direct)
         part.where = self.stream.feed(p, part)
         part.save(part_path(self.parts_dir, p), sync=part.where is None)
 

@@ -44,7 +44,10 @@ from gpufeed.formats.schema import Schema, infer_schema, parse_schema
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.storage.urls import require_local
 from gpufeed.write.assemble import Stream, assemble
-from gpufeed.write.guard import (
+from gpufeed.write.direct import check_part, keep_streamed
+from gpufeed.write.items import STAMP_FIELDS, stamp, stamp_changed
+from gpufeed.write.options import check_options
+from gpufeed.write.ownership import (
     PARTS_DIR,
     STATE_NAME,
     check_removable,
@@ -52,8 +55,6 @@ from gpufeed.write.guard import (
     occupied,
     remove_partial,
 )
-from gpufeed.write.items import STAMP_FIELDS, stamp, stamp_changed
-from gpufeed.write.options import check_options
 from gpufeed.write.records import encoded, label_of
 from gpufeed.write.sources import (
     Listing,
@@ -63,7 +64,6 @@ from gpufeed.write.sources import (
     item_name,
 )
 from gpufeed.write.staging import part_path
-from gpufeed.write.streamed import check_part, keep_streamed
 
 __all__ = ["PART_BYTES", "Writer", "encoded", "label_of"]
 
@@ -379,7 +379,7 @@ class Writer:
             stamps=stamps,
         )
         # a streamed pack's samples are written once, into its shards or data.mdb: the part
-        # keeps their places (gpufeed.write.streamed); the stream first, so a part never
+        # keeps their places (gpufeed.write.direct); the stream first, so a part never
         # names bytes not yet written
         where = self._stream.feed(index, part)
         part.where = where if not durable else None

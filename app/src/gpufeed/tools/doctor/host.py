@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gpufeed.errors import SysinfoWarning
-from gpufeed.loading.outlook import worker_outlook
+from gpufeed.loading.cpu_budget import worker_outlook
 from gpufeed.loading.settings import SETTINGS_ENV
 from gpufeed.system import sysinfo
 from gpufeed.system.native import install_hint

@@ -13,7 +13,7 @@ the blocks it copies, never the queue of blocks announced before them.
 
 Whether a range is cached is mincore's answer (:func:`looks_cached`), except for a file
 this process neither owns nor may write, where the readers ask the file instead
-(gpufeed.formats.pagecache). Every check here takes the reader's answer (``cached``).
+(gpufeed.pagecache.probe). Every check here takes the reader's answer (``cached``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from itertools import repeat
 
 import numpy as np
 
-from gpufeed.formats.pagecache import checked_points
+from gpufeed.pagecache.probe import checked_points
 
 __all__ = [
     "PREFETCH_MIN_BYTES",

@@ -36,8 +36,8 @@ from gpufeed.formats.base import check_spans, span_views
 from gpufeed.formats.checksums import sha256_file
 from gpufeed.formats.files import atomic_write_bytes, file_identity
 from gpufeed.formats.npy import npy_bytes
-from gpufeed.formats.pagecache import map_delta
-from gpufeed.formats.readahead import address
+from gpufeed.pagecache.advise import address
+from gpufeed.pagecache.probe import map_delta
 
 __all__ = [
     "SNAPSHOT",

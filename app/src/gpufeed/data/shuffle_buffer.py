@@ -6,7 +6,7 @@ the copy its page faults, from the heap it is one np.take (docs/benchmarks.md, "
 phase 7"). Encoded and multi-field samples, and buffers too big to copy
 (``SLOT_POOL_MAX_BYTES``), are held as references to the runs as read (``SamplePool``).
 Where the reader can gather samples in any order from its kept maps (a local tar pack of
-fixed-shape samples at one stride a shard, formats/tar_rows.py), the pool holds only their
+fixed-shape samples at one stride a shard, formats/tar/rows.py), the pool holds only their
 indices (``RowPool``): a batch is gathered once, like the mmap reader's, with no copy into
 slots first.
 """
@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 import torch
 
-from gpufeed.formats.rowcopy import take_rows
+from gpufeed.pagecache.copy import take_rows
 
 __all__ = ["SLOT_POOL_MAX_BYTES", "RowPool", "SamplePool", "SlotPool", "make_pool"]
 

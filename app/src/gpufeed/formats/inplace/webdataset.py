@@ -40,10 +40,15 @@ import numpy as np
 from gpufeed.errors import CorruptSampleError, DataError, NotPackedError, StalePackError
 from gpufeed.formats.base import Reader
 from gpufeed.formats.files import atomic_write_bytes, file_identity
+from gpufeed.formats.inplace.webdataset_index import (
+    header_mismatch,
+    header_name,
+    name_end,
+    scan_shard,
+)
 from gpufeed.formats.npy import parse_header
 from gpufeed.formats.record import join_record, npy_shape, stored_from_member
 from gpufeed.formats.schema import Field, Schema
-from gpufeed.formats.webdataset_scan import header_mismatch, header_name, name_end, scan_shard
 
 __all__ = [
     "WebDatasetReader",

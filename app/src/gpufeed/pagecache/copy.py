@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from gpufeed.formats.readahead import Background, address, looks_cached, rows_cached
+from gpufeed.pagecache.advise import Background, address, looks_cached, rows_cached
 from gpufeed.system import sysinfo
 
 __all__ = [

@@ -14,7 +14,7 @@ from gpufeed.errors import DataError
 
 __all__ = ["INDEX_ARRAYS", "check_index"]
 
-# index.npz's arrays, one entry a sample (formats/tar.py)
+# index.npz's arrays, one entry a sample (formats/tar/reader.py)
 INDEX_ARRAYS = ("shard", "offset", "size", "labels", "crc32")
 
 

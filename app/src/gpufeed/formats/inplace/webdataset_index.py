@@ -1,4 +1,4 @@
-"""A WebDataset shard's member table, from its tar headers alone (gpufeed.formats.webdataset
+"""A WebDataset shard's member table, from its tar headers alone (gpufeed.formats.inplace.webdataset
 indexes shards with it), and the check of a member's header when the index is used."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tarfile
 from pathlib import Path
 
 from gpufeed.errors import DataError
-from gpufeed.formats.ustar import header_size
+from gpufeed.formats.tar.members import header_size
 
 __all__ = ["header_mismatch", "header_name", "members", "name_end", "scan_shard"]
 

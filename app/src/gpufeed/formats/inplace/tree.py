@@ -25,7 +25,7 @@ Symbolic links (the policy):
   the real file's own entry kept. Hard links are separate files;
 - a broken link with a sample's extension, or a FIFO/device with one, is a problem.
 
-The same listing and policy serve a tree read in place (gpufeed.data.imagefolder).
+The same listing and policy serve a tree read in place (gpufeed.formats.inplace.imagefolder).
 """
 
 from __future__ import annotations

@@ -1,21 +1,4 @@
-"""Tar shards in the WebDataset layout.
-
-Each sample is a group of members sharing a key, the zero-padded sample index:
-  000000123.npy   the sample: a .npy file (fixed-shape arrays) or the encoded image bytes
-                  under its own extension (.jpg, .png, ...)
-  000000123.cls   the label as decimal text (-1 when the source had none)
-A multi-field pack (manifest sample kind "fields") has one member per field instead,
-000000123.NAME.EXT, in schema order (gpufeed.formats.record: .npy, .txt, .cls, .json, .bin,
-.jpg/.png/.webp, .zst for a zstd field), and no .cls member of its own.
-Shards are named shard-000000.tar, shard-000001.tar, ...; the manifest records the
-brace-expandable pattern (shard-{000000..000012}.tar) that `webdataset.WebDataset` accepts.
-Members are plain ustar entries with fixed owner, mode and mtime, so packs are reproducible.
-
-index.npz beside the shards gives every sample's shard, data offset and size (for .npy members
-the offset points past the .npy header; for a multi-field sample, offset is its first member's
-header and size spans to the end of its last member's data), label and crc32: it enables
-random access, per-sample verification and splitting shards without opening them.
-"""
+"""The tar format's reader (the layout: gpufeed.formats.tar)."""
 
 from __future__ import annotations
 
@@ -29,10 +12,14 @@ import numpy as np
 from gpufeed.errors import CorruptSampleError, DataError
 from gpufeed.formats.base import Reader
 from gpufeed.formats.manifest import MANIFEST_NAME
-from gpufeed.formats.maps import kept_map
 from gpufeed.formats.npy import read_npz_vectors
-from gpufeed.formats.pagecache import file_cached, mincore_sees
-from gpufeed.formats.readahead import (
+from gpufeed.formats.record import record_from_members
+from gpufeed.formats.tar.index import INDEX_ARRAYS, check_index
+from gpufeed.formats.tar.rows import gather_rows, shard_rows, shard_strides
+from gpufeed.formats.tar.writer import (
+    INDEX_NAME,
+)
+from gpufeed.pagecache.advise import (
     PREFETCH_MIN_BYTES,
     WARM_PROBES,
     BlocksAhead,
@@ -42,21 +29,8 @@ from gpufeed.formats.readahead import (
     looks_cached,
     looks_warm,
 )
-from gpufeed.formats.record import record_from_members
-from gpufeed.formats.tar_index import INDEX_ARRAYS, check_index
-from gpufeed.formats.tar_rows import gather_rows, shard_rows, shard_strides
-from gpufeed.formats.tar_write import (  # noqa: F401 - the format's names, in one place
-    DEFAULT_SHARD_BYTES,
-    DEFAULT_SHARD_SIZE,
-    INDEX_NAME,
-    KEY_FORMAT,
-    RECORD,
-    RUN_BYTES,
-    SHARD_FORMAT,
-    TarWriter,
-    npy_header,
-    shard_pattern,
-)
+from gpufeed.pagecache.maps import kept_map
+from gpufeed.pagecache.probe import file_cached, mincore_sees
 
 
 class ShardMaps(dict):
@@ -139,7 +113,7 @@ class TarReader(Reader):
     @functools.cached_property
     def strides(self) -> np.ndarray | None:
         """Each shard's stride between samples when a local pack's fixed-shape samples sit
-        at one (formats/tar_rows.py), else None: samples are then read one by one."""
+        at one (formats/tar/rows.py), else None: samples are then read one by one."""
         if self.spec.kind != "array" or self.source is not None:
             return None
         return shard_strides(self.shard, self.offset, self.size, self.shard_start, self.spec.nbytes)

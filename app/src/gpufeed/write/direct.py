@@ -25,8 +25,8 @@ import numpy as np
 
 from gpufeed.formats.parts import Part
 from gpufeed.formats.record import record_from_members
-from gpufeed.formats.tar_write import SHARD_FORMAT
-from gpufeed.write.guard import OUT_DIR, STREAMED_DIR
+from gpufeed.formats.tar.writer import SHARD_FORMAT
+from gpufeed.write.ownership import OUT_DIR, STREAMED_DIR
 
 __all__ = ["check_part", "keep_streamed", "load_part"]
 
@@ -79,7 +79,7 @@ def _from_lmdb(indices: np.ndarray, kept: Path) -> list[bytes]:
     before the crash are missing: a KeyError)."""
     import lmdb
 
-    from gpufeed.formats.lmdb import keys
+    from gpufeed.formats.lmdb.keys import keys
 
     env = lmdb.open(str(kept), subdir=True, readonly=True, lock=False, readahead=False)
     try:

@@ -23,14 +23,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpufeed.errors import UsageError
+from gpufeed.formats.inplace.tree import Source
 from gpufeed.formats.lock import LOCK_NAME, PackLock
 from gpufeed.formats.manifest import MANIFEST_NAME, PARTIAL_SUFFIX
-from gpufeed.write.scan import Source
 
 STATE_NAME = "state.json"
 PARTS_DIR = "parts"
 OUT_DIR = "out"
-STREAMED_DIR = "streamed"  # a resumed tar pack's first shards, read back (gpufeed.write.streamed)
+STREAMED_DIR = "streamed"  # a resumed tar pack's first shards, read back (gpufeed.write.direct)
 REPLACED_DIR = "replaced"  # the pack being replaced, moved aside until the new one is in place
 PARTIAL_ENTRIES = frozenset(
     {LOCK_NAME, STATE_NAME, STATE_NAME + ".tmp", PARTS_DIR, OUT_DIR, STREAMED_DIR, REPLACED_DIR}

@@ -1,4 +1,4 @@
-"""Writing tar shards (the layout: gpufeed.formats.tar's docstring)."""
+"""Writing tar shards (the layout: gpufeed.formats.tar.reader's docstring)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from gpufeed.formats.files import fsync_dir
 from gpufeed.formats.npy import npy_bytes
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
-from gpufeed.formats.tar_fields import PartMembers
-from gpufeed.formats.ustar import BLOCK
+from gpufeed.formats.tar.fields import PartMembers
+from gpufeed.formats.tar.members import BLOCK
 
 INDEX_NAME = "index.npz"
 SHARD_FORMAT = "shard-{:06d}.tar"
@@ -179,7 +179,7 @@ class TarWriter(Writer):
         self.in_shard += count
 
     def _add_runs(self, members: PartMembers, needs: np.ndarray, spans: bool) -> None:
-        """A part's samples written a run at a time (gpufeed.formats.tar_fields), each run
+        """A part's samples written a run at a time (gpufeed.formats.tar.fields), each run
         inside one shard. Index rows: with ``spans`` (multi-field samples) the first member's
         header and the bytes to the end of the last member's data (what the reader parses);
         else the first member's data past ``self.header`` and the sample's own bytes."""

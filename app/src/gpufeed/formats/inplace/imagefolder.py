@@ -1,8 +1,8 @@
 """An image-folder tree (class subfolders of images, torchvision's ImageFolder layout) read in
-place: listed once as ``gpufeed pack`` lists it (gpufeed.write.scan: the same problems, the same
-symbolic-link policy), the list cached outside the data (the in-place index folder,
-gpufeed.formats.webdataset.index_folder). Samples are ``(image, label)``, as a pack of it gives
-them.
+place: listed once as ``gpufeed pack`` lists it (gpufeed.formats.inplace.tree: the same
+problems, the same symbolic-link policy), the list cached outside the data (the in-place index
+folder, gpufeed.formats.inplace.webdataset.index_folder). Samples are ``(image, label)``, as a
+pack of it gives them.
 
 The cached list is used only while every folder it came from is the same folder: each one's
 identity (device, inode, mtime_ns, ctime_ns; adding, removing or renaming a file changes its
@@ -32,9 +32,9 @@ from gpufeed.errors import (
     UnsafePathError,
 )
 from gpufeed.formats.base import Reader
+from gpufeed.formats.inplace.tree import scan_source
+from gpufeed.formats.inplace.webdataset import cached_index, in_place_identity, index_folder
 from gpufeed.formats.manifest import MANIFEST_NAME, PARTIAL_SUFFIX
-from gpufeed.formats.webdataset import cached_index, in_place_identity, index_folder
-from gpufeed.write.scan import scan_source
 
 __all__ = ["ImageFolderReader", "is_image_folder", "listing_path"]
 
@@ -136,7 +136,7 @@ def _outside(root: Path, dirs: set[str]) -> list[str]:
 class ImageFolderReader(Reader):
     """Encoded images read from their files: the (image, label) packs' reading, in place.
 
-    follow_symlinks: as ``gpufeed pack``'s (gpufeed.write.scan): read the files that the
+    follow_symlinks: as ``gpufeed pack``'s (gpufeed.formats.inplace.tree): read the files that the
     tree's symbolic links lead to outside it, and follow links to folders (loops and second
     links to one folder are still refused). Off by default: a link out of the tree is an
     UnsafePathError naming it (a tree from elsewhere may link ``a/key.png`` to

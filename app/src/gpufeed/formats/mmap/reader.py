@@ -1,110 +1,32 @@
-"""Memory-mapped tensors: plain .npy files (or one .pt) that index without being read whole.
-
-Files in the dataset folder (N samples):
-  samples.npy   [N, *shape] dtype, opened with np.load(mmap_mode="r")      (container "npy")
-  samples.pt    one tensor [N, *shape], opened with torch.load(mmap=True)   (container "pt")
-  encoded.npy   [total] uint8 and offsets.npy [N + 1] int64 for encoded samples
-  labels.npy    [N] int64
-  crc32.npy     [N] uint32
-"""
+"""The mmap format's reader (the layout: gpufeed.formats.mmap)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from tokenize import TokenError
-from typing import Any
 
 import numpy as np
 
-from gpufeed.errors import DataError, UsageError
-from gpufeed.formats import pt
+from gpufeed.errors import DataError
 from gpufeed.formats.base import (
     REPACK,
-    ContiguousWriter,
     Reader,
     check_offsets,
     index_array,
     span_views,
 )
 from gpufeed.formats.checksums import crc32, row_crcs
-from gpufeed.formats.files import preallocate
-from gpufeed.formats.maps import kept_map
+from gpufeed.formats.mmap import CONTAINERS, pt
 from gpufeed.formats.npy import NPY_HEADER_MAX, npy_header, read_npy_vector
-from gpufeed.formats.readahead import (
+from gpufeed.pagecache.advise import (
     BlocksAhead,
     advise_buffers,
     advise_rows,
     advise_samples,
     map_looks_warm,
 )
-from gpufeed.formats.rowcopy import take_rows
-from gpufeed.formats.spec import SampleSpec
-
-CONTAINERS = ("npy", "pt")
-
-
-def allocated_memmap(path: Path, dtype, shape) -> np.memmap:
-    """A new .npy file mapped for writing, its blocks reserved first: open_memmap alone makes
-    a sparse file, and a write through the map into a hole on a full disk is a SIGBUS."""
-    arr = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
-    with open(path, "r+b") as f:
-        preallocate(f, os.fstat(f.fileno()).st_size, path)
-    return arr
-
-
-class MmapWriter(ContiguousWriter):
-    format_name = "mmap"
-
-    def __init__(self, out, spec, count, total_bytes, options):
-        super().__init__(out, spec, count, total_bytes, options)
-        self.spec = spec or SampleSpec("encoded")
-        self.container = options.get("container") or "npy"
-        if self.container not in CONTAINERS:
-            raise UsageError(f"unknown mmap container {self.container!r}; use npy or pt")
-        if self.container == "pt" and self.spec.kind != "array":
-            what = (
-                f"multi-field samples ({self.spec.schema.describe()}); use the npy container"
-                if self.spec.kind == "fields"
-                else "encoded images; use --encode raw"
-            )
-            raise UsageError(
-                f"the .pt container holds one fixed-shape tensor per sample, not {what}"
-            )
-        if self.spec.kind == "array":
-            self.current_file = self.out / "samples.npy"
-            shape = (count, *self.spec.shape)
-            self.data = allocated_memmap(self.current_file, self.spec.dtype, shape)
-        else:
-            self.current_file = self.out / "encoded.npy"
-            self.data = allocated_memmap(self.current_file, np.uint8, (total_bytes,))
-        self._start_index()
-
-    def abort(self) -> None:
-        self.data = None
-
-    def finish(self) -> dict[str, Any]:
-        assert self.n == self.count
-        self.data.flush()
-        del self.data
-        files = ["labels.npy", "crc32.npy"]
-        self._save("labels.npy", self.labels)
-        self._save("crc32.npy", self.crcs)
-        if self.spec.kind != "array":
-            self._save("offsets.npy", self.offsets)
-            files += ["encoded.npy", "offsets.npy"]
-        elif self.container == "pt":
-            self.current_file = self.out / "samples.pt"
-            pt.save_npy_as_pt(self.out / "samples.npy", self.current_file)
-            os.unlink(self.out / "samples.npy")
-            files.append("samples.pt")
-        else:
-            files.append("samples.npy")
-        return {"files": sorted(files), "layout": {"container": self.container}}
-
-    def _save(self, name: str, arr: np.ndarray) -> None:
-        self.current_file = self.out / name
-        np.save(self.current_file, arr)
+from gpufeed.pagecache.copy import take_rows
+from gpufeed.pagecache.maps import kept_map
 
 
 class MmapReader(Reader):
@@ -140,7 +62,7 @@ class MmapReader(Reader):
 
     def _rows(self) -> np.ndarray:
         """The data file's map as a plain ndarray (np.memmap's slicing costs more than the
-        copy itself), kept for the next reader of this file in this process (maps.py). A
+        copy itself), kept for the next reader of this file in this process (pagecache/maps.py). A
         file shorter than its header declares is an error here, never a map past its end."""
         path, identity = self.data_path, self.pinned_identity(self.data_name)
         if self.container == "pt":

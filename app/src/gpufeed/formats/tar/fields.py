@@ -3,7 +3,7 @@
 Each field of a record becomes the member KEY.NAME.EXT (gpufeed.formats.record): a member's
 bytes are an optional prefix (a .npy header, or the whole member for int and float fields,
 whose text is made here) and then a run of the part's payload. The ustar headers of a run of
-samples come from one numpy computation (gpufeed.formats.ustar.member_headers), and the
+samples come from one numpy computation (gpufeed.formats.tar.members.member_headers), and the
 run's bytes are assembled into one buffer written with one call: the writer process of
 ``gpufeed.pack(fn)`` spent 25 us a sample building headers and 8 write buffers a member one
 by one, the largest part of its CPU time (docs/benchmarks.md, "Conversion").
@@ -18,7 +18,7 @@ import numpy as np
 from gpufeed.formats.parts import Part
 from gpufeed.formats.record import member_bytes, member_name, npy_header_for, split_joined
 from gpufeed.formats.schema import Field, Schema
-from gpufeed.formats.ustar import BLOCK, member_headers
+from gpufeed.formats.tar.members import BLOCK, member_headers
 
 __all__ = ["PartMembers"]
 

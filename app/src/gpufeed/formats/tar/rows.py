@@ -10,7 +10,7 @@ A pack where they do not (another writer's layout, samples of different sizes) i
 before, sample by sample; so is a remote pack (its shards' maps close when they are
 unpinned).
 
-A local pack's shard maps are kept across readers in one process (formats/maps.py), all of
+A local pack's shard maps are kept across readers in one process (pagecache/maps.py), all of
 a pack's shards as one kept entry, so a warm pass finds their pages mapped.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from gpufeed.errors import DataError
-from gpufeed.formats.rowcopy import PARALLEL_COPY_MIN_BYTES, copy_buffers
+from gpufeed.pagecache.copy import PARALLEL_COPY_MIN_BYTES, copy_buffers
 
 __all__ = ["gather_rows", "shard_rows", "shard_strides"]
 

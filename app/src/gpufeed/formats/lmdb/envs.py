@@ -8,7 +8,7 @@ from pathlib import Path
 import lmdb
 
 from gpufeed.errors import DataError
-from gpufeed.formats.maps import KEEP_MAPS, covers, on_forget
+from gpufeed.pagecache.maps import KEEP_MAPS, covers, on_forget
 
 __all__ = ["DATA_FILE", "DEFAULT_READAHEAD", "acquire_env", "lmdb_error", "release_env"]
 

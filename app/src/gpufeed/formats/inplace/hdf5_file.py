@@ -1,12 +1,5 @@
-"""Data read where it lies, without packing: what ``open_dataset`` and ``gpufeed pack`` try
-when a path holds no gpufeed manifest.
-
-- WebDataset tar shards (a folder of .tar files, one .tar, a brace pattern):
-  :mod:`gpufeed.formats.webdataset`, an index cached outside the data.
-- An HDF5 file of someone else's, given ``datasets=``: every named dataset holds one row per
-  sample (the first dimension); each becomes a field (:class:`HDF5FileReader`).
-- An image-folder tree is read by gpufeed.data.imagefolder (it lists files as pack does).
-"""
+"""An HDF5 file of someone else's, read in place given ``datasets=``: every named dataset holds
+one row per sample (the first dimension); each becomes a field."""
 
 from __future__ import annotations
 
@@ -21,59 +14,11 @@ import numpy as np
 from gpufeed.errors import DataError, UnsafePathError, UsageError
 from gpufeed.formats.base import Reader
 from gpufeed.formats.hdf5 import plain_dataset
-from gpufeed.formats.manifest import MANIFEST_NAME
+from gpufeed.formats.inplace import DATASETS_EXAMPLE, dataset_names
 from gpufeed.formats.record import encode_value, join_record
 from gpufeed.formats.schema import Field, Schema
-from gpufeed.formats.webdataset import WebDatasetReader, is_webdataset
 
-__all__ = ["HDF5FileReader", "hdf5_needs_datasets", "is_hdf5_file", "open_in_place"]
-
-# how datasets= names an HDF5 file's datasets, in every message that asks for it
-DATASETS_EXAMPLE = "datasets={'image': '/images', 'label': '/labels'}"
-
-
-def open_in_place(path: str | os.PathLike, **options: Any) -> Reader | None:
-    """The in-place reader for `path`, or None when it is none of the layouts above."""
-    datasets = options.pop("datasets", None)
-    if datasets is not None:
-        return HDF5FileReader(path, datasets=datasets)
-    if is_webdataset(path):
-        return WebDatasetReader(path, **options)
-    return None
-
-
-def is_hdf5_file(path: str | os.PathLike) -> bool:
-    """A local file with HDF5's signature (h5py.is_hdf5: the superblock, not the suffix)."""
-    try:
-        return os.path.isfile(path) and bool(h5py.is_hdf5(path))
-    except (OSError, TypeError, ValueError):
-        return False
-
-
-def _dataset_names(f: h5py.File) -> list[str]:
-    names: list[str] = []
-    f.visititems(lambda k, v: names.append(k) if isinstance(v, h5py.Dataset) else None)
-    return names
-
-
-def hdf5_needs_datasets(path: str | os.PathLike) -> str:
-    """What to do with an HDF5 file without a gpufeed manifest: name its datasets (a file of
-    someone else's is read only given them: which ones hold a row per sample is not ours to
-    guess)."""
-    pack = Path(path).parent
-    if (pack / MANIFEST_NAME).is_file():
-        return f"{path}: a file of the gpufeed pack {pack}; use the pack's folder: {pack}"
-    try:
-        with h5py.File(path, "r") as f:
-            have = [f"/{k} {f[k].dtype}{list(f[k].shape)}" for k in _dataset_names(f)[:20]]
-    except OSError as e:
-        return f"{path}: an HDF5 file without a gpufeed manifest, and not readable: {e}"
-    return (
-        f"{path}: an HDF5 file without a gpufeed manifest; to read it in place name its "
-        f"datasets that hold one row per sample: open_dataset(PATH, {DATASETS_EXAMPLE}), or "
-        "`gpufeed pack PATH DEST -f FORMAT --datasets image=/images,label=/labels`; it has: "
-        f"{', '.join(have) or 'no datasets'}"
-    )
+__all__ = ["HDF5FileReader"]
 
 
 def _field(name: str, ds: h5py.Dataset) -> Field:
@@ -128,7 +73,7 @@ class HDF5FileReader(Reader):
                     except DataError:
                         missing.append(p)
                 if missing:
-                    have = _dataset_names(f)[:20]
+                    have = dataset_names(f)[:20]
                     raise DataError(f"{self.path}: no dataset {missing}; it has {have}")
                 fields = tuple(_field(n, d) for n, d in found.items())
                 counts = {n: d.shape[0] if d.ndim else None for n, d in found.items()}

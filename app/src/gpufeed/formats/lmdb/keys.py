@@ -1,0 +1,25 @@
+"""The LMDB format's keys: zero-padded sample indices (b"%010d") and the index keys, which
+sort after every sample key."""
+
+from __future__ import annotations
+
+import numpy as np
+
+LOCK_FILE = "lock.mdb"
+META_KEY = b"__gpufeed__"
+LABELS_KEY = b"__labels__"
+CRC_KEY = b"__crc32__"
+
+
+def key(index: int) -> bytes:
+    return b"%010d" % index
+
+
+_POW10 = 10 ** np.arange(9, -1, -1, dtype=np.int64)
+
+
+def keys(indices: np.ndarray) -> list[bytes]:
+    """key(i) for every index, built in numpy: a Python format per key cost a third of a warm
+    batch's read (docs/benchmarks.md, "Measurements behind the code")."""
+    digits = (np.asarray(indices, dtype=np.int64)[:, None] // _POW10) % 10 + ord("0")
+    return digits.astype(np.uint8).view("S10").ravel().tolist()

@@ -1,0 +1,158 @@
+"""The LMDB format's writer (the layout: gpufeed.formats.lmdb)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import lmdb
+import numpy as np
+
+from gpufeed.errors import DataError, DiskFullError
+from gpufeed.formats.base import Writer, make_room
+from gpufeed.formats.files import is_disk_full
+from gpufeed.formats.lmdb.envs import (
+    DATA_FILE,
+)
+from gpufeed.formats.lmdb.keys import CRC_KEY, LABELS_KEY, LOCK_FILE, META_KEY, key, keys
+from gpufeed.formats.lmdb.values import (
+    SNAPSHOT,
+    VALUES_FILE,
+    snapshot,
+    value_table,
+    write_value_table,
+)
+from gpufeed.formats.npy import npy_bytes
+from gpufeed.formats.parts import Part
+from gpufeed.formats.spec import SampleSpec
+
+TXN_RECORDS = 4096
+TXN_BYTES = 64 << 20
+# The map size a pack starts with, doubled whenever it fills. LMDB records it in the file (and
+# never lowers it there), so it must not depend on what the writer knew up front: a pack
+# written as its parts are committed (gpufeed.write.assemble.Stream) and the same pack
+# assembled after a resume are byte-identical. Mapping 1 GiB costs address space, not memory.
+FIRST_MAP_SIZE = 1 << 30
+
+
+class LMDBWriter(Writer):
+    format_name = "lmdb"
+
+    def __init__(self, out, spec, count, total_bytes, options):
+        super().__init__(out, spec, count, total_bytes, options)
+        self.spec = spec or SampleSpec("encoded")
+        self.map_size = FIRST_MAP_SIZE
+        self.current_file = self.out / DATA_FILE
+        # meminit stays on: pages are zeroed before use, so the file's bytes depend only on
+        # what was written, and two packs of the same data are byte-identical. sync=True:
+        # each transaction is durable when committed, so a resume may read a streamed pack's
+        # records back from it (gpufeed.write.direct)
+        self.env = lmdb.open(
+            str(self.out), subdir=True, map_size=self.map_size, meminit=True, sync=True, lock=True
+        )
+        rows = count if count is not None else 1024
+        self.labels = np.empty(rows, dtype=np.int64)
+        self.crcs = np.empty(rows, dtype=np.uint32)
+        self.n = 0
+        self.pending: list[tuple[bytes, memoryview]] = []
+        self.pending_bytes = 0
+
+    def _put_all(self, items: list[tuple[bytes, bytes]]) -> None:
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    txn.cursor().putmulti(items, append=True, dupdata=False, overwrite=False)
+                return
+            except lmdb.MapFullError:
+                self.map_size *= 2
+                self.env.set_mapsize(self.map_size)
+            except lmdb.Error as e:
+                # LMDB reports a full disk as "mdb_txn_commit: Input/output error"
+                need = sum(len(v) for _, v in items)
+                if is_disk_full(e, self.current_file, need):
+                    raise DiskFullError(self.current_file, need) from None
+                raise DataError(f"{self.current_file}: {e}") from None
+
+    def abort(self) -> None:
+        """Close; the records added so far are committed first when that still works (a
+        streamed pack's parts name them: gpufeed.write.direct)."""
+        try:
+            self._flush()
+        except Exception:  # noqa: BLE001 - the write that failed: those parts are redone
+            pass
+        self.env.close()
+
+    def placed(self, count: int) -> np.ndarray:
+        """int64 [count, 3]: the last ``count`` samples' (-1, key index, -1) rows (shard -1:
+        a record under an LMDB key, gpufeed.write.direct)."""
+        rows = np.full((count, 3), -1, dtype=np.int64)
+        rows[:, 1] = np.arange(self.n - count, self.n)
+        return rows
+
+    def add(self, part: Part) -> None:
+        # Transactions are cut by record count and bytes, never by part: LMDB's file bytes
+        # depend on the transaction sequence, and the pack's bytes must not depend on parts.
+        make_room(self, ("labels", "crcs"), self.n + len(part))
+        self.labels[self.n : self.n + len(part)] = part.labels
+        self.crcs[self.n : self.n + len(part)] = part.crc32
+        view = memoryview(part.payload)
+        offsets = part.offsets.tolist()
+        for j in range(len(part)):
+            value = view[offsets[j] : offsets[j + 1]]
+            self.pending.append((key(self.n), value))
+            self.pending_bytes += len(value)
+            self.n += 1
+            if len(self.pending) >= TXN_RECORDS or self.pending_bytes >= TXN_BYTES:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self._put_all(self.pending)
+        self.pending = []
+        self.pending_bytes = 0
+
+    def finish(self) -> dict[str, Any]:
+        assert self.count is None or self.n == self.count
+        self._flush()
+        self.labels, self.crcs = self.labels[: self.n], self.crcs[: self.n]
+        meta = {
+            "format_version": self.spec.format_version,
+            "count": self.n,
+            "sample": self.spec.to_json(),
+            "classes": self.options.get("classes"),
+            "key_format": "%010d",
+        }
+        meta_bytes = json.dumps(meta, sort_keys=True).encode()
+        self._put_all(
+            [
+                (CRC_KEY, npy_bytes(self.crcs)),
+                (META_KEY, meta_bytes),
+                (LABELS_KEY, npy_bytes(self.labels)),
+            ]
+        )
+        self.env.sync(True)
+        files = [DATA_FILE]
+        layout = {"key_format": "%010d", "meta_keys": ["__gpufeed__", "__labels__", "__crc32__"]}
+        placed = self._value_table()
+        if placed is not None:
+            files.append(VALUES_FILE)
+            layout[SNAPSHOT] = placed
+        self.env.close()
+        (self.out / LOCK_FILE).unlink(missing_ok=True)
+        return {"files": files, "layout": layout}
+
+    def _value_table(self) -> dict[str, int] | None:
+        """values.npy (lmdb_values), written while the file is still in memory: the snapshot
+        of the environment it describes, None where it wrote none."""
+        if self.n == 0:
+            return None
+        with self.env.begin(buffers=True) as txn:
+            table = value_table(txn, self.n, keys)
+        if table is None:
+            return None
+        write_value_table(self.out / VALUES_FILE, table)
+        return snapshot(self.env)
+
+
+# Blocks read ahead (Reader.prefetch_ranges). gpufeed appends the records in key order, so
+# value i lies about i x stride bytes after value 0 (leaf pages between them): a block's bytes
