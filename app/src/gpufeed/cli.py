@@ -37,30 +37,6 @@ def parse_bytes(text: str) -> int:
     return cliargs.bytes_size(text)
 
 
-def existing_path(text: str) -> str:
-    if not os.path.lexists(text):
-        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
-    return text
-
-
-def pack_path(text: str) -> str:
-    """A pack's path: it exists, or a pack into it is unfinished or being written
-    (DEST.partial), which the command then explains (a usage error would hide that);
-    or a URL (s3://bucket/prefix, ...), read through the cache (--cache-dir, --cache-limit);
-    or WebDataset shards named by a brace pattern (shard-{000..009}.tar) whose first exists."""
-    from gpufeed.formats.manifest import PARTIAL_SUFFIX
-    from gpufeed.storage.urls import is_remote
-
-    if is_remote(cliargs.location(text)) or os.path.lexists(text.rstrip("/") + PARTIAL_SUFFIX):
-        return text
-    if "{" in text and not os.path.lexists(text):
-        from gpufeed.formats.inplace.webdataset import is_webdataset
-
-        if is_webdataset(text):
-            return text
-    return existing_path(text)
-
-
 def _common() -> argparse.ArgumentParser:
     """-q/-v/--json, the same on every subcommand."""
     common = argparse.ArgumentParser(add_help=False)
@@ -89,7 +65,7 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
         "pack continues with --resume. DEST may be a URL (s3://bucket/prefix): the pack is "
         "made in a local staging folder, then uploaded with its manifest last."
     )
-    p.add_argument("source", metavar="SOURCE", type=existing_path)
+    p.add_argument("source", metavar="SOURCE", type=cliargs.existing_path)
     p.add_argument("dest", metavar="DEST", help="a folder or a URL")
     p.add_argument("--format", "-f", choices=FORMATS, required=True)
     p.add_argument(
@@ -188,7 +164,7 @@ def _add_verify(p: argparse.ArgumentParser) -> None:
         "DEST data read in place (an image folder, WebDataset shards, an HDF5 file with "
         "--datasets) has no checksums: every sample is read and decoded, each failure named."
     )
-    p.add_argument("dest", metavar="DEST", type=pack_path)
+    p.add_argument("dest", metavar="DEST", type=cliargs.pack_path)
     p.add_argument(
         "--decode",
         action="store_true",
@@ -203,7 +179,7 @@ def _add_inspect(p: argparse.ArgumentParser) -> None:
         "What DEST holds: a pack, or data read in place as open_dataset reads it (an image "
         "folder, WebDataset shards, an HDF5 file with --datasets)."
     )
-    p.add_argument("dest", metavar="DEST", type=pack_path)
+    p.add_argument("dest", metavar="DEST", type=cliargs.pack_path)
     cliargs.add_cache_options(p)
     _add_in_place_options(p)
 

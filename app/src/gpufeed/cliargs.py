@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from collections.abc import Callable
 
@@ -266,3 +267,27 @@ def add_cache_options(p: argparse.ArgumentParser) -> None:
 def cache_options(args: argparse.Namespace) -> dict:
     """The cache options given on the command line, as open_dataset's keywords."""
     return {k: getattr(args, k) for k in ("cache_dir", "cache_limit") if getattr(args, k, None)}
+
+
+def existing_path(text: str) -> str:
+    if not os.path.lexists(text):
+        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
+    return text
+
+
+def pack_path(text: str) -> str:
+    """A pack's path: it exists, or a pack into it is unfinished or being written
+    (DEST.partial), which the command then explains (a usage error would hide that);
+    or a URL (s3://bucket/prefix, ...), read through the cache (--cache-dir, --cache-limit);
+    or WebDataset shards named by a brace pattern (shard-{000..009}.tar) whose first exists."""
+    from gpufeed.formats.manifest import PARTIAL_SUFFIX
+    from gpufeed.storage.urls import is_remote
+
+    if is_remote(location(text)) or os.path.lexists(text.rstrip("/") + PARTIAL_SUFFIX):
+        return text
+    if "{" in text and not os.path.lexists(text):
+        from gpufeed.formats.inplace.webdataset import is_webdataset
+
+        if is_webdataset(text):
+            return text
+    return existing_path(text)

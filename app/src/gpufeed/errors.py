@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import os
 
+from gpufeed.system.disk import free_bytes
+
 
 class GpufeedError(Exception):
     """Base of the errors gpufeed reports as one clear line."""
@@ -69,8 +71,6 @@ class DiskFullError(DataError):
     """A write ran out of space (or quota): names the file and what is free where."""
 
     def __init__(self, path: str | os.PathLike, need: int | None = None):
-        from gpufeed.system.sysinfo import free_bytes  # sysinfo imports this module
-
         self.path = str(path)
         free = free_bytes(self.path)
         needed = f" (needs about {need:,} more bytes)" if need else ""

@@ -17,54 +17,24 @@ import torch
 from torch.utils.data import get_worker_info
 
 from gpufeed.batch import new_batch_tensor
+from gpufeed.data import native_jpeg
 from gpufeed.data.boxes import check_options
+from gpufeed.data.images import (
+    as_bytes,
+    crop_params,
+    decode_image,
+    decode_rgb,
+    have_torchvision,
+    resize_antialiased,
+)
 from gpufeed.errors import UsageError
-from gpufeed.pixels import tensor_to_uint8, to_8bit
 from gpufeed.system import sysinfo
 
 NPY_MAGIC = b"\x93NUMPY"
 
 
-@functools.lru_cache(maxsize=1)
-def have_torchvision() -> bool:
-    try:
-        import torchvision.io  # noqa: F401
-    except Exception:  # noqa: BLE001 - a broken torchvision install means: use PIL
-        return False
-    return True
-
-
-def _as_bytes(data) -> bytes:
-    if isinstance(data, bytes):
-        return data
-    if isinstance(data, np.ndarray):
-        return data.tobytes()
-    return bytes(data)
-
-
-def decode_image(data, mode: str = "RGB") -> torch.Tensor:
-    """JPEG/PNG/... bytes -> uint8 tensor [C, H, W] (C=3 for RGB, 1 for "L")."""
-    if have_torchvision():
-        from torchvision.io import ImageReadMode
-        from torchvision.io import decode_image as tv_decode
-
-        buf = torch.from_numpy(np.frombuffer(_as_bytes(data), dtype=np.uint8).copy())
-        read_mode = ImageReadMode.RGB if mode == "RGB" else ImageReadMode.GRAY
-        try:
-            return tensor_to_uint8(tv_decode(buf, mode=read_mode))
-        except RuntimeError:
-            pass  # formats torchvision does not decode (BMP, TIFF, ...) fall through to PIL
-    from PIL import Image
-
-    with Image.open(io.BytesIO(_as_bytes(data))) as img:
-        arr = np.asarray(to_8bit(img).convert(mode))
-    if arr.ndim == 2:
-        arr = arr[:, :, None]
-    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
-
-
 def decode_npy(data) -> torch.Tensor:
-    arr = np.load(io.BytesIO(_as_bytes(data)), allow_pickle=False)
+    arr = np.load(io.BytesIO(as_bytes(data)), allow_pickle=False)
     return torch.from_numpy(np.ascontiguousarray(arr))
 
 
@@ -85,21 +55,10 @@ def decode_bytes(data) -> torch.Tensor:
 
 def raw_bytes_tensor(data) -> torch.Tensor:
     """Encoded bytes as a 1-D uint8 tensor (decode=False: e.g. for GPU JPEG decoding)."""
-    return torch.from_numpy(np.frombuffer(_as_bytes(data), dtype=np.uint8).copy())
+    return torch.from_numpy(np.frombuffer(as_bytes(data), dtype=np.uint8).copy())
 
 
 # ------------------------------------------------------------------ fused decode + crop
-
-
-def _decode_chw(data) -> torch.Tensor:
-    """uint8 RGB [3, H, W]: torchvision's libjpeg-turbo decode_jpeg for JPEGs (no format
-    sniffing, no extra copy of the bytes), the general decode_image path for anything else."""
-    buf = _as_bytes(data)
-    if have_torchvision() and buf[:2] == b"\xff\xd8":
-        from torchvision.io import ImageReadMode, decode_jpeg
-
-        return decode_jpeg(torch.frombuffer(bytearray(buf), dtype=torch.uint8), ImageReadMode.RGB)
-    return decode_image(buf)
 
 
 @functools.lru_cache(maxsize=1)
@@ -136,38 +95,11 @@ def _decode_hwc_simplejpeg(data) -> np.ndarray:
     return _hwc(decode_rgb(data))
 
 
-def decode_rgb(data) -> torch.Tensor:
-    """uint8 RGB [3, H, W] (grey repeated, alpha dropped)."""
-    img = _decode_chw(data)
-    if img.shape[0] != 3:
-        img = img.expand(3, -1, -1) if img.shape[0] == 1 else img[:3]
-    return img
-
-
-def resize_antialiased(src: torch.Tensor, out: torch.Tensor) -> None:
-    """src [1, 3, h, w] uint8 resized into out [1, 3, H, W] by torch's antialiased bilinear
-    uint8 kernel, the one torchvision's resize takes for uint8 images."""
-    size = list(out.shape[2:])
-    if size == [1, 1]:
-        # a 1x1 output is contiguous in both layouts: the kernel takes it for channels_last and
-        # fails an internal assert (num_channels == unpacked_output.size(0)) on an NCHW src
-        src = src.contiguous(memory_format=torch.channels_last)
-    torch.ops.aten._upsample_bilinear2d_aa.out(src, size, False, out=out)
-
-
 BACKENDS = ("auto", "native", "opencv", "torch")
-
-
-def crop_params(boxes: np.ndarray, flips: np.ndarray) -> torch.Tensor:
-    """int64 [N, 5]: each image's crop box (top, left, h, w) and whether it was flipped."""
-    params = np.concatenate([boxes.reshape(-1, 4), flips.reshape(-1, 1)], axis=1)
-    return torch.from_numpy(params.astype(np.int64))
 
 
 def native_status() -> tuple[bool, str]:
     """(whether the native batch decoder gpufeed-jpeg imports, one line naming it or why not)."""
-    from gpufeed.data import native_jpeg  # it builds on this module: imported when asked
-
     return native_jpeg.available(), native_jpeg.status()
 
 
@@ -381,8 +313,6 @@ class RandomResizedCrop:
         """``(batch, kept, failed, params)``: as calling it, and the crop each kept image
         got: int64 [N, 5] (top, left, height, width, flipped) in its stored pixels."""
         if self.backend == "native":
-            from gpufeed.data import native_jpeg
-
             return native_jpeg.decode_resized_crops(
                 payloads,
                 self,

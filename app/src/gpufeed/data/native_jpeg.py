@@ -14,18 +14,17 @@ crop boxes and flips from the same torch generator draws, ``(batch, kept, failed
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from gpufeed.batch import new_batch_tensor
-from gpufeed.data.decoders import (
-    RandomResizedCrop,
-    crop_params,
-    decode_rgb,
-    resize_antialiased,
-)
+from gpufeed.data.images import crop_params, decode_rgb, resize_antialiased
 from gpufeed.system.native import jpeg_module
+
+if TYPE_CHECKING:  # the crop's settings; decoders calls this module
+    from gpufeed.data.decoders import RandomResizedCrop
 
 NOT_A_JPEG = "not a JPEG"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufeed.errors import DiskFullError
-from gpufeed.system.sysinfo import free_bytes
+from gpufeed.system.disk import free_bytes
 
 __all__ = [
     "atomic_write_bytes",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpufeed.errors import SysinfoWarning
+from gpufeed.system.disk import free_bytes
 
 __all__ = [
     "CpuBudget",
@@ -331,16 +332,6 @@ def describe(
         "shm_total_bytes": None if shm is None else shm.total_bytes,
         "shm_free_bytes": None if shm is None else shm.free_bytes,
     }
-
-
-def free_bytes(path: str | os.PathLike) -> int:
-    """Bytes an unprivileged writer may still use on the filesystem holding `path` (or its
-    nearest existing parent)."""
-    p = Path(os.path.abspath(path))
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    st = os.statvfs(p)
-    return st.f_bavail * st.f_frsize
 
 
 def read_ahead_kb(path: str | os.PathLike, sys_root: str | os.PathLike = "/sys") -> int | None:

@@ -170,10 +170,8 @@ def _epoch_bar(epoch: int, total: int | None, max_samples: int | None):
 def add_arguments(p) -> None:
     """The ``gpufeed bench`` options (cli.py registers the subcommand; -q/-v/--json are
     common to every subcommand)."""
-    from gpufeed.cli import pack_path
-
     p.add_argument(
-        "path", metavar="PATH", type=pack_path, help="a packed dataset: a folder or a URL"
+        "path", metavar="PATH", type=cliargs.pack_path, help="a packed dataset: a folder or a URL"
     )
     cliargs.add_cache_options(p)
     p.add_argument("--batch-size", "-b", type=cliargs.batch_size, default=256)

@@ -294,10 +294,8 @@ class _Search:
 def add_arguments(p) -> None:
     """The ``gpufeed tune`` options (cli.py registers the subcommand; -q/-v/--json are common
     to every subcommand)."""
-    from gpufeed.cli import pack_path
-
     p.add_argument(
-        "path", metavar="PATH", type=pack_path, help="a packed dataset: a folder or a URL"
+        "path", metavar="PATH", type=cliargs.pack_path, help="a packed dataset: a folder or a URL"
     )
     cliargs.add_cache_options(p)
     p.add_argument(
