@@ -1,6 +1,7 @@
 """An image-folder tree read in place (gpufeed.formats.inplace.imagefolder): the cached listing
 is used only for the very folders it came from, the listing's problems and symbolic links are
-refused as `gpufeed pack` refuses them, and a file changed since the listing is never another sample."""
+refused as `gpufeed pack` refuses them, and a file changed since the listing is never another
+sample."""
 
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ def test_large_rows_ask_the_readers_probe_not_mincore(monkeypatch):
     advised = []
     monkeypatch.setattr(readahead, "looks_cached", lambda *_: True)
     monkeypatch.setattr(readahead, "advise_willneed", lambda regions: advised.extend(regions))
-    data = np.zeros((4, readahead.PREFETCH_MIN_BYTES), np.uint8)
+    data = np.zeros((4, readahead.READ_AHEAD_MIN_BYTES), np.uint8)
     advise_rows(data, np.array([2, 0]))
     assert advised == []
     advise_rows(data, np.array([2, 0]), cached=lambda *_: False)
@@ -220,7 +220,7 @@ def test_a_non_owner_reads_a_cold_pack_ahead(open_tmp, fmt):
 
     def work() -> bytes:
         reader = open_reader(dest)
-        reader.prefetch_ranges([block])
+        reader.read_ahead_ranges([block])
         reader.ahead.ready(np.arange(*block))  # announced: made resident before a copy
         return b"%d" % (reader.cached is not None)
 

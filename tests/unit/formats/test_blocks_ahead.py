@@ -167,7 +167,7 @@ def test_a_reader_with_blocks_pending_closes_cleanly(tmp_path, monkeypatch, fmt)
 
     monkeypatch.setattr(readahead, "populate", work)
     monkeypatch.setattr(readahead, "ask", work)  # the threads' jobs
-    reader.prefetch_ranges([(a, a + 4) for a in range(0, 40, 4)])
+    reader.read_ahead_ranges([(a, a + 4) for a in range(0, 40, 4)])
     assert reader.ahead.pending() == 10
     threading.Timer(0.2, gate.set).start()
     reader.close()  # waits for the running job, cancels the rest

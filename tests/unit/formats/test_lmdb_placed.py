@@ -86,8 +86,8 @@ def test_a_pack_as_written_is_read_by_its_table_without_a_lookup(pack, request, 
     got = reader.read_batch(order)
     assert reader._placed is not None and same(got, want)
     assert lookups == [3]  # the table checked once: three records where LMDB says
-    reader.prefetch(order[:8])  # by the table too
-    reader.prefetch_ranges([(0, 8)])
+    reader.read_ahead(order[:8])  # by the table too
+    reader.read_ahead_ranges([(0, 8)])
     assert reader.looks_warm()  # just read: every record cached
     assert lookups == [3]
     again = pickle.loads(pickle.dumps(reader))  # as a spawned worker gets it: checked anew

@@ -56,7 +56,7 @@ def asked_spans(reader, monkeypatch, ranges) -> list[tuple[int, int]]:
     monkeypatch.setattr(
         lmdb_format, "populate_ahead", lambda bg, regions, *_: spans.extend(regions)
     )
-    reader.prefetch_ranges(ranges)
+    reader.read_ahead_ranges(ranges)
     return spans
 
 
@@ -219,7 +219,7 @@ def test_nothing_is_read_ahead_for_a_cached_pack(raw_pack, monkeypatch):
     submitted = []
     monkeypatch.setattr(Background, "submit", lambda self, fn, *a: submitted.append(a))
     reader.read_batch(np.arange(N, dtype=np.int64))  # every page now cached
-    reader.prefetch_ranges([(0, 16), (16, 32), (32, 48), (48, 64)])
+    reader.read_ahead_ranges([(0, 16), (16, 32), (32, 48), (48, 64)])
     assert submitted == []
 
 
@@ -239,7 +239,7 @@ def test_an_evicted_block_is_read_in_by_the_threads_and_reads_the_same(raw_pack,
         "populate_ahead",
         lambda bg, spans, *rest: (asked.extend(spans), real(bg, spans, *rest)),
     )
-    reader.prefetch_ranges([(32, 48)])  # the line's anchors: records 0, 32 and 63
+    reader.read_ahead_ranges([(32, 48)])  # the line's anchors: records 0, 32 and 63
     reader.ahead.drain()  # waits for the threads' reads
     (left_alone,) = lmdb_format.line_spans(reader._line[1], [(12, 20)], N)
     if looks_cached(*left_alone):
@@ -302,7 +302,7 @@ def test_a_cold_block_of_varying_records_is_read_in_by_the_value_table(tmp_path)
 
     if cached(400, 464) > 0:
         pytest.skip("this filesystem keeps files in memory (tmpfs?)")
-    reader.prefetch_ranges([(400, 464)])
+    reader.read_ahead_ranges([(400, 464)])
     deadline = time.monotonic() + 10
     while cached(400, 464) < 1 and time.monotonic() < deadline:
         time.sleep(0.02)  # the read-ahead threads' reads

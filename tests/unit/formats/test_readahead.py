@@ -17,7 +17,7 @@ import gpufeed
 from gpufeed.data.samplers import LookaheadBatch, SortedBatchSampler
 from gpufeed.formats.open import open_reader
 from gpufeed.pagecache.advise import (
-    PREFETCH_MIN_BYTES,
+    READ_AHEAD_MIN_BYTES,
     advise_rows,
     looks_cached,
     sample_range_spans,
@@ -25,7 +25,7 @@ from gpufeed.pagecache.advise import (
 from gpufeed.pagecache.copy import take_rows
 
 FORMATS = ["hdf5", "lmdb", "tar", "mmap"]
-ROW = 128 << 10  # one sample: 128 KiB, above PREFETCH_MIN_BYTES
+ROW = 128 << 10  # one sample: 128 KiB, above READ_AHEAD_MIN_BYTES
 
 
 def test_take_rows_equals_fancy_indexing():
@@ -66,10 +66,10 @@ def test_advise_rows_leaves_small_rows_alone(monkeypatch):
         "gpufeed.pagecache.advise.advise_willneed", lambda regions, *_: calls.append(list(regions))
     )
     monkeypatch.setattr("gpufeed.pagecache.advise.looks_cached", lambda *_: False)
-    advise_rows(np.zeros((8, PREFETCH_MIN_BYTES // 2), np.uint8), np.arange(8))
+    advise_rows(np.zeros((8, READ_AHEAD_MIN_BYTES // 2), np.uint8), np.arange(8))
     assert calls == []
-    advise_rows(np.zeros((8, PREFETCH_MIN_BYTES), np.uint8), np.array([5, 1]))
-    assert [n for _, n in calls[0]] == [PREFETCH_MIN_BYTES] * 2
+    advise_rows(np.zeros((8, READ_AHEAD_MIN_BYTES), np.uint8), np.array([5, 1]))
+    assert [n for _, n in calls[0]] == [READ_AHEAD_MIN_BYTES] * 2
 
 
 def test_advise_rows_leaves_cached_rows_alone(monkeypatch):
@@ -83,12 +83,12 @@ def test_advise_rows_leaves_cached_rows_alone(monkeypatch):
         return True
 
     monkeypatch.setattr("gpufeed.pagecache.advise.looks_cached", cached)
-    data = np.zeros((8, PREFETCH_MIN_BYTES), np.uint8)
+    data = np.zeros((8, READ_AHEAD_MIN_BYTES), np.uint8)
     advise_rows(data, np.array([5, 1, 6]))
     assert calls == []
     base = data.ctypes.data  # the batch's first and last rows were checked
-    assert asked == [(base + 5 * PREFETCH_MIN_BYTES, PREFETCH_MIN_BYTES)] + [
-        (base + 6 * PREFETCH_MIN_BYTES, PREFETCH_MIN_BYTES)
+    assert asked == [(base + 5 * READ_AHEAD_MIN_BYTES, READ_AHEAD_MIN_BYTES)] + [
+        (base + 6 * READ_AHEAD_MIN_BYTES, READ_AHEAD_MIN_BYTES)
     ]
 
 
@@ -113,15 +113,15 @@ def large_arrays(tmp_path_factory):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_reader_prefetch_is_a_hint_that_changes_nothing(large_arrays, tmp_path, fmt):
+def test_reader_read_ahead_is_a_hint_that_changes_nothing(large_arrays, tmp_path, fmt):
     dest = tmp_path / f"ds.{fmt}"
     gpufeed.pack(large_arrays, dest, format=fmt, workers=1, quiet=True)
     reader = open_reader(dest)
     assert reader.mean_sample_bytes() == 2 * 256 * 256
     idx = np.array([3, 9, 20], dtype=np.int64)
     before = reader.read_batch(idx)
-    reader.prefetch(idx)
-    reader.prefetch(np.array([0, 23], dtype=np.int64))
+    reader.read_ahead(idx)
+    reader.read_ahead(np.array([0, 23], dtype=np.int64))
     np.testing.assert_array_equal(reader.read_batch(idx), before)
 
 
@@ -135,9 +135,11 @@ def test_loader_reads_the_next_batch_ahead_for_large_samples(
     asked: list[list[int]] = []
     if workers == 0:
         reader_cls = type(open_reader(dest))
-        real = reader_cls.prefetch
+        real = reader_cls.read_ahead
         monkeypatch.setattr(
-            reader_cls, "prefetch", lambda self, idx: (asked.append(idx.tolist()), real(self, idx))
+            reader_cls,
+            "read_ahead",
+            lambda self, idx: (asked.append(idx.tolist()), real(self, idx)),
         )
     ds = gpufeed.open_dataset(dest)
     loader = gpufeed.make_loader(ds, 4, shuffle=True, seed=5, num_workers=workers)
@@ -210,7 +212,7 @@ def test_range_batches_announce_each_block_once_a_window_early():
 
 
 @pytest.mark.parametrize("fmt", ["mmap", "hdf5"])
-def test_reader_prefetch_ranges_populates_the_ranges_bytes(tmp_path, monkeypatch, fmt):
+def test_reader_read_ahead_ranges_populates_the_ranges_bytes(tmp_path, monkeypatch, fmt):
     src = tmp_path / "src"
     write_arrays(src, {"x": 6, "y": 6}, shape=(3, 64, 64), seed=4)  # 12 KiB, as the raw case
     dest = tmp_path / f"ds.{fmt}"
@@ -221,7 +223,7 @@ def test_reader_prefetch_ranges_populates_the_ranges_bytes(tmp_path, monkeypatch
     n, row = reader.count, int(reader.mean_sample_bytes())
     before = reader.read_batch(np.arange(n, dtype=np.int64))
     monkeypatch.setattr(reader.ahead.background, "submit", lambda fn, *span: calls.append(span))
-    reader.prefetch_ranges([(0, 2), (n - 1, n + 5)])
+    reader.read_ahead_ranges([(0, 2), (n - 1, n + 5)])
     if fmt == "hdf5" and not isinstance(reader.handle, np.ndarray):
         assert calls == []  # read through h5py: nothing to populate
     else:
@@ -239,9 +241,9 @@ def test_loader_reads_blocks_ahead_for_small_samples(
     gpufeed.pack(array_folder, dest, format=fmt, workers=1, quiet=True)
     asked: list = []
     reader_cls = type(open_reader(dest))
-    real = reader_cls.prefetch_ranges
+    real = reader_cls.read_ahead_ranges
     monkeypatch.setattr(
-        reader_cls, "prefetch_ranges", lambda self, r: (asked.append(list(r)), real(self, r))
+        reader_cls, "read_ahead_ranges", lambda self, r: (asked.append(list(r)), real(self, r))
     )
     monkeypatch.setattr(reader_cls, "looks_warm", lambda self: False)  # the pack just written
     ds = gpufeed.open_dataset(dest)

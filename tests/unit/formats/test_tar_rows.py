@@ -159,7 +159,7 @@ def test_blocks_of_a_map_style_order_are_populated_in_their_shards(tar_pack, mon
     monkeypatch.setattr(tar, "advise_willneed", lambda spans: asked.extend(n for _, n in spans))
     reader = open_reader(tar_pack)
     assert reader.reads_ranges_ahead
-    reader.prefetch_ranges([(12, 24), (48, 60)])
+    reader.read_ahead_ranges([(12, 24), (48, 60)])
     got = reader.read_batch(np.array([50, 13, 23, 59]))
     assert reader.ahead.pending() == 0
     assert sorted(populated) == sorted([reader.run_bytes(12, 16), reader.run_bytes(48, 60)])
@@ -171,9 +171,9 @@ def test_make_loader_reads_a_map_style_tar_pack_ahead_by_block(tar_pack, monkeyp
     from gpufeed.formats.tar.reader import TarReader
 
     announced = []
-    real = TarReader.prefetch_ranges
+    real = TarReader.read_ahead_ranges
     monkeypatch.setattr(
-        TarReader, "prefetch_ranges", lambda self, r: announced.extend(r) or real(self, r)
+        TarReader, "read_ahead_ranges", lambda self, r: announced.extend(r) or real(self, r)
     )
     monkeypatch.setattr(TarReader, "looks_warm", lambda self: False)  # the pack just written
     ds = gpufeed.open_dataset(tar_pack)

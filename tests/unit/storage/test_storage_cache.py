@@ -15,7 +15,7 @@ import time
 import pytest
 
 from gpufeed.errors import UsageError
-from gpufeed.storage import Cache, CacheFullError, ChecksumError, FileEntry, Prefetcher
+from gpufeed.storage import Cache, CacheFullError, ChecksumError, FetchAhead, FileEntry
 
 KIB = 1024
 
@@ -177,7 +177,7 @@ def test_a_downloader_killed_mid_file_leaves_nothing_that_looks_complete(tmp_pat
     assert [p.name for p in cache.path(entry).parent.iterdir()] == [entry.sha256]
 
 
-def test_prefetch_runs_ahead_by_at_most_ahead_files_and_yields_in_order(tmp_path):
+def test_fetch_ahead_runs_ahead_by_at_most_ahead_files_and_yields_in_order(tmp_path):
     cache = Cache(tmp_path / "c")
     blobs = [blob(i, 10 * KIB) for i in range(10)]
     data = {e.name: d for e, d in blobs}
@@ -187,7 +187,7 @@ def test_prefetch_runs_ahead_by_at_most_ahead_files_and_yields_in_order(tmp_path
         started.append(entry.name)
         out.write(data[entry.name])
 
-    with Prefetcher(lambda e: cache.get(e, fetch), [e for e, _ in blobs], workers=2, ahead=3) as it:
+    with FetchAhead(lambda e: cache.get(e, fetch), [e for e, _ in blobs], workers=2, ahead=3) as it:
         time.sleep(0.3)
         assert len(started) == 3  # nothing consumed yet: three fetched ahead, no more
         for (_entry, payload), pin in zip(blobs, it, strict=True):
@@ -196,7 +196,7 @@ def test_prefetch_runs_ahead_by_at_most_ahead_files_and_yields_in_order(tmp_path
     assert sorted(started) == sorted(e.name for e, _ in blobs)  # each once
 
 
-def test_prefetch_raises_a_failed_fetch_at_its_place_in_the_order(tmp_path):
+def test_fetch_ahead_raises_a_failed_fetch_at_its_place_in_the_order(tmp_path):
     cache = Cache(tmp_path / "c")
     blobs = [blob(i, KIB) for i in range(4)]
 
@@ -207,7 +207,7 @@ def test_prefetch_raises_a_failed_fetch_at_its_place_in_the_order(tmp_path):
 
     got = []
     with pytest.raises(ChecksumError, match="file-2: broken"):
-        with Prefetcher(lambda e: cache.get(e, fetch), [e for e, _ in blobs], ahead=4) as it:
+        with FetchAhead(lambda e: cache.get(e, fetch), [e for e, _ in blobs], ahead=4) as it:
             for pin in it:
                 got.append(pin.path.name)
                 pin.release()

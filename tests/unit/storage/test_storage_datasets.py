@@ -69,9 +69,11 @@ def test_shards_are_fetched_in_the_order_they_are_read(s3, packs, tmp_path, monk
     upload_pack(packs["tar"], f"{s3}/train")
     ds = open_dataset(f"{s3}/train", cache_dir=tmp_path / "c", map_style=False, shuffle_buffer=0)
     asked = []
-    real = ds.reader.source.prefetch
+    real = ds.reader.source.fetch_ahead
     monkeypatch.setattr(
-        ds.reader.source, "prefetch", lambda names, **kw: asked.append(names) or real(names, **kw)
+        ds.reader.source,
+        "fetch_ahead",
+        lambda names, **kw: asked.append(names) or real(names, **kw),
     )
     labels = [int(y) for _, y in ds]
     order = [ds.reader.shards[s] for s in ds.my_shards()]
@@ -240,7 +242,7 @@ def test_reads_ahead_ask_for_shards_in_the_order_they_will_be_read(s3, packs, tm
     reader, asked = ds.reader, []
     reader.source.warm = asked.append
     last, first = reader.shard_range(len(reader.shards) - 1), reader.shard_range(0)
-    reader.prefetch(np.array([last[0], first[0], last[0], first[0] + 1]))
+    reader.read_ahead(np.array([last[0], first[0], last[0], first[0] + 1]))
     assert asked == [[reader.shards[-1], reader.shards[0]]]  # first seen first, each once
 
 

@@ -38,7 +38,7 @@ def test_upload_then_fetch_through_the_cache(s3, tar_pack, tmp_path, rclone_serv
     pack = open_pack(f"{s3}/train", tmp_path / "cache", cache_limit="10MB")
     assert pack.manifest == manifest == read_manifest(tar_pack)
     names = sorted(pack.entries)
-    with pack.prefetch(names, workers=3, ahead=2) as files:
+    with pack.fetch_ahead(names, workers=3, ahead=2) as files:
         for name, pin in zip(names, files, strict=True):
             assert pin.path.read_bytes() == (tar_pack / name).read_bytes()
             pin.release()
@@ -215,7 +215,7 @@ def test_two_processes_share_one_cache_without_double_downloads(
         while not os.path.exists("{go}"):
             time.sleep(0.01)
         digests = {{}}
-        with pack.prefetch(names, workers=4) as files:
+        with pack.fetch_ahead(names, workers=4) as files:
             for name, pin in zip(names, files):
                 digests[name] = pin.path.stat().st_size
                 pin.release()

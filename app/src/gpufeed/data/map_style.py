@@ -113,11 +113,11 @@ class PackedDataset(SampleReading, Dataset):
         ahead = getattr(indices, "ahead", None)
         if ahead:
             # reads of the batch after this one start now, while this one is copied
-            self.reader.prefetch(as_index_array(ahead, self.reader.count, self.path))
+            self.reader.read_ahead(as_index_array(ahead, self.reader.count, self.path))
         ranges = getattr(indices, "ranges", None)
         if ranges:
             # whole blocks of the order, a few batches ahead (small samples): large reads
-            self.reader.prefetch_ranges(ranges)
+            self.reader.read_ahead_ranges(ranges)
         keep, payloads = self._read(idx)
         samples, kept = self._to_tensors(idx, keep, payloads)
         if self.batch_transform is not None:

@@ -220,7 +220,7 @@ class TarShardDataset(SampleReading, IterableDataset):
             return contextlib.nullcontext(iter(()))
         names = [self.reader.shards[s] for s in shards]
         ahead = max(1, self.fetch_ahead)
-        return source.prefetch(names, workers=min(ahead, FETCH_WORKERS), ahead=ahead)
+        return source.fetch_ahead(names, workers=min(ahead, FETCH_WORKERS), ahead=ahead)
 
     def _stream(self, batch_size: int, drop_last: bool):
         """(samples, labels, kept positions) of each batch of this rank's and worker's

@@ -225,11 +225,11 @@ class Reader:
         """Samples at `indices` (int64, in range): one [B, ...] array or a list of buffers."""
         raise NotImplementedError
 
-    def prefetch(self, indices: np.ndarray) -> None:
+    def read_ahead(self, indices: np.ndarray) -> None:
         """Start reading samples ``indices`` into the page cache without waiting (a hint:
         formats that cannot say where a sample lies do nothing)."""
 
-    # whether prefetch_ranges is worth calling (make_loader reads small samples ahead by
+    # whether read_ahead_ranges is worth calling (make_loader reads small samples ahead by
     # block only then): mmap, mapped HDF5 and LMDB measured faster cold, as fast warm
     # (docs/benchmarks.md, "Issue 16 phase 4" and "phase 5")
     reads_ranges_ahead = False
@@ -244,7 +244,7 @@ class Reader:
         announced. False where the reader cannot tell (the default: blocks as before)."""
         return False
 
-    def prefetch_ranges(self, ranges) -> None:
+    def read_ahead_ranges(self, ranges) -> None:
         """Start reading the samples of index ranges ``[start, stop)`` (whole blocks of the
         epoch's order, a window ahead) into the page cache without waiting: one hint a
         range, for small samples (a hint: formats that cannot say where a range lies do

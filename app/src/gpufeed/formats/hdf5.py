@@ -179,7 +179,7 @@ class HDF5Reader(Reader):
         self.path = self.file(FILE_NAME, whole=True)
         self.rdcc_nbytes = rdcc_mb << 20
         self.data_name = "samples" if self.spec.kind == "array" else "encoded"
-        self.ahead = BlocksAhead()  # blocks of the order populated ahead (prefetch_ranges)
+        self.ahead = BlocksAhead()  # blocks of the order populated ahead (read_ahead_ranges)
         try:
             with h5py.File(self.path, "r") as f:
                 labels = plain_dataset(f, "labels", self.path)[...]
@@ -269,7 +269,7 @@ class HDF5Reader(Reader):
     def location(self, index: int) -> str:
         return str(self.path)
 
-    def prefetch(self, indices: np.ndarray) -> None:
+    def read_ahead(self, indices: np.ndarray) -> None:
         data = self.handle
         if isinstance(data, np.ndarray):  # chunked or compressed: h5py reads through its cache
             advise_samples(data, self.offsets, indices, self.cached)
@@ -281,7 +281,7 @@ class HDF5Reader(Reader):
         # HDF5 file opened in the process that forks the workers just to ask
         return self.mmap_offset is not None and map_looks_warm(self.handle, self.cached)
 
-    def prefetch_ranges(self, ranges) -> None:
+    def read_ahead_ranges(self, ranges) -> None:
         data = self.handle
         if isinstance(data, np.ndarray):  # a mapped contiguous dataset
             self.ahead.announce_ranges(data, self.offsets, ranges)

@@ -50,7 +50,7 @@ from gpufeed.loading.settings import (
     resolve_settings,
     with_given_arguments,
 )
-from gpufeed.pagecache.advise import PREFETCH_MIN_BYTES
+from gpufeed.pagecache.advise import READ_AHEAD_MIN_BYTES
 from gpufeed.system import thresholds
 from gpufeed.system.shm import shm_budget
 
@@ -314,7 +314,7 @@ def _lookahead(dataset, batch_sampler, workers: int) -> int:
     reader = getattr(dataset, "reader", None)
     remote = getattr(reader, "source", None) is not None  # fetch the shards to come
     sized = hasattr(reader, "mean_sample_bytes")
-    large = sized and reader.mean_sample_bytes() >= PREFETCH_MIN_BYTES
+    large = sized and reader.mean_sample_bytes() >= READ_AHEAD_MIN_BYTES
     if not isinstance(batch_sampler, SortedBatchSampler):
         return 0
     if remote or large:

@@ -1,12 +1,12 @@
 """Reading mapped files ahead: ask the kernel for a batch's pages before they are copied.
 
-Samples at least ``PREFETCH_MIN_BYTES`` big are asked for ahead (madvise WILLNEED) before a
+Samples at least ``READ_AHEAD_MIN_BYTES`` big are asked for ahead (madvise WILLNEED) before a
 batch is copied out of a mapped file: cold, the kernel then reads the whole batch with many
 requests in flight instead of one page fault (and its read-around) at a time. Smaller samples
 are left to the kernel's readahead: for them the call costs more than it saves. A hint only:
 failures are ignored, since the copy that follows faults the pages in anyway.
 
-Whole blocks of small samples a window ahead (``Reader.prefetch_ranges``) are advised from
+Whole blocks of small samples a window ahead (``Reader.read_ahead_ranges``) are advised from
 ``Background`` threads: LMDB with ``populate_ahead``; mmap and mapped HDF5 with
 ``BlocksAhead``, which keeps a job a block so that a batch waits for (or reads itself) only
 the blocks it copies, never the queue of blocks announced before them.
@@ -33,7 +33,7 @@ import numpy as np
 from gpufeed.pagecache.probe import checked_points
 
 __all__ = [
-    "PREFETCH_MIN_BYTES",
+    "READ_AHEAD_MIN_BYTES",
     "READ_AHEAD_THREADS",
     "WARM_PROBES",
     "Background",
@@ -56,7 +56,7 @@ __all__ = [
     "rows_cached",
 ]
 
-PREFETCH_MIN_BYTES = 64 << 10
+READ_AHEAD_MIN_BYTES = 64 << 10
 # threads a reader populates blocks ahead on: two reads in flight measured 2.00-2.21 GB/s
 # against 0.95-1.09 from one (docs/benchmarks.md, "Issue 16 phase 5")
 READ_AHEAD_THREADS = 2
@@ -235,7 +235,7 @@ def advise_rows(data: np.ndarray, indices: np.ndarray, cached: Cached | None = N
     not already cached (:func:`rows_cached`: the advice walks every page it names, 11% of a
     warm batch's copy of 432 KiB rows)."""
     row = data.strides[0] if data.ndim else 0
-    if row < PREFETCH_MIN_BYTES or not data.flags.c_contiguous or len(indices) < 2:
+    if row < READ_AHEAD_MIN_BYTES or not data.flags.c_contiguous or len(indices) < 2:
         return
     if rows_cached(data, indices, cached):
         return
@@ -287,7 +287,7 @@ def advise_buffers(
         return
     if sizes is None:
         sizes = list(map(len, buffers))
-    if sum(sizes) < PREFETCH_MIN_BYTES * len(sizes):
+    if sum(sizes) < READ_AHEAD_MIN_BYTES * len(sizes):
         return
     cached = cached or looks_cached
     if all(cached(address(buffers[j]), sizes[j]) for j in (0, -1) if sizes[j]):

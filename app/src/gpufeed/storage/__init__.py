@@ -3,13 +3,14 @@
     from gpufeed.storage import open_pack, upload_pack
     upload_pack("/data/train", "s3://bucket/train")              # manifest last
     pack = open_pack("s3://bucket/train", cache_dir="/cache", cache_limit="50GB")
-    with pack.prefetch(names_in_sampler_order) as files:          # fetched ahead, in order
+    with pack.fetch_ahead(names_in_sampler_order) as files:       # fetched ahead, in order
         for pin in files:
             read(pin.path); pin.release()                         # evictable again
 
 Modules: urls (local path or URL), store (the obstore client), download (streamed, hashed,
-retried), cache (atomic landing, LRU, flock-shared), prefetch (bounded pool ahead of an order),
-remote (a pack in the store), upload (a pack into the store). docs/object-storage.md says why.
+retried), cache (atomic landing, LRU, flock-shared), fetch_ahead (bounded pool ahead of an
+order), growing_file (a download readable while in progress), remote (a pack in the store),
+upload (a pack into the store). docs/object-storage.md says why.
 """
 
 from gpufeed.errors import (
@@ -21,7 +22,7 @@ from gpufeed.errors import (
     StorageError,
 )
 from gpufeed.storage.cache import Cache, FileEntry, Pin
-from gpufeed.storage.fetch_ahead import Prefetcher
+from gpufeed.storage.fetch_ahead import FetchAhead
 from gpufeed.storage.remote import RemotePack, open_pack
 from gpufeed.storage.retry import RetryPolicy
 from gpufeed.storage.stats import StorageStats
@@ -40,7 +41,7 @@ __all__ = [
     "ObjectNotFoundError",
     "ObjectStore",
     "Pin",
-    "Prefetcher",
+    "FetchAhead",
     "RemotePack",
     "RemoteURL",
     "RetryPolicy",

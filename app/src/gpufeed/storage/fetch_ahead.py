@@ -13,7 +13,7 @@ DEFAULT_WORKERS = 8
 DEFAULT_AHEAD = 16
 
 
-class Prefetcher:
+class FetchAhead:
     """Pins of `entries` in their order (the sampler's), fetched by up to `workers` concurrent
     downloads and at most `ahead` files in front of the consumer, so disk use stays within
     `ahead` files and memory within `workers` streaming buffers. The consumer releases each
@@ -28,7 +28,7 @@ class Prefetcher:
         ahead: int = DEFAULT_AHEAD,
     ):
         if workers < 1 or ahead < 1:
-            raise UsageError(f"prefetch workers={workers}, ahead={ahead}: both must be >= 1")
+            raise UsageError(f"fetch-ahead workers={workers}, ahead={ahead}: both must be >= 1")
         self._get = get
         self._todo = iter(entries)
         self._ahead = ahead
@@ -63,7 +63,7 @@ class Prefetcher:
                 fut.result().release()
         self._pending.clear()
 
-    def __enter__(self) -> Prefetcher:
+    def __enter__(self) -> FetchAhead:
         return self
 
     def __exit__(self, *exc) -> None:

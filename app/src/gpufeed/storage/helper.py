@@ -28,7 +28,7 @@ from pathlib import Path
 from gpufeed.errors import StorageError
 from gpufeed.storage.stats import StorageStats
 
-HELPER_THREADS = 8  # concurrent fetches per helper (the prefetch pool's default width)
+HELPER_THREADS = 8  # concurrent fetches per helper (the fetch-ahead pool's default width)
 # -c, not -m: `python -m` of a module its package already imports warns (runpy)
 HELPER_MAIN = "import sys; from gpufeed.storage.helper import main; main(int(sys.argv[1]))"
 

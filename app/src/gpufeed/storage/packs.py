@@ -211,8 +211,8 @@ class RemoteFiles:
             for name in list(self._warm):
                 self._unwarm(name).release()
 
-    def prefetch(self, names: list[str], *, workers: int, ahead: int):
-        return self.pack.prefetch(names, workers=workers, ahead=ahead)
+    def fetch_ahead(self, names: list[str], *, workers: int, ahead: int):
+        return self.pack.fetch_ahead(names, workers=workers, ahead=ahead)
 
     def __getstate__(self):
         return {"pack": self.pack, "root": self.root}

@@ -19,7 +19,7 @@ from gpufeed.errors import (
 from gpufeed.formats.manifest import MANIFEST_NAME, check_manifest, unsafe_name
 from gpufeed.storage.cache import Cache, FileEntry, OnLanding, Pin
 from gpufeed.storage.download import download
-from gpufeed.storage.fetch_ahead import DEFAULT_AHEAD, DEFAULT_WORKERS, Prefetcher
+from gpufeed.storage.fetch_ahead import DEFAULT_AHEAD, DEFAULT_WORKERS, FetchAhead
 from gpufeed.storage.helper import FetchHelper
 from gpufeed.storage.retry import RetryPolicy, with_retries
 from gpufeed.storage.stats import StorageStats
@@ -111,12 +111,12 @@ class RemotePack:
             self._helper = FetchHelper(self)
         return self._helper
 
-    def prefetch(
+    def fetch_ahead(
         self, names: Iterable[str], *, workers: int = DEFAULT_WORKERS, ahead: int = DEFAULT_AHEAD
-    ) -> Prefetcher:
-        """Pins of `names` in that order, fetched ahead by a bounded pool (see Prefetcher)."""
+    ) -> FetchAhead:
+        """Pins of `names` in that order, fetched ahead by a bounded pool (see FetchAhead)."""
         entries = [self.entry(n) for n in names]
-        return Prefetcher(self._get, entries, workers=workers, ahead=ahead)
+        return FetchAhead(self._get, entries, workers=workers, ahead=ahead)
 
     def _download(self, entry: FileEntry, out: BinaryIO) -> None:
         download(self.store, entry.name, out, entry.size, retry=self.retry, stats=self.stats)

@@ -201,7 +201,7 @@ class LMDBReader(Reader):
     def location(self, index: int) -> str:
         return str(Path(self.root) / DATA_FILE)
 
-    def prefetch(self, indices: np.ndarray) -> None:
+    def read_ahead(self, indices: np.ndarray) -> None:
         env = self.handle
         if self._placed is not None:
             advise_buffers(self._placed.views(indices), cached=self.cached)
@@ -232,7 +232,7 @@ class LMDBReader(Reader):
     def looks_warm(self) -> bool:
         return looks_warm(self._block_spans([(0, self.count)]), self.cached)
 
-    def prefetch_ranges(self, ranges) -> None:
+    def read_ahead_ranges(self, ranges) -> None:
         populate_ahead(self.ahead, self._block_spans(ranges), self.cached)
 
     def _block_spans(self, ranges) -> list[tuple[int, int]]:

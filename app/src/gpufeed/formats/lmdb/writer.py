@@ -154,5 +154,5 @@ class LMDBWriter(Writer):
         return snapshot(self.env)
 
 
-# Blocks read ahead (Reader.prefetch_ranges). gpufeed appends the records in key order, so
+# Blocks read ahead (Reader.read_ahead_ranges). gpufeed appends the records in key order, so
 # value i lies about i x stride bytes after value 0 (leaf pages between them): a block's bytes

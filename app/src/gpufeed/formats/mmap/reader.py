@@ -40,7 +40,7 @@ class MmapReader(Reader):
         index = ["labels.npy", "crc32.npy"] + (["offsets.npy"] if self.spec.kind != "array" else [])
         # a remote pack's samples are read while they download (until they land), see _early
         self._landing = self._header = None
-        self.ahead = BlocksAhead()  # blocks of the order populated ahead (prefetch_ranges)
+        self.ahead = BlocksAhead()  # blocks of the order populated ahead (read_ahead_ranges)
         if self.source is not None:  # a remote pack's files, fetched side by side, largest first
             self.source.warm([self.data_name, *index])
             if self.container == "npy":
@@ -173,7 +173,7 @@ class MmapReader(Reader):
     def location(self, index: int) -> str:
         return str(self.data_path)
 
-    def prefetch(self, indices: np.ndarray) -> None:
+    def read_ahead(self, indices: np.ndarray) -> None:
         if self._landed:  # while it downloads, the reads ahead are the download itself
             advise_samples(self.handle, self.offsets, indices, self.cached)
 
@@ -182,7 +182,7 @@ class MmapReader(Reader):
     def looks_warm(self) -> bool:
         return self._landed and map_looks_warm(self.handle, self.cached)
 
-    def prefetch_ranges(self, ranges) -> None:
+    def read_ahead_ranges(self, ranges) -> None:
         if self._landed:
             self.ahead.announce_ranges(self.handle, self.offsets, ranges)
 

@@ -20,7 +20,7 @@ from gpufeed.formats.tar.writer import (
     INDEX_NAME,
 )
 from gpufeed.pagecache.advise import (
-    PREFETCH_MIN_BYTES,
+    READ_AHEAD_MIN_BYTES,
     WARM_PROBES,
     BlocksAhead,
     advise_willneed,
@@ -214,7 +214,7 @@ class TarReader(Reader):
     def shard_range(self, shard: int) -> tuple[int, int]:
         return int(self.shard_start[shard]), int(self.shard_start[shard + 1])
 
-    def prefetch(self, indices: np.ndarray) -> None:
+    def read_ahead(self, indices: np.ndarray) -> None:
         if self.source is not None:  # a remote pack: fetch the shards to come into the cache
             # in the order they will be read (np.unique would sort them)
             shards = dict.fromkeys(self.shard[indices].tolist())
@@ -223,7 +223,7 @@ class TarReader(Reader):
         if not hasattr(os, "posix_fadvise"):  # macOS
             return
         for i in indices.tolist():
-            if self.size[i] >= PREFETCH_MIN_BYTES:
+            if self.size[i] >= READ_AHEAD_MIN_BYTES:
                 os.posix_fadvise(
                     self._fd(int(self.shard[i])),
                     int(self.offset[i]),
@@ -249,7 +249,7 @@ class TarReader(Reader):
         spans = [self._span(first, stop) for first, stop in ranges if stop > first]
         return looks_warm(spans, self.cached)
 
-    def prefetch_ranges(self, ranges) -> None:
+    def read_ahead_ranges(self, ranges) -> None:
         """Each block's span in its first sample's shard populated on the read-ahead
         threads (BlocksAhead, as the mmap reader's blocks); the rest of a block that runs
         into the next shard asked for (WILLNEED)."""
@@ -369,7 +369,7 @@ class TarReader(Reader):
             return self._spans(indices, run)
         if run:
             return self._rows_of_run(indices)
-        self.ahead.ready(indices)  # blocks read ahead (prefetch_ranges): resident first
+        self.ahead.ready(indices)  # blocks read ahead (read_ahead_ranges): resident first
         rows = self.read_rows(indices)
         if rows is not None:
             return rows
