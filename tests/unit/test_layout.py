@@ -225,13 +225,16 @@ def test_the_public_api_is_small_and_resolves():
         assert getattr(gpufeed, name) is not None, name
 
 
-def test_a_moved_public_name_still_resolves_with_a_warning():
+def test_a_removed_public_name_says_where_it_lives():
     import gpufeed
-    from gpufeed.data.map_style import HDF5Dataset
 
-    with pytest.warns(DeprecationWarning, match="gpufeed.HDF5Dataset moved to gpufeed.data"):
-        assert gpufeed.HDF5Dataset is HDF5Dataset
-    with pytest.raises(AttributeError):
+    with pytest.raises(
+        AttributeError,
+        match=r"gpufeed.HDF5Dataset was removed in 0.2: use "
+        r"gpufeed.data.map_style.HDF5Dataset",
+    ):
+        gpufeed.HDF5Dataset  # noqa: B018
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         gpufeed.no_such_name  # noqa: B018
 
 

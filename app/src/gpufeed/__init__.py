@@ -20,7 +20,6 @@ Names are imported on first use, so `import gpufeed` (and the CLI's start) stays
 from __future__ import annotations
 
 import importlib
-import warnings
 
 from gpufeed._version import __version__
 
@@ -44,9 +43,9 @@ _EXPORTS = {
     "CorruptSampleError": "gpufeed.errors",
 }
 
-# Names gpufeed exported at the top level before 0.2 that now live only in their module:
-# still found here, with a DeprecationWarning naming the new path.
-_MOVED = {
+# Names gpufeed exported at the top level before 0.2, removed in 0.2 (CHANGELOG.md): asking
+# for one is an AttributeError that says where it lives.
+_REMOVED = {
     "scan_source": "gpufeed.formats.inplace.tree",
     "VerifyReport": "gpufeed.tools.verify",
     "read_manifest": "gpufeed.formats.manifest",
@@ -86,14 +85,10 @@ _MOVED = {
 
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
-    if module is None and name in _MOVED:
-        module = _MOVED[name]
-        warnings.warn(
-            f"gpufeed.{name} moved to {module}.{name}; the top-level name will be removed",
-            DeprecationWarning,
-            stacklevel=2,
+    if module is None and name in _REMOVED:
+        raise AttributeError(
+            f"gpufeed.{name} was removed in 0.2: use {_REMOVED[name]}.{name} (CHANGELOG.md)"
         )
-        return getattr(importlib.import_module(module), name)
     if module is None:
         raise AttributeError(f"module 'gpufeed' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)

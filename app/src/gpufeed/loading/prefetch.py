@@ -27,7 +27,7 @@ __all__ = ["DevicePrefetcher", "resolve_device"]
 
 def resolve_device(device: torch.device | str | int | None) -> torch.device:
     """``None``/``"auto"``: the current CUDA device, else the CPU. Anything else is a device
-    that must be there (a clear :class:`~gpufeed.UsageError` when it is not)."""
+    that must be there (a clear :class:`~gpufeed.errors.UsageError` when it is not)."""
     cuda = torch.cuda.is_available()
     if device is None or device == "auto":
         return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
@@ -74,7 +74,7 @@ class DevicePrefetcher:
     conversions are applied on the CPU, so code written for the GPU runs unchanged (and tests
     can check the conversions). An explicit device is used as given, and one that is not
     there (``"cuda"`` on a machine without CUDA, ``"cuda:3"`` with two GPUs) raises
-    :class:`~gpufeed.UsageError` at once, naming what torch sees: a training job meant for
+    :class:`~gpufeed.errors.UsageError` at once, naming what torch sees: a training job meant for
     the GPU does not quietly run on the CPU.
 
     ``decode``: a :class:`~gpufeed.RandomResizedCrop` for a loader over encoded images
