@@ -4,6 +4,7 @@
     gpufeed.Writer(dest, format, schema)            sample dicts -> packed format
     gpufeed.verify(dest) / gpufeed.inspect(dest)    check / describe a pack
     gpufeed.open_dataset(dest)                      the right dataset for a pack
+    gpufeed.mix(datasets, weights)                  a weighted mixture of datasets
     gpufeed.make_loader(dataset, batch_size)        a DataLoader with measured defaults
     gpufeed.DevicePrefetcher(loader)                batches on the GPU, copies overlapped
     gpufeed.watch(loader)                           data wait vs compute, per step
@@ -30,6 +31,7 @@ _EXPORTS = {
     "verify": "gpufeed.tools.verify",
     "inspect": "gpufeed.tools.verify",
     "open_dataset": "gpufeed.data.open",
+    "mix": "gpufeed.data.mixture",
     "make_loader": "gpufeed.loading.make",
     "DevicePrefetcher": "gpufeed.loading.prefetch",
     "Batch": "gpufeed.batch",

@@ -10,9 +10,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import gpufeed
-from gpufeed import make_loader
-from gpufeed.data.mixture import mix, split_counts
-from gpufeed.data.tokens import TokenWindows
+from gpufeed import make_loader, mix
+from gpufeed.data.mixture import split_counts
 from gpufeed.errors import UsageError
 
 
@@ -110,7 +109,7 @@ def _token_pack(path, fmt, first, count):
     with gpufeed.Writer(path, fmt, schema={"tokens": "uint16[-1]"}) as w:
         for j in range(count):
             w.write({"tokens": np.full(8, first + j, np.uint16)})
-    return TokenWindows(path, 8)
+    return gpufeed.open_dataset(path, block_size=8)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

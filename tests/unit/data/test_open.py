@@ -14,6 +14,7 @@ from gpufeed.data import open as open_mod
 from gpufeed.data.map_style import PackedDataset
 from gpufeed.data.open import open_dataset
 from gpufeed.data.streaming import TarShardDataset
+from gpufeed.data.tokens import TokenWindows
 from gpufeed.errors import UsageError
 
 
@@ -49,11 +50,17 @@ def test_the_reader_options_of_each_format_are_listed_and_taken(packs):
     assert len(open_dataset(packs["lmdb"], readahead=False)) == 17
 
 
-def test_block_size_is_not_supported_yet(packs):
+def test_block_size_on_a_pack_of_no_token_field_says_what_it_reads(packs, tmp_path):
     for path in (packs["mmap"], packs["tar"]):
-        with pytest.raises(UsageError, match="block_size= .*not supported yet") as e:
+        with pytest.raises(UsageError, match="block_size= reads token documents") as e:
             open_dataset(path, block_size=128)
-        assert str(path) in str(e.value) and "make_loader" in str(e.value)
+        assert str(path) in str(e.value) and "uint16[-1]" in str(e.value)
+    with pytest.raises(UsageError, match="eos= apply to token windows: give block_size="):
+        open_dataset(packs["mmap"], eos=0)
+    with pytest.raises(UsageError, match="transform= do not apply to token windows"):
+        open_dataset(packs["mmap"], block_size=8, transform=abs)
+    with pytest.raises(UsageError, match="block_size= reads a gpufeed token pack"):
+        open_dataset(tmp_path, block_size=8)
 
 
 def test_streamed_tar_options(packs):
@@ -92,12 +99,15 @@ def test_the_signature_is_real_and_its_defaults_are_the_datasets():
     """help() and IDEs show the options; their defaults are the datasets' own."""
     sig = inspect.signature(open_dataset)
     own = {n for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY}
-    assert own == open_mod.PACK_OPTIONS | open_mod.IN_PLACE_OPTIONS
+    assert own == open_mod.PACK_OPTIONS | open_mod.IN_PLACE_OPTIONS | open_mod.TOKEN_OPTIONS
     assert "Args:" in open_dataset.__doc__ and "transform:" in open_dataset.__doc__
     for cls in (PackedDataset, TarShardDataset):
         theirs = inspect.signature(cls.__init__).parameters
         for name in open_mod.COMMON_OPTIONS - {"map_style"}:
             assert sig.parameters[name].default == theirs[name].default, (cls, name)
+    theirs = inspect.signature(TokenWindows.__init__).parameters
+    for name in open_mod.TOKEN_OPTIONS - {"block_size"}:
+        assert sig.parameters[name].default == theirs[name].default, name
 
 
 def test_a_hugging_face_dataset_dict_is_not_taken_for_an_image_folder(tmp_path):

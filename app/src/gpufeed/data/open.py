@@ -17,6 +17,7 @@ from gpufeed.data.map_style import (
     TarIndexedDataset,
 )
 from gpufeed.data.streaming import TarShardDataset
+from gpufeed.data.tokens import TokenWindows
 from gpufeed.errors import NotPackedError, UsageError
 from gpufeed.formats import reader_class
 from gpufeed.formats.inplace.imagefolder import ImageFolderReader, is_image_folder
@@ -35,14 +36,6 @@ MAP_STYLE = {
     "tar": TarIndexedDataset,
 }
 
-# options asked for that no dataset takes yet: what to say instead of "unknown"
-PLANNED = {
-    "block_size": (
-        "block_size= (token windows over a pack) is not supported yet; it is planned. "
-        "The block shuffle's block_size is make_loader's argument"
-    ),
-}
-
 
 def open_dataset(
     path: str | os.PathLike,
@@ -58,6 +51,11 @@ def open_dataset(
     cache_limit: int | str | None = None,
     datasets: dict[str, str] | None = None,
     index_dir: str | os.PathLike | None = None,
+    block_size: int | None = None,
+    field: str | None = None,
+    eos: int | None = None,
+    boundaries: bool = False,
+    pad_id: int = 0,
     **options: Any,
 ):
     """The dataset for a finished pack, by its manifest's format.
@@ -90,12 +88,19 @@ def open_dataset(
         datasets: an HDF5 file without a manifest, read in place: which datasets hold a row
             per sample, e.g. ``{'image': '/images', 'label': '/labels'}``.
         index_dir: where data read in place keeps its cached index.
+        block_size: a token pack read as windows of this many tokens of its documents'
+            stream (gpufeed.data.tokens.TokenWindows): item i is tokens [i*B, (i+1)*B).
+        field: the token field, where samples hold several ragged integer fields.
+        eos: a token id appended after each document (with block_size).
+        boundaries: windows start at document starts, padded with ``pad_id`` and masked.
+        pad_id: the padding of ``boundaries=True`` (default 0).
         **options: the reader's own (hdf5: use_mmap, rdcc_mb; lmdb: readahead) or, with
             map_style=False, the stream's (shuffle_buffer, shuffle_shards, seed, read_size,
             rank, world_size, fetch_ahead, ...: see TarShardDataset).
 
     Returns:
-        A map-style gpufeed dataset, or a TarShardDataset with map_style=False.
+        A map-style gpufeed dataset, a TarShardDataset with map_style=False, or
+        TokenWindows with block_size.
 
     Raises:
         NotPackedError: ``path`` is neither a finished pack nor data read in place.
@@ -112,9 +117,19 @@ def open_dataset(
     }
     cache = _given(cache_dir=cache_dir, cache_limit=cache_limit)
     in_place = _given(datasets=datasets, index_dir=index_dir)
+    tokens = {"field": field, "eos": eos, "boundaries": boundaries, "pad_id": pad_id}
+    if block_size is not None:
+        _check_token_options(path, common, map_style, in_place)
+    else:
+        _refuse_token_options(path, tokens)
     try:
         fmt = read_manifest_at(path, **cache)["format"]
     except NotPackedError:
+        if block_size is not None:
+            raise UsageError(
+                f"{path}: block_size= reads a gpufeed token pack (with manifest.json); this is "
+                "none: pack the documents first (docs/pretraining.md)"
+            ) from None
         if isinstance(path, (str, os.PathLike)) and is_hugging_face_folder(Path(path)):
             raise  # its message says what to do (its split folders are no class folders)
         return _open_in_place(path, map_style, common, in_place, options)
@@ -123,6 +138,9 @@ def open_dataset(
             f"{path}: {', '.join(f'{k}=' for k in in_place)} apply to data read in place "
             f"(no manifest); this is a gpufeed {fmt} pack: leave them out"
         )
+    if block_size is not None:
+        _check_options(path, options, _keywords(reader_class(fmt).__init__), "token windows", ())
+        return TokenWindows(path, block_size, **tokens, **cache, **options)
     if fmt == "tar" and not map_style:
         _check_options(path, options, _stream_options(), "a streamed tar pack", PACK_OPTIONS)
         return TarShardDataset(path, **common, **cache, **options)
@@ -140,6 +158,8 @@ COMMON_OPTIONS = frozenset(
 )
 PACK_OPTIONS = COMMON_OPTIONS | {"cache_dir", "cache_limit"}
 IN_PLACE_OPTIONS = COMMON_OPTIONS | {"datasets", "index_dir"}
+# token windows of a pack (gpufeed.data.tokens.TokenWindows, whose defaults these are)
+TOKEN_OPTIONS = frozenset(("block_size", "field", "eos", "boundaries", "pad_id"))
 
 
 def _open_in_place(path, map_style, common, in_place, options) -> PackedDataset:
@@ -160,6 +180,38 @@ def _open_in_place(path, map_style, common, in_place, options) -> PackedDataset:
     _check_options(path, options, extra, "data read in place", IN_PLACE_OPTIONS)
     # read in place, or NotPackedError again
     return PackedDataset(path, **common, **in_place, **options)
+
+
+# open_dataset's defaults of the options token windows do not take
+_NOT_FOR_TOKENS = {
+    "transform": None,
+    "batch_transform": None,
+    "verify_crc": False,
+    "on_error": "raise",
+    "decode": True,
+    "pad": None,
+}
+
+
+def _check_token_options(path, common: dict[str, Any], map_style: bool, in_place) -> None:
+    """block_size= reads windows of a pack's token stream: the sample options do not apply."""
+    given = [k for k, v in common.items() if v != _NOT_FOR_TOKENS[k]]
+    given += ["map_style"] if not map_style else []
+    given += list(in_place)
+    if given:
+        raise UsageError(
+            f"{path}: {', '.join(f'{k}=' for k in given)} do not apply to token windows "
+            "(block_size=): leave them out (windows are tensors of the stored token dtype)"
+        )
+
+
+def _refuse_token_options(path, tokens: dict[str, Any]) -> None:
+    given = [k for k, v in tokens.items() if v != {"boundaries": False, "pad_id": 0}.get(k)]
+    if given:
+        raise UsageError(
+            f"{path}: {', '.join(f'{k}=' for k in given)} apply to token windows: give "
+            "block_size= too, e.g. open_dataset(path, block_size=2048, eos=50256)"
+        )
 
 
 def _given(**values: Any) -> dict[str, Any]:
@@ -187,8 +239,6 @@ def _check_options(path, options: dict[str, Any], extra: set[str], what: str, ow
     if not unknown:
         return
     name = unknown[0]
-    if name in PLANNED:
-        raise UsageError(f"{path}: {PLANNED[name]}")
     valid = sorted(extra | own)
     close = difflib.get_close_matches(name, valid, n=1)
     hint = f" (did you mean {close[0]}=?)" if close else ""

@@ -1,0 +1,189 @@
+"""Token windows (gpufeed.data.tokens): open_dataset(path, block_size=B) on a token pack."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import gpufeed
+from gpufeed import make_loader, open_dataset
+from gpufeed.data.tokens import TokenWindows
+from gpufeed.errors import CorruptSampleError, UsageError
+
+FORMATS = ["mmap", "hdf5", "lmdb", "tar"]
+EOS = 7
+
+
+def _docs(count=120, seed=0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 150, count)
+    lengths[[3, 4]] = 0  # empty documents in the stream
+    return [rng.integers(0, 60000, n).astype(np.uint16) for n in lengths]
+
+
+DOCS = _docs()
+
+
+def _write(dest, fmt, docs=DOCS, schema=None, extra=None):
+    schema = schema or {"tokens": "uint16[-1]"}
+    with gpufeed.Writer(dest, fmt, schema=schema) as w:
+        for j, d in enumerate(docs):
+            w.write({"tokens": d, **(extra(j) if extra else {})})
+    return dest
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tokens")
+    return {fmt: _write(root / fmt, fmt) for fmt in FORMATS}
+
+
+def _stream(eos=None) -> np.ndarray:
+    sep = [] if eos is None else [np.array([eos], np.uint16)]
+    return np.concatenate([x for d in DOCS for x in (d, *sep)])
+
+
+def _windows(B, eos=None) -> np.ndarray:
+    s = _stream(eos)
+    return s[: len(s) // B * B].reshape(-1, B)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("eos", [None, EOS])
+def test_windows_are_the_concatenated_documents(packs, fmt, eos):
+    ds = open_dataset(packs[fmt], block_size=32, eos=eos)
+    want = _windows(32, eos)
+    assert isinstance(ds, TokenWindows) and len(ds) == len(want)
+    got = ds[list(range(len(ds)))]  # one read of every document
+    assert all(w.dtype == torch.uint16 and w.shape == (32,) for w in got)
+    assert np.array_equal(torch.stack(got).numpy(), want)
+    for i in (0, 5, len(ds) - 1, -1):  # one at a time: the same
+        assert np.array_equal(ds[i].numpy(), want[i])
+    with pytest.raises(IndexError, match=str(packs[fmt])):
+        ds[len(ds)]
+
+
+def test_a_window_longer_than_documents_and_a_shuffled_batch(packs):
+    ds = open_dataset(packs["lmdb"], block_size=500)
+    want = _windows(500)
+    order = [3, 0, 7, 3]
+    assert np.array_equal(torch.stack(ds.__getitems__(order)).numpy(), want[order])
+
+
+@pytest.mark.parametrize("fmt", ["mmap", "tar"])
+def test_boundaries_start_windows_at_documents_padded_and_masked(packs, fmt):
+    B = 40
+    ds = open_dataset(packs[fmt], block_size=B, eos=EOS, boundaries=True, pad_id=1)
+    want_tokens, want_mask = [], []
+    for d in DOCS:  # each document with its eos, cut into B, the last piece padded
+        doc = np.append(d, np.uint16(EOS))
+        for lo in range(0, len(doc), B):
+            piece = doc[lo : lo + B]
+            want_tokens.append(np.pad(piece, (0, B - len(piece)), constant_values=1))
+            want_mask.append(np.arange(B) < len(piece))
+    assert len(ds) == len(want_tokens) == sum(-(-(len(d) + 1) // B) for d in DOCS)
+    got = ds[list(range(len(ds)))]
+    assert np.array_equal(torch.stack([g["tokens"] for g in got]).numpy(), want_tokens)
+    assert np.array_equal(torch.stack([g["mask"] for g in got]).numpy(), want_mask)
+    batch = next(iter(DataLoader(ds, batch_size=4)))  # default_collate: a dict of [4, B]
+    assert batch["tokens"].dtype == torch.uint16 and batch["mask"].shape == (4, B)
+
+
+@pytest.mark.parametrize(("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")])
+def test_the_tutorial_dataloader(packs, workers, context):
+    ds = open_dataset(packs["lmdb"], block_size=32, eos=EOS)
+    dl = DataLoader(ds, batch_size=8, num_workers=workers, multiprocessing_context=context)
+    got = torch.cat(list(dl))
+    assert got.dtype == torch.uint16  # default_collate stacks uint16 (torch >= 2.3)
+    assert np.array_equal(got.numpy(), _windows(32, EOS))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_make_loader_ranks_are_disjoint_equal_and_cover_the_windows(packs, workers):
+    ds = open_dataset(packs["mmap"], block_size=16)
+    shares = []
+    for rank in range(2):
+        loader = make_loader(
+            ds, 8, num_workers=workers, shuffle=True, seed=3, rank=rank, world_size=2
+        )
+        shares.append([w.numpy().tobytes() for b in loader for w in b])
+    assert len(shares[0]) == len(shares[1])
+    everything = {w.tobytes() for w in _windows(16)}
+    assert set(shares[0]).isdisjoint(shares[1]) or len(everything) < len(ds)
+    assert set(shares[0]) | set(shares[1]) <= everything
+    assert len(shares[0]) + len(shares[1]) >= len(ds) - 1
+
+
+def test_make_loader_resumes_mid_epoch_exactly(packs):
+    ds = open_dataset(packs["hdf5"], block_size=16)
+    whole = [b.clone() for b in make_loader(ds, 8, num_workers=0, shuffle=True, seed=5)]
+    first = make_loader(ds, 8, num_workers=0, shuffle=True, seed=5)
+    it = iter(first)
+    head = [next(it).clone() for _ in range(3)]
+    state = first.state_dict()
+    resumed = make_loader(ds, 8, num_workers=2, shuffle=True, seed=5)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(head) + len(rest) == len(whole)
+    for a, b in zip(head + rest, whole, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_field_names_the_token_field_among_several(tmp_path):
+    schema = {"tokens": "uint16[-1]", "ids": "int32[-1]", "url": "str"}
+    extra = lambda j: {"ids": np.arange(j % 5, dtype=np.int32), "url": f"u{j}"}  # noqa: E731
+    pack = _write(tmp_path / "p", "mmap", schema=schema, extra=extra)
+    with pytest.raises(UsageError, match="several.*field="):
+        open_dataset(pack, block_size=8)
+    ds = open_dataset(pack, block_size=8, field="tokens")
+    assert np.array_equal(torch.stack(ds[:]).numpy(), _windows(8))
+    with pytest.raises(UsageError, match="'url' is str"):
+        open_dataset(pack, block_size=8, field="url")
+    with pytest.raises(UsageError, match="not a field"):
+        open_dataset(pack, block_size=8, field="text")
+
+
+def test_a_compressed_token_field(tmp_path):
+    schema = {"tokens": {"type": "ragged", "dtype": "uint16", "shape": [-1], "compression": "zstd"}}
+    pack = _write(tmp_path / "z", "lmdb", schema=schema)
+    ds = open_dataset(pack, block_size=32, eos=EOS)
+    assert np.array_equal(torch.stack(ds[:]).numpy(), _windows(32, EOS))
+
+
+def test_options_that_do_not_fit_are_usage_errors(packs, tmp_path):
+    with pytest.raises(UsageError, match="eos=70000 does not fit.*uint16"):
+        open_dataset(packs["mmap"], block_size=8, eos=70000)
+    with pytest.raises(UsageError, match="block_size must be a positive integer"):
+        open_dataset(packs["mmap"], block_size=0)
+    images = tmp_path / "img"
+    with gpufeed.Writer(images, "mmap", schema={"x": "float32[3]"}) as w:
+        w.write({"x": np.zeros(3, np.float32)})
+    with pytest.raises(UsageError, match=f"{images}.*ragged 1-D integer field"):
+        open_dataset(images, block_size=8)
+
+
+def test_token_dtype_and_the_writer_refusing_ids_that_do_not_fit(tmp_path):
+    from gpufeed.write.tokens import token_dtype
+
+    assert token_dtype(50257) == np.uint16 and token_dtype(65536) == np.uint16
+    assert token_dtype(65537) == np.uint32 and token_dtype(128256) == np.uint32
+    with pytest.raises(UsageError):
+        token_dtype(0)
+    with pytest.raises(UsageError, match=r"'tokens'.*70000.*uint16.*uint32"):
+        _write(tmp_path / "big", "mmap", docs=[np.array([1, 70000])])
+
+
+def test_a_damaged_document_length_is_an_error_naming_file_and_sample(tmp_path):
+    pack = _write(tmp_path / "bad", "mmap", docs=[np.arange(10, dtype=np.uint16)] * 3)
+    data = pack / "encoded.npy"
+    raw = bytearray(data.read_bytes())
+    offsets = np.load(pack / "offsets.npy")
+    head = len(raw) - int(offsets[-1])  # the .npy header before the records
+    at = head + int(offsets[1]) + 8  # sample 1: after its field size, its length
+    raw[at : at + 8] = np.int64(11).tobytes()
+    data.write_bytes(bytes(raw))
+    ds = open_dataset(pack, block_size=4, verify_crc=False)
+    with pytest.raises(CorruptSampleError, match=rf"{pack}.*sample 1: field 'tokens'.*11"):
+        ds[:]
