@@ -292,7 +292,7 @@ def test_a_hugging_face_folder_is_not_called_an_unfinished_pack(tmp_path):
         read_manifest(folder)
     message = str(e.value)
     assert message.startswith(f"{folder}: a Hugging Face datasets folder")
-    assert "cannot read it in place yet" in message and "gpufeed.Writer" in message
+    assert "reads it in place" in message and "gpufeed pack PATH DEST" in message
     assert "unfinished" not in message and "--resume" not in message
 
 
@@ -307,11 +307,15 @@ def test_a_hugging_face_dataset_dict_is_named_too(tmp_path):
 
 
 def test_a_hugging_face_folder_through_open_dataset(tmp_path):
+    """It is read in place (formats/inplace/parquet.py): this one's Arrow file is no Arrow
+    stream, an error naming it."""
     import gpufeed
 
+    pytest.importorskip("pyarrow")
     folder = hugging_face_dataset(tmp_path / "hf")
-    with pytest.raises(NotPackedError, match=r"Hugging Face datasets folder.*gpufeed.Writer"):
+    with pytest.raises(DataError, match="not a readable Parquet or Arrow file") as e:
         gpufeed.open_dataset(folder)
+    assert str(folder / "data-00000-of-00001.arrow") in str(e.value)
 
 
 def test_unsafe_name_rules():

@@ -268,3 +268,45 @@ def test_not_parquet_is_none(tmp_path):
     (tmp_path / "a.txt").write_text("x")
     assert parquet_files(tmp_path) is None
     assert parquet_files(tmp_path / "a.txt") is None
+
+
+# -- through open_dataset, make_loader, inspect and verify ---------------------------------
+def test_open_dataset_reads_a_file_a_glob_a_folder(shards, hf_folder):
+    import gpufeed
+
+    data = shards / "data"
+    for path in (shards, str(data / "train-*.parquet"), data / "train-00001-of-00002.parquet"):
+        ds = gpufeed.open_dataset(path, columns=["id", "text"])
+        assert ds.reader.format_name == "parquet" and ds[3]["text"] == f"row {int(ds[3]['id'])}"
+    saved = gpufeed.open_dataset(hf_folder / "saved")
+    assert saved.reader.manifest["classes"] == ["cat", "dog"] and len(saved) == 10
+    with pytest.raises(UsageError, match="cache_row_groups"):
+        gpufeed.open_dataset(shards, cache_row_group=2)
+
+
+def test_make_loader_blocks_are_row_groups(shards):
+    import gpufeed
+
+    ds = gpufeed.open_dataset(shards, columns=["id"])
+    assert ds.preferred_block_size == GROUP
+    dl = gpufeed.make_loader(
+        ds, batch_size=2 * GROUP, shuffle=True, seed=1, num_workers=0, buffer_blocks=2
+    )
+    for batch in dl:  # a block is a row group: a window of 2 blocks, 2 row groups a batch
+        groups = {int(i) // GROUP for i in batch["id"]}
+        assert len(groups) <= 2, sorted(int(i) for i in batch["id"])
+
+
+def test_inspect_and_verify_in_place(hf_folder):
+    from gpufeed.tools.in_place import describe, open_in_place_reader
+
+    reader, index = open_in_place_reader(hf_folder / "hub.parquet")
+    info = describe(reader, index)
+    assert info["kind"] == "Parquet or Arrow files" and info["labels"] == "the label column"
+    assert info["count"] == 10 and info["classes"] == ["cat", "dog"]
+    from gpufeed.tools.verify import verify
+
+    report = verify(hf_folder / "saved", decode=True)
+    assert report.in_place and report.samples_checked == 9  # the 10th named as a problem
+    assert report.bad_samples == [4]  # the null caption, named
+

@@ -103,6 +103,12 @@ class PackedDataset(SampleReading, Dataset):
     def _read_options(self) -> dict[str, Any]:
         return self._reader_options
 
+    @property
+    def preferred_block_size(self) -> int:
+        """The reader's unit of I/O in samples where it has one (Parquet: a row group), for
+        make_loader's block shuffle; an AttributeError where it has none (the default)."""
+        return self.reader.preferred_block_size
+
     def __len__(self) -> int:
         return self.reader.count
 

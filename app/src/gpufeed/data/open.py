@@ -6,7 +6,6 @@ import difflib
 import inspect
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from gpufeed.data.map_style import (
@@ -21,8 +20,8 @@ from gpufeed.data.tokens import TokenWindows
 from gpufeed.errors import NotPackedError, UsageError
 from gpufeed.formats import reader_class
 from gpufeed.formats.inplace.imagefolder import ImageFolderReader, is_image_folder
+from gpufeed.formats.inplace.parquet import ParquetReader, is_parquet
 from gpufeed.formats.inplace.webdataset import WebDatasetReader
-from gpufeed.formats.manifest import is_hugging_face_folder
 from gpufeed.storage.packs import read_manifest_at
 
 __all__ = ["MAP_STYLE", "open_dataset"]
@@ -65,9 +64,10 @@ def open_dataset(
     streams its shards in order, each rank and worker an equal share (``shuffle_buffer``,
     ``shuffle_shards``, ``fetch_ahead``...): the explicit extra for tar sets read front to
     back, e.g. from object storage past the cache's size. A path without manifest.json is
-    read in place when it is WebDataset tar shards, an image-folder tree or an HDF5 file
-    given ``datasets=`` (gpufeed.formats.inplace); anything else (an unfinished pack, say)
-    raises NotPackedError.
+    read in place when it is WebDataset tar shards, an image-folder tree, an HDF5 file
+    given ``datasets=``, Parquet files (a file, a glob, a folder) or a Hugging Face
+    ``save_to_disk`` folder (gpufeed.formats.inplace; ``columns=`` picks columns); anything
+    else (an unfinished pack, say) raises NotPackedError.
 
     Args:
         path: the pack's folder, or a URL (s3://bucket/prefix, gs://, az://, https://) read
@@ -94,7 +94,8 @@ def open_dataset(
         eos: a token id appended after each document (with block_size).
         boundaries: windows start at document starts, padded with ``pad_id`` and masked.
         pad_id: the padding of ``boundaries=True`` (default 0).
-        **options: the reader's own (hdf5: use_mmap, rdcc_mb; lmdb: readahead) or, with
+        **options: the reader's own (hdf5: use_mmap, rdcc_mb; lmdb: readahead; Parquet read
+            in place: columns, cache_row_groups) or, with
             map_style=False, the stream's (shuffle_buffer, shuffle_shards, seed, read_size,
             rank, world_size, fetch_ahead, ...: see TarShardDataset).
 
@@ -130,8 +131,6 @@ def open_dataset(
                 f"{path}: block_size= reads a gpufeed token pack (with manifest.json); this is "
                 "none: pack the documents first (docs/pretraining.md)"
             ) from None
-        if isinstance(path, (str, os.PathLike)) and is_hugging_face_folder(Path(path)):
-            raise  # its message says what to do (its split folders are no class folders)
         return _open_in_place(path, map_style, common, in_place, options)
     if in_place:
         raise UsageError(
@@ -169,6 +168,10 @@ def _open_in_place(path, map_style, common, in_place, options) -> PackedDataset:
             f"{path}: map_style=False streams gpufeed tar packs only; data read in place "
             "(no manifest) opens map-style: leave map_style out"
         )
+    if "datasets" not in in_place and is_parquet(path):  # a DatasetDict's splits: no classes
+        extra = _keywords(ParquetReader.__init__) - IN_PLACE_OPTIONS
+        _check_options(path, options, extra, "Parquet or Arrow files", IN_PLACE_OPTIONS)
+        return PackedDataset(path, reader=ParquetReader, **common, **options)
     if is_image_folder(path) and "datasets" not in in_place:
         extra = _keywords(ImageFolderReader.__init__) - IN_PLACE_OPTIONS
         _check_options(path, options, extra, "an image folder read in place", IN_PLACE_OPTIONS)

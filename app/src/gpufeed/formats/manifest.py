@@ -269,11 +269,9 @@ def is_hugging_face_folder(dest: Path) -> bool:
 def _hugging_face_message(dest: Path) -> str:
     return (
         f"{dest}: a Hugging Face datasets folder (save_to_disk's Arrow files), not a gpufeed "
-        "pack; gpufeed cannot read it in place yet (a Parquet/Arrow reader is planned). "
-        "Convert it into a pack: ds = datasets.load_from_disk(PATH), then "
-        "`with gpufeed.Writer(DEST, schema={'image': 'jpeg', 'label': 'int'}) as w:` and "
-        "`for row in ds: w.write({'image': np.asarray(row['image']), 'label': row['label']})` "
-        "(your columns and types; see docs/samples.md)"
+        "pack: gpufeed.open_dataset(PATH) reads it in place (a DatasetDict: one split's "
+        "folder), `gpufeed pack PATH DEST -f lmdb` converts it; both need pyarrow: "
+        "pip install 'gpufeed[parquet]'"
     )
 
 

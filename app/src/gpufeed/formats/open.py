@@ -12,6 +12,7 @@ from typing import Any
 from gpufeed.errors import NotPackedError, UsageError
 from gpufeed.formats import reader_class
 from gpufeed.formats.base import Reader
+from gpufeed.formats.inplace.parquet import ParquetReader, is_parquet
 from gpufeed.formats.inplace.webdataset import WebDatasetReader, is_webdataset
 from gpufeed.formats.manifest import read_manifest
 
@@ -61,4 +62,7 @@ def open_in_place(path: str | os.PathLike, **options: Any) -> Reader | None:
         return HDF5FileReader(path, datasets=datasets)
     if is_webdataset(path):
         return WebDatasetReader(path, **options)
+    if is_parquet(path):
+        options.pop("index_dir", None)  # Parquet's footers are its index: none cached
+        return ParquetReader(path, **options)
     return None

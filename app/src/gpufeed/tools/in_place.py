@@ -13,6 +13,7 @@ from gpufeed.errors import DataError
 from gpufeed.formats.base import Reader
 from gpufeed.formats.inplace import webdataset as wds
 from gpufeed.formats.inplace.imagefolder import ImageFolderReader, is_image_folder, listing_path
+from gpufeed.formats.inplace.parquet import ParquetReader, is_parquet
 
 __all__ = [
     "IN_PLACE_CHECKS",
@@ -26,7 +27,12 @@ __all__ = [
 ]
 
 # reader format -> what the data is, in words
-KINDS = {"imagefolder": "image folder", "webdataset": "WebDataset shards", "hdf5-file": "HDF5 file"}
+KINDS = {
+    "imagefolder": "image folder",
+    "webdataset": "WebDataset shards",
+    "hdf5-file": "HDF5 file",
+    "parquet": "Parquet or Arrow files",
+}
 # what verify checks of data read in place
 IN_PLACE_CHECKS = ["every sample read", "every sample decoded"]
 # where the labels of each kind come from
@@ -34,6 +40,7 @@ LABELS = {
     "imagefolder": "class folders",
     "webdataset": "the cls member",
     "hdf5-file": "the label dataset",
+    "parquet": "the label column",
 }
 
 
@@ -51,11 +58,14 @@ def open_in_place_reader(
     """open_dataset's reader of `path` without a manifest (its choice: an image folder unless
     datasets= is given, an HDF5 file given datasets=, WebDataset shards), and its cached index
     ({"path", "status"}: status cached, built, rebuilt, or not saved where the index folder
-    cannot be written; None for an HDF5 file, read by its own layout). None: it is none."""
+    cannot be written; None for an HDF5 file or Parquet, read by their own layout). None: it
+    is none."""
     if datasets is not None:
         from gpufeed.formats.inplace.hdf5_file import HDF5FileReader  # h5py, imported when needed
 
         return HDF5FileReader(path, datasets=datasets), None
+    if is_parquet(path):  # before the image folder: a DatasetDict's splits are no classes
+        return ParquetReader(path), None
     where = wds.index_folder(index_dir)
     if is_image_folder(path):
         make, cached = ImageFolderReader, listing_path(Path(path).absolute(), where)

@@ -21,7 +21,7 @@ from gpufeed.errors import (
 )
 from gpufeed.formats import reader_class
 from gpufeed.formats.checksums import crc32, row_crcs, sha256_file
-from gpufeed.formats.manifest import is_hugging_face_folder, pack_file, read_manifest
+from gpufeed.formats.manifest import pack_file, read_manifest
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.storage.packs import open_reader_at, read_manifest_at
 from gpufeed.storage.urls import RemoteURL, parse_location
@@ -205,8 +205,6 @@ def _pack_or_in_place(dest: Path, datasets, index_dir):
     try:
         manifest = read_manifest(dest)
     except NotPackedError:
-        if is_hugging_face_folder(dest):
-            raise  # its message says what to do (its split folders are no class folders)
         opened = in_place.open_in_place_reader(dest, datasets, index_dir)
         if opened is None:
             raise

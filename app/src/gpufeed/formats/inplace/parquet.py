@@ -11,9 +11,10 @@ Each column is a field (gpufeed.formats.inplace.arrow_columns), ``columns=`` pic
 column named ``label`` of integers gives the labels (a Hugging Face ClassLabel its class
 names). The unit of I/O is the row group (a record batch of an Arrow file): a batch's rows are
 gathered per row group, each needed one read once with only the chosen columns, and each
-process keeps its last ``cache_row_groups`` row groups. Files are opened lazily, per process
-(fork and spawn safe). ``preferred_block_size`` is the row-group size, so make_loader's block
-shuffle reads whole row groups.
+process keeps its last ``cache_row_groups`` (16) row groups: make_loader's block shuffle
+mixes ``buffer_blocks`` (16) row groups at a time, so a cache at least that large reads each
+row group once an epoch. ``preferred_block_size`` is the row-group size (make_loader's block).
+Files are opened lazily, per process (fork and spawn safe).
 
 Everything in the files is untrusted: a footer, a row count, a page that does not read is a
 DataError (CorruptSampleError for one sample's rows) naming the file.
@@ -30,7 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.errors import CorruptSampleError, DataError, StalePackError, UsageError
+from gpufeed.errors import (
+    CorruptSampleError,
+    DataError,
+    NotPackedError,
+    StalePackError,
+    UsageError,
+)
 from gpufeed.formats.base import Reader
 from gpufeed.formats.files import file_identity
 from gpufeed.formats.inplace.arrow_columns import (
@@ -50,6 +57,9 @@ HUB_SHARD = re.compile(r"(.+)-\d+-of-\d+$")  # data/train-00000-of-00012.parquet
 SPLIT_FOLDERS = {"train", "test", "validation", "valid", "val", "dev"}
 # more rows than this in one file is no real file's: a crafted footer
 MAX_ROWS = 1 << 40
+# make_loader's block shuffle mixes buffer_blocks (16: data/order.py) row groups at a time:
+# a cache that holds them reads each row group once an epoch
+CACHE_ROW_GROUPS = 16
 INSTALL = "install pyarrow: pip install 'gpufeed[parquet]'"
 
 
@@ -71,9 +81,10 @@ def _hf_files(folder: Path) -> list[Path] | None:
     """The .arrow files a save_to_disk folder's state.json lists (plain names in it)."""
     if (folder / "dataset_dict.json").is_file():
         splits = sorted(p.name for p in folder.iterdir() if (p / "state.json").is_file())
-        raise UsageError(
-            f"{folder}: a Hugging Face DatasetDict (splits {', '.join(splits) or 'none'}); "
-            f"open one split's folder, e.g. {folder / (splits[0] if splits else 'train')}"
+        raise NotPackedError(
+            f"{folder}: a Hugging Face datasets folder holding a DatasetDict (splits "
+            f"{', '.join(splits) or 'none'}); open one split's folder, e.g. "
+            f"{folder / (splits[0] if splits else 'train')}"
         )
     try:
         state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
@@ -205,7 +216,7 @@ class ParquetReader(Reader):
         path: str | os.PathLike,
         *,
         columns: list[str] | None = None,
-        cache_row_groups: int = 8,
+        cache_row_groups: int = CACHE_ROW_GROUPS,
     ):
         files = parquet_files(path)
         if not files:
