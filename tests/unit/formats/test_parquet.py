@@ -309,4 +309,3 @@ def test_inspect_and_verify_in_place(hf_folder):
     report = verify(hf_folder / "saved", decode=True)
     assert report.in_place and report.samples_checked == 9  # the 10th named as a problem
     assert report.bad_samples == [4]  # the null caption, named
-
