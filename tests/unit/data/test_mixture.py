@@ -112,14 +112,17 @@ def _token_pack(path, fmt, first, count):
     return gpufeed.open_dataset(path, block_size=8)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_mixture_of_token_windows_through_make_loader(tmp_path, workers):
+@pytest.mark.parametrize(("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")])
+def test_a_mixture_of_token_windows_through_make_loader(tmp_path, workers, context):
     web = _token_pack(tmp_path / "web", "mmap", 0, 60)  # window i: all tokens i
     code = _token_pack(tmp_path / "code", "tar", 1000, 20)
     m = mix({"web": web, "code": code}, {"web": 0.7, "code": 0.3}, samples_per_epoch=100)
     assert m.counts() == {"web": 70, "code": 30}
-    for epoch in range(2):
-        loader = make_loader(m, 10, num_workers=workers, shuffle=True, seed=2)
+    loader = make_loader(
+        m, 10, num_workers=workers, shuffle=True, seed=2, multiprocessing_context=context,
+        persistent_workers=workers > 0,
+    )  # fmt: skip
+    for epoch in range(3):  # persistent workers see each epoch (set_epoch)
         loader.set_epoch(epoch)
         ids = torch.cat([b[:, 0] for b in loader]).long()
         m.set_epoch(epoch)
@@ -160,3 +163,32 @@ def test_the_plain_dataloader_sees_set_epoch(tmp_path):
         m.set_epoch(epoch)
         assert got[epoch] == sorted(int(s["id"]) for s in m[:] if s["tag"] == "b")
     assert got[0] != got[1]
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2)])
+def test_a_mixture_checkpoint_resumes_with_another_world_size(tmp_path, before, after):
+    """Elastic: N ranks checkpoint mid-epoch, M ranks finish it; every draw exactly once."""
+    web = _token_pack(tmp_path / "web", "mmap", 0, 40)
+    code = _token_pack(tmp_path / "code", "lmdb", 1000, 10)
+    m = mix([web, code], [0.6, 0.4], samples_per_epoch=76, seed=3)  # the rest splits evenly
+
+    def loader(rank, world):
+        return make_loader(
+            m, 4, shuffle=True, num_workers=0, seed=5, rank=rank, world_size=world,
+            distributed=True, block_size=4,
+        )  # fmt: skip
+
+    seen, states = [], []
+    for rank in range(before):
+        first = loader(rank, before)
+        it = iter(first)
+        seen += [int(x) for _ in range(2) for x in next(it)[:, 0]]
+        states.append(first.state_dict())
+    shares = []
+    for rank in range(after):
+        resumed = loader(rank, after)
+        resumed.load_state_dict(states[0])
+        shares.append([int(x) for b in resumed for x in b[:, 0]])
+    assert len({len(s) for s in shares}) == 1  # equal shares
+    m.set_epoch(0)
+    assert sorted(seen + [x for s in shares for x in s]) == sorted(int(w[0]) for w in m[:])
