@@ -374,6 +374,9 @@ def _pack_rows(info) -> list[tuple[str, object]]:
         rows.append(("shards", f"{info['shards']}: {info['pattern']}"))
     if info.get("compression"):
         rows.append(("compression", info["compression"]))
+    inferred = (info.get("options") or {}).get("inferred_fields")
+    if inferred:  # a Writer's fields taken from its first sample, not declared
+        rows.append(("inferred", ", ".join(inferred)))
     rows.append(("skipped", info["skipped"]))
     rows.append(("created by", info["created_by"]))
     return rows

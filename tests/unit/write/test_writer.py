@@ -505,3 +505,57 @@ def test_a_resumed_writer_keeps_its_classes_and_refuses_others(tmp_path):
             w.write({**sample(1), "label": 3})
         w.write({**sample(1), "label": 1})
     assert gpufeed.open_dataset(dest).classes == CLASSES
+
+
+def test_a_size_that_varies_without_a_schema_becomes_ragged(tmp_path):
+    """The issue's case: tokens of varying length, no schema: the second sample widened the
+    inferred int32[38] to int32[-1] (the first re-encoded), not an error."""
+    lengths = [38, 12, 40, 38]
+    with gpufeed.Writer(tmp_path / "t.lmdb", "lmdb") as w:
+        for n in lengths:
+            w.write({"tokens": np.arange(n, dtype=np.int32), "id": n})
+    ds = gpufeed.open_dataset(tmp_path / "t.lmdb")
+    assert ds.reader.spec.schema["tokens"].shape == (-1,)
+    assert [len(ds[i]["tokens"]) for i in range(4)] == lengths
+    assert ds.reader.manifest["options"]["inferred_fields"] == ["tokens", "id"]
+
+
+def test_a_partial_schema_declares_its_fields_the_rest_inferred(tmp_path):
+    with gpufeed.Writer(tmp_path / "p.lmdb", "lmdb", schema={"tokens": "int64[-1]"}) as w:
+        w.write({"tokens": np.arange(3), "caption": "a", "box": np.zeros(4, np.float32)})
+        w.write({"tokens": np.arange(5), "caption": "b", "box": np.ones(4, np.float32)})
+    ds = gpufeed.open_dataset(tmp_path / "p.lmdb")
+    assert ds.reader.spec.schema.describe() == "tokens: int64[*], caption: str, box: float32[4]"
+    assert ds.reader.manifest["options"]["inferred_fields"] == ["caption", "box"]
+    assert ds[1]["caption"] == "b" and ds[1]["tokens"].tolist() == list(range(5))
+
+
+def test_a_size_that_varies_after_a_committed_part_says_what_to_declare(tmp_path):
+    w = gpufeed.Writer(tmp_path / "c.lmdb", "lmdb", part_size=2)
+    for _ in range(2):
+        w.write({"tokens": np.arange(4, dtype=np.int32)})
+    w.flush()
+    with pytest.raises(UsageError, match=r"int32\[-1\].*took the schema from the first sample"):
+        w.write({"tokens": np.arange(6, dtype=np.int32)})
+    w.abandon()
+
+
+def test_a_partial_schema_resumes(tmp_path):
+    schema = {"tokens": "int32[-1]"}
+    w = gpufeed.Writer(tmp_path / "r.lmdb", "lmdb", schema=schema)
+    w.write({"tokens": np.arange(2, dtype=np.int32), "n": 1})
+    w.flush()
+    w.abandon()
+    with gpufeed.Writer(tmp_path / "r.lmdb", "lmdb", schema=schema, resume=True) as w:
+        assert w.written == 1
+        w.write({"tokens": np.arange(3, dtype=np.int32), "n": 2})
+    assert [s["n"] for s in gpufeed.open_dataset(tmp_path / "r.lmdb")] == [1, 2]
+
+
+def test_inspect_says_which_fields_were_inferred(tmp_path, capsys):
+    from gpufeed.cli import main
+
+    with gpufeed.Writer(tmp_path / "i.lmdb", "lmdb", schema={"n": "int"}) as w:
+        w.write({"n": 1, "tokens": np.arange(3, dtype=np.int32)})
+    assert main(["inspect", str(tmp_path / "i.lmdb")]) == 0
+    assert re.search(r"inferred:\s+tokens", capsys.readouterr().out)

@@ -29,6 +29,7 @@ MANIFEST_OPTIONS = (
     "shard_bytes",
     "container",
     "follow_symlinks",
+    "inferred_fields",  # a Writer's fields taken from the first sample, not declared
 )
 # The largest --resize side: one uint8 RGB sample of 16384x16384 is already 768 MiB.
 MAX_RESIZE = 16384

@@ -40,7 +40,8 @@ from gpufeed.formats.files import atomic_write_json
 from gpufeed.formats.lock import PackLock
 from gpufeed.formats.manifest import PARTIAL_SUFFIX
 from gpufeed.formats.parts import Part
-from gpufeed.formats.schema import Schema, infer_schema, parse_schema
+from gpufeed.formats.record import decode_record
+from gpufeed.formats.schema import Schema, infer_schema, inferred_names, parse_schema, widened
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.storage.urls import require_local
 from gpufeed.write.assemble import Stream, assemble
@@ -75,9 +76,13 @@ class Writer:
     """Write sample dicts into a new pack at ``path`` (see the module docstring).
 
     format: hdf5 | lmdb | tar | mmap. schema: ``{"image": "jpeg", "tokens": "int32[-1]"}``
-    (gpufeed.formats.schema), or None to take it from the first sample (arrays then have a
-    fixed shape: declare ragged ones). compression, shard_size, shard_bytes, container: as
-    for ``gpufeed.pack``. part_size: samples per committed part (what a crash can lose).
+    (gpufeed.formats.schema), or None to take it from the first sample; a schema naming only
+    some of the first sample's fields declares those, the others are inferred. An inferred
+    array whose size varies becomes ragged (-1 in that dimension) while no part is committed
+    yet (the first ``part_size`` samples); later it is an error saying what to declare. The
+    manifest lists the inferred fields (``options.inferred_fields``). compression,
+    shard_size, shard_bytes, container: as for ``gpufeed.pack``. part_size: samples per
+    committed part (what a crash can lose).
     listing: the listed files the samples come from (a :class:`Listing`; gpufeed.pack of a
     folder of .txt, .wav or .pt dicts passes it): recorded in the manifest, checked on resume.
     classes: the class names (label i is classes[i]; HF ``ClassLabel.names``), kept in the
@@ -122,7 +127,7 @@ class Writer:
         }
         self.listing = listing
         self._lock: PackLock | None = None
-        self._inferred = False  # the schema was taken from the first sample
+        self._inferred: list[str] = []  # the fields taken from the first sample
         self._open(resume, overwrite)
 
     # -- opening -------------------------------------------------------------------------
@@ -187,6 +192,8 @@ class Writer:
         if not old.get("writer"):
             raise UsageError(f"{self.partial}: an unfinished `gpufeed pack`, not a Writer's")
         old_schema = parse_schema({d["name"]: d for d in old["schema"]}) if old["schema"] else None
+        if _declared_part(self.schema, old_schema, old.get("inferred_fields") or []):
+            self.schema = old_schema  # the rest was inferred from the first sample, as now
         if self.schema is not None and old_schema is not None and self.schema != old_schema:
             raise UsageError(
                 f"{self.partial}: was started with schema {old_schema.describe()}; resume with "
@@ -198,6 +205,7 @@ class Writer:
             what = ", ".join(f"{k}: {old.get(k)!r} -> {self.state[k]!r}" for k in diff)
             raise UsageError(f"{self.partial}: was started with different settings ({what})")
         self.schema = self.schema or old_schema
+        self._inferred = list(old.get("inferred_fields") or [])
         self.classes = old.get("classes", self.classes)  # given, they were found the same
         self.state = {**old, "gpufeed": __version__}
         parts_dir = self.partial / PARTS_DIR
@@ -247,6 +255,8 @@ class Writer:
         """The schema, once (from the first sample when none was given)."""
         if self.schema is None:
             self.schema = schema
+            self._inferred = list(schema.names)
+            self.state["inferred_fields"] = self._inferred
             self._save_state()
 
     def add_item(self, item: int, samples: list) -> None:
@@ -254,20 +264,61 @@ class Writer:
         inputs[item]); a part is committed only between inputs, so a resume restarts at an
         input boundary."""
         self._check_open()
-        if samples and self.schema is None:
-            self.set_schema(infer_schema(samples[0]))
-            self._inferred = True
+        if samples and self._infers_from(samples[0]):
+            declared = self.schema.to_json_dict() if self.schema is not None else None
+            self.schema = infer_schema(samples[0], declared)
+            self._inferred = inferred_names(self.schema, declared)
+            self.state["inferred_fields"] = self._inferred
+            self._save_state()
         self.add_records(item, [self._encoded(s, k) for k, s in enumerate(samples)])
 
+    def _infers_from(self, sample: Any) -> bool:
+        """Whether the schema is (partly) taken from this sample: none was given, or one
+        naming only some of its fields, and nothing is written yet."""
+        if self.schema is None:
+            return True
+        if self.written or self.parts or not isinstance(sample, Mapping):
+            return False
+        return set(self.schema.names) < set(sample)
+
     def _encoded(self, sample: Mapping[str, Any], k: int) -> tuple[bytes, int, int]:
-        """encoded(), its refusal naming the sample (the k-th of this input)."""
+        """encoded(), its refusal naming the sample (the k-th of this input); an inferred
+        array whose size varies is widened first, while that is possible (_widen)."""
         try:
             return encoded(self.schema, sample)
         except UsageError as e:
+            if self._widen(sample):
+                return self._encoded(sample, k)
             hint = ""
-            if self._inferred and "wider dtype" in str(e):
-                hint = " (this Writer took the schema from the first sample: pass schema=)"
+            if self._inferred and ("wider dtype" in str(e) or "varies" in str(e)):
+                hint = (
+                    " (this Writer took the schema from the first sample: pass schema= "
+                    "naming this field; the others may be left out)"
+                )
             raise UsageError(f"{self.dest}: sample {self.written + k}: {e}{hint}") from None
+
+    def _widen(self, sample: Any) -> bool:
+        """Make the inferred array fields whose sizes ``sample`` does not fit ragged (-1
+        there), the samples not yet committed encoded again; False where none widens or a
+        part is committed already (its records hold the fixed shape)."""
+        if not self._inferred or self.parts or not isinstance(sample, Mapping):
+            return False
+        old = self.schema
+        fields = [
+            (widened(f, sample[f.name]) if f.name in self._inferred and f.name in sample else None)
+            or f
+            for f in old.fields
+        ]
+        if tuple(fields) == old.fields:
+            return False
+        self.schema = Schema(tuple(fields))
+        self._pending = [
+            (item, *encoded(self.schema, decode_record(old, record)))
+            for item, record, _, _ in self._pending
+        ]
+        self._pending_bytes = sum(len(r) for _, r, _, _ in self._pending)
+        self._save_state()
+        return True
 
     def add_records(self, item: int, records: list[tuple[bytes, int, int]]) -> None:
         """Encoded samples of input ``item``: (record, label, crc32) each (add_item's
@@ -452,3 +503,14 @@ class Writer:
             self.close()
         else:
             self.abandon()
+
+
+def _declared_part(given: Schema | None, old: Schema | None, inferred: list[str]) -> bool:
+    """Whether a partial schema given again on resume is the one the pack started with:
+    its fields as the pack has them, the pack's others inferred."""
+    if given is None or old is None or not set(given.names) < set(old.names):
+        return False
+    names = set(old.names)
+    return all(n in inferred for n in names - set(given.names)) and all(
+        old[f.name] == f for f in given.fields
+    )
