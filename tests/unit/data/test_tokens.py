@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -187,3 +189,27 @@ def test_a_damaged_document_length_is_an_error_naming_file_and_sample(tmp_path):
     ds = open_dataset(pack, block_size=4, verify_crc=False)
     with pytest.raises(CorruptSampleError, match=rf"{pack}.*sample 1: field 'tokens'.*11"):
         ds[:]
+
+
+def test_lengths_read_from_the_documents_are_cached_for_those_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFEED_INDEX_DIR", str(tmp_path / "index"))
+    pack = _write(tmp_path / "p", "lmdb")
+    assert np.array_equal(torch.stack(open_dataset(pack, block_size=32)[:]).numpy(), _windows(32))
+    (cache,) = (tmp_path / "index").glob("tokens-*.npz")
+    with np.load(cache) as z:
+        saved = {k: z[k] for k in z.files}
+    assert saved["lengths"].tolist() == [len(d) for d in DOCS]
+    saved["lengths"][0] += 1  # a cache that lies, for these very files
+    np.savez(cache, **saved)
+    ds = open_dataset(pack, block_size=32)  # taken from the cache: no document read
+    with pytest.raises(CorruptSampleError, match=rf"{pack}.*sample 0: holds \d+ tokens"):
+        ds[0]  # caught when read, never a shifted window
+    other = _docs(50, seed=5)
+    _write(tmp_path / "p2", "lmdb", docs=other)
+    shutil.rmtree(pack)
+    shutil.copytree(tmp_path / "p2", pack)  # another pack at the same path: rebuilt
+    got = open_dataset(pack, block_size=8)
+    stream = np.concatenate(other)
+    assert np.array_equal(
+        torch.stack(got[:]).numpy(), stream[: len(stream) // 8 * 8].reshape(-1, 8)
+    )

@@ -14,11 +14,12 @@ when given. :class:`TokenWindows` is a map-style Dataset over it:
   padded to ``B`` with ``pad_id``. Item ``i`` is ``{"tokens": [B], "mask": [B] bool}``
   (mask False on padding); ``len = sum(ceil(len_d / B))`` (an empty document gives none).
 
-Document lengths are read once when the dataset is made: from the record spans of the
-index where the format keeps them (mmap, HDF5: no data read) and the field is the
-record's only one, uncompressed; otherwise by reading every record once, a batch at a time
-(LMDB, tar, several fields, zstd). Pickled to workers, the lengths go with the dataset
-(numpy arrays: no copy-on-read growth).
+Document lengths are known when the dataset is made: from the record spans of the index
+where the format keeps them (mmap, HDF5: no data read) and the field is the record's only
+one, uncompressed; otherwise by reading every record once, a batch at a time (LMDB, tar,
+several fields, zstd), cached in the index folder of data read in place
+($GPUFEED_INDEX_DIR, else ~/.cache/gpufeed/index) for the very files they were read from.
+Pickled to workers, the lengths go with the dataset (numpy arrays: no copy-on-read growth).
 
 ``__getitems__`` (what the DataLoader and make_loader call with a batch of window indices)
 reads every document the batch touches in one ``read_batch`` and slices the windows out.
@@ -26,7 +27,10 @@ reads every document the batch touches in one ``read_batch`` and slices the wind
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +39,7 @@ from torch.utils.data import Dataset
 
 from gpufeed.data.reading import as_index_array, many_indices, one_index
 from gpufeed.errors import CorruptSampleError, UsageError
+from gpufeed.formats.inplace.webdataset import cached_index, in_place_identity, index_folder
 from gpufeed.formats.record import plain_bytes, split_records
 from gpufeed.storage.packs import open_reader_at
 
@@ -323,7 +328,8 @@ def _tokens_of(reader, doc: int, field, data: np.ndarray, dtype: np.dtype) -> np
 
 
 def document_lengths(reader, k: int, field) -> np.ndarray:
-    """Tokens in each document of the pack, int64 [count]."""
+    """Tokens in each document of the pack, int64 [count]: from the record spans where the
+    index has them, else read once and cached (lengths_cache)."""
     spans = getattr(reader, "offsets", None)
     only = len(reader.spec.schema.fields) == 1 and not field.compression
     if only and isinstance(spans, np.ndarray) and len(spans) == reader.count + 1:
@@ -332,6 +338,43 @@ def document_lengths(reader, k: int, field) -> np.ndarray:
         itemsize = np.dtype(field.dtype).itemsize
         if (body >= 0).all() and (body % itemsize == 0).all():
             return body // itemsize
+    path, identity = lengths_cache(reader, field)
+
+    def fresh(cached) -> bool:
+        lengths = cached["lengths"]
+        return (
+            str(cached["identity"]) == identity
+            and lengths.dtype == np.int64
+            and lengths.shape == (reader.count,)
+            and bool((lengths >= 0).all())
+        )
+
+    def build() -> dict[str, np.ndarray]:
+        return {"identity": np.array(identity), "lengths": read_lengths(reader, k, field)}
+
+    return cached_index(path, fresh, build)["lengths"]
+
+
+def lengths_cache(reader, field) -> tuple[Path, str]:
+    """Where a pack's document lengths are cached (index_folder(), as the indexes of data
+    read in place) and what they are valid for: the pack's manifest (its files' sizes and
+    sha256) and, for a local pack, each data file's identity (in_place_identity). A cache
+    that lies is caught when read: every document read is checked against its length."""
+    manifest = json.dumps(reader.manifest, sort_keys=True, default=str)
+    parts = [hashlib.sha256(manifest.encode()).hexdigest(), field.name]
+    if reader.source is None:
+        for name in reader.data_files():
+            try:
+                parts.append(f"{name}:{in_place_identity(os.stat(reader.root / name))}")
+            except OSError:
+                parts.append(f"{name}:missing")
+    where = os.path.realpath(reader.root).encode("utf-8", "surrogateescape")
+    key = hashlib.sha256(where + b"\0" + field.name.encode()).hexdigest()[:24]
+    return index_folder() / f"tokens-{key}.npz", "\n".join(parts)
+
+
+def read_lengths(reader, k: int, field) -> np.ndarray:
+    """Every document read once, a batch at a time: its token count."""
     lengths = np.empty(reader.count, dtype=np.int64)
     for lo in range(0, reader.count, LENGTH_BATCH):
         docs = np.arange(lo, min(lo + LENGTH_BATCH, reader.count), dtype=np.int64)
