@@ -140,6 +140,13 @@ def test_ranks_and_mid_epoch_resume_of_a_mixture(tmp_path):
         loader = make_loader(m, 8, num_workers=0, shuffle=True, seed=1, rank=rank, world_size=2)
         shares.append([int(x) for b in loader for x in b[:, 0]])
     assert len(shares[0]) == len(shares[1]) == 40
+    per_rank = [
+        make_loader(m, 8, num_workers=0, shuffle=True, seed=1, rank=r, world_size=2).source_counts()
+        for r in range(2)
+    ]
+    for share, counted in zip(shares, per_rank, strict=True):  # what each rank was handed
+        assert counted == {"0": sum(x < 1000 for x in share), "1": sum(x >= 1000 for x in share)}
+    assert per_rank[0]["0"] + per_rank[1]["0"] == m.counts()["0"] == 40
     m.set_epoch(0)
     assert sorted(shares[0] + shares[1]) == sorted(int(w[0]) for w in m[:])
     whole = [b.clone() for b in make_loader(m, 8, num_workers=0, shuffle=True, seed=1)]

@@ -135,9 +135,16 @@ class Mixture(Dataset):
         """The epoch whose draws the indices name (make_loader calls it in every worker)."""
         self.epoch = int(epoch)
 
-    def counts(self, epoch: int | None = None) -> dict[str, int]:
-        """Draws from each source in an epoch (the same every epoch): name -> count."""
-        return dict(zip(self.names, self.draws.tolist(), strict=True))
+    def counts(self, indices=None) -> dict[str, int]:
+        """Draws from each source: name -> count, in an epoch (the same every epoch), or
+        among ``indices`` (one rank's share, the batches seen so far: which source an index
+        draws from does not change with the epoch)."""
+        if indices is None:
+            drawn = self.draws
+        else:
+            idx = as_index_array(indices, len(self), "mixture")
+            drawn = np.bincount(self.source_of[idx], minlength=len(self.names))
+        return dict(zip(self.names, drawn.tolist(), strict=True))
 
     def __len__(self) -> int:
         return len(self.source_of)

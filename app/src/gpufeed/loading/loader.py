@@ -158,6 +158,16 @@ class GpufeedLoader:
             return None
         return n - n % self.batch_size if self.drop_last else n
 
+    def source_counts(self) -> dict[str, int] | None:
+        """Draws from each source of a mixture (gpufeed.mix) that this rank's order holds in
+        the current epoch: name -> count. None for other datasets or an order of your own."""
+        counts = getattr(self.dataset, "counts", None)
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        if not callable(counts) or not callable(getattr(sampler, "order", None)):
+            return None
+        sampler.set_epoch(self.epoch)
+        return counts(sampler.order())
+
     def __len__(self) -> int:
         """Batches in a full epoch on this rank."""
         if self.batch_sampler is not None and not self._seeks:
