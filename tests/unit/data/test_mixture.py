@@ -199,3 +199,18 @@ def test_a_mixture_checkpoint_resumes_with_another_world_size(tmp_path, before, 
     assert len({len(s) for s in shares}) == 1  # equal shares
     m.set_epoch(0)
     assert sorted(seen + [x for s in shares for x in s]) == sorted(int(w[0]) for w in m[:])
+
+
+def test_a_mixture_of_image_packs_and_a_folder_read_in_place(tmp_path):
+    from unit_sources import write_images
+
+    write_images(tmp_path / "a", {"cat": 6, "dog": 6}, size=(8, 8))
+    write_images(tmp_path / "b", {"cat": 3, "dog": 3}, size=(8, 8), seed=1)
+    gpufeed.pack(tmp_path / "a", tmp_path / "a.lmdb", format="lmdb", quiet=True)
+    packed = gpufeed.open_dataset(tmp_path / "a.lmdb")
+    in_place = gpufeed.open_dataset(tmp_path / "b", index_dir=tmp_path / "index")
+    m = mix({"packed": packed, "folder": in_place}, {"packed": 0.5, "folder": 0.5})
+    assert m.counts() == {"packed": 9, "folder": 9}
+    batches = list(make_loader(m, 6, num_workers=2, shuffle=True, seed=0))
+    assert sum(len(b.labels) for b in batches) == 18
+    assert all(b.samples.shape[1:] == (3, 8, 8) for b in batches)
