@@ -198,9 +198,9 @@ def test_integer_boxes_come_out_float32(tmp_path):
 
 def test_a_box_field_the_crop_was_not_told_about_warns_once(box_pack):
     fmt, pack = box_pack
-    ds = gpufeed.open_dataset(pack, decode=RandomResizedCrop(16, backend="torch", flip=0.3))
+    crop = RandomResizedCrop(16, backend="torch", flip=0.3)
     with pytest.warns(UserWarning, match=r"field 'boxes' \(float32\[\*,4\]\) looks like boxes"):
-        ds.get_batch([0, 1])
+        ds = gpufeed.open_dataset(pack, decode=crop)  # at open (gpufeed.data.reading)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ds.get_batch([2, 3])  # once

@@ -65,3 +65,16 @@ def test_split_shards_keeps_whole_shards_and_warns_naming_the_counts(eleven):
 def test_an_unknown_split_is_a_usage_error(eleven):
     with pytest.raises(UsageError, match="split='rows'"):
         _rank(eleven, 0, split="rows")
+
+
+def test_a_stream_of_mixed_size_images_names_the_pack(tmp_path):
+    # iter_batches (make_loader's path) said "the images differ in size" without the pack
+    from unit_sources import write_images
+
+    write_images(tmp_path / "src", {"a": 3}, size=(82, 71), ext=".jpg")
+    write_images(tmp_path / "src", {"b": 3}, size=(40, 60), ext=".jpg", seed=1)
+    gpufeed.pack(tmp_path / "src", tmp_path / "tar", format="tar", workers=1, quiet=True)
+    ds = gpufeed.open_dataset(tmp_path / "tar", map_style=False, shuffle_shards=False)
+    with pytest.raises(UsageError, match="differ in size") as err:
+        list(ds.iter_batches(6))
+    assert str(tmp_path / "tar") in str(err.value)

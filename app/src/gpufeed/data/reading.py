@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from gpufeed.batch import FieldBatch
+from gpufeed.data.boxes import crop_plan
 from gpufeed.data.decoders import array_to_tensor, decode_bytes, raw_bytes_tensor
 from gpufeed.data.fields import decode_batch, field_rows
 from gpufeed.errors import (
@@ -100,6 +101,9 @@ class SampleReading:
             )
         # True, False or a batch decoder (gpufeed.data.decoders.RandomResizedCrop)
         self.decode = decode if callable(decode) else bool(decode)
+        if callable(decode) and reader.spec.kind == "fields":
+            # box options checked, and unnamed boxes warned of, at open, naming the pack
+            crop_plan(reader.spec.schema, decode, where=str(reader.root))
         # multi-field packs: ragged field -> fill value, padded in get_batch (batch.py)
         self.pad = _check_pad(reader, pad)
         self.skipped = 0

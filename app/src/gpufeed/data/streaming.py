@@ -272,7 +272,7 @@ class TarShardDataset(SampleReading, IterableDataset):
         make_loader iterates this; ``iter()`` yields the same kind of stream sample by
         sample."""
         for samples, labels, _ in self._stream(batch_size, drop_last):
-            yield to_batch(samples, labels, self.pad)
+            yield to_batch(samples, labels, self.pad, self.path)
 
     def __iter__(self):
         for samples, labels, kept in self._stream(self.read_size, False):
