@@ -206,7 +206,7 @@ class Augment:
 
 
 class FieldsSample:
-    """fields: input i -> the sample dict gpufeed.pack(fn, ...) and the peers' writers store
+    """fields: input i -> the sample dict gpufeed.pack_map(fn, ...) and the peers' writers store
     (picklable: pack runs it in worker processes)."""
 
     def __init__(self, case: Case):

@@ -174,7 +174,7 @@ def prepare(case, row: str) -> dict:
 
             opts = {"shard_size": max(1, case.count // 10)} if arg == "tar" else {}
             if case.kind == "fields":  # from Python objects, as the peers' writers take them
-                gpufeed.pack(
+                gpufeed.pack_map(
                     bdata.FieldsSample(case), range(case.count), dest, format=arg,
                     schema=bdata.FIELDS_SCHEMA, workers=2, overwrite=True, quiet=True, **opts,
                 )  # fmt: skip

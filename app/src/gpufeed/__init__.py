@@ -1,6 +1,8 @@
 """gpufeed: packed datasets that keep the GPU fed.
 
     gpufeed.pack(source, dest, format="hdf5")       files -> packed format (+ manifest.json)
+    gpufeed.pack_samples(samples, dest)             samples held in Python -> packed format
+    gpufeed.pack_map(fn, inputs, dest, workers=8)   fn(input) in worker processes -> packed
     gpufeed.Writer(dest, format, schema)            sample dicts -> packed format
     gpufeed.verify(dest) / gpufeed.inspect(dest)    check / describe a pack
     gpufeed.open_dataset(dest)                      the right dataset for a pack
@@ -27,6 +29,8 @@ from gpufeed._version import __version__
 # name -> the module that defines it
 _EXPORTS = {
     "pack": "gpufeed.write.pack",
+    "pack_samples": "gpufeed.write.pack",
+    "pack_map": "gpufeed.write.pack",
     "Writer": "gpufeed.write.writer",
     "verify": "gpufeed.tools.verify",
     "inspect": "gpufeed.tools.verify",

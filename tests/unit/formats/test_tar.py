@@ -276,7 +276,7 @@ def test_large_samples_are_cut_by_bytes_by_default(tmp_path):
     def sample(i):
         return {"x": np.full((1536, 2048), i, np.uint8)}
 
-    m = gpufeed.pack(sample, range(40), tmp_path / "p", format="tar", workers=0, quiet=True)
+    m = gpufeed.pack_map(sample, range(40), tmp_path / "p", format="tar", workers=0, quiet=True)
     counts = m["layout"]["shard_counts"]
     assert counts == [21, 19] and m["layout"]["shard_bytes"] == DEFAULT_SHARD_BYTES == 64 << 20
     for name in m["layout"]["shards"]:

@@ -355,3 +355,29 @@ def test_a_source_whose_only_entry_is_skipped_makes_an_empty_pack(tmp_path, fmt,
     assert m["count"] == 0 and [s["path"] for s in m["skipped"]] == ["cls"]
     assert len(gpufeed.open_dataset(tmp_path / "p")) == 0  # tar: an IndexError while writing
     assert gpufeed.verify(tmp_path / "p").problems == []
+
+
+def _pair(i):
+    return {"x": np.full(2, i, dtype=np.int64), "label": i}
+
+
+def test_the_old_calling_conventions_warn_naming_the_new_function(tmp_path):
+    """pack(fn, inputs, DEST) and pack(samples, DEST) still pack in 0.2, as pack_map and
+    pack_samples do, with a DeprecationWarning that names the function to call instead."""
+    with pytest.warns(DeprecationWarning, match=r"use gpufeed\.pack_map\(fn, inputs, DEST"):
+        old_fn = gpufeed.pack(_pair, range(3), tmp_path / "f", "mmap", workers=0, quiet=True)
+    new_fn = gpufeed.pack_map(_pair, range(3), tmp_path / "f2", "mmap", workers=0, quiet=True)
+    samples = [_pair(i) for i in range(3)]
+    with pytest.warns(DeprecationWarning, match=r"use gpufeed\.pack_samples\(samples, DEST"):
+        old_samples = gpufeed.pack(samples, tmp_path / "s", format="mmap", quiet=True)
+    new_samples = gpufeed.pack_samples(samples, tmp_path / "s2", format="mmap", quiet=True)
+    for old, new in ((old_fn, new_fn), (old_samples, new_samples)):
+        assert old["count"] == new["count"] == 3 and old["layout"] == new["layout"]
+    ds = gpufeed.open_dataset(tmp_path / "s2")
+    assert [int(ds[i]["label"]) for i in range(3)] == [0, 1, 2]
+
+
+def test_pack_of_a_path_takes_the_format_by_position_or_name(array_folder, tmp_path):
+    a = gpufeed.pack(array_folder, tmp_path / "a", "tar", workers=1, quiet=True)
+    b = gpufeed.pack(array_folder, tmp_path / "b", format="tar", workers=1, quiet=True)
+    assert a["format"] == b["format"] == "tar" and a["count"] == b["count"]

@@ -65,13 +65,13 @@ N = 400
 def in_process(tmp_path_factory) -> dict[str, bytes]:
     """The pack made in-process, in one run."""
     dest = tmp_path_factory.mktemp("ref") / "p"
-    gpufeed.pack(make, range(N), dest, workers=0, **OPTS)
+    gpufeed.pack_map(make, range(N), dest, workers=0, **OPTS)
     return _files(dest)
 
 
 def test_a_pack_made_by_workers_is_the_in_process_bytes(in_process, tmp_path):
     dest = tmp_path / "p"
-    gpufeed.pack(make, range(N), dest, workers=2, **OPTS)
+    gpufeed.pack_map(make, range(N), dest, workers=2, **OPTS)
     got = _files(dest)
     assert len([n for n in got if n.endswith(".tar")]) == 3  # shard boundaries inside parts
     assert got == in_process
@@ -105,7 +105,7 @@ def test_a_default_cut_pack_is_the_same_bytes_streamed_resumed_or_by_workers(tmp
     resumed Writer (which knows the count) writes."""
     opts = {k: v for k, v in OPTS.items() if k not in ("shard_size", "quiet")}
     fresh = tmp_path / "fresh"
-    m = gpufeed.pack(make, range(N), fresh, workers=0, quiet=True, **opts)
+    m = gpufeed.pack_map(make, range(N), fresh, workers=0, quiet=True, **opts)
     assert m["layout"]["shard_counts"] == [64] * 6 + [16]
     assert not (tmp_path / "fresh.partial").exists()
     resumed = tmp_path / "resumed"
@@ -116,7 +116,7 @@ def test_a_default_cut_pack_is_the_same_bytes_streamed_resumed_or_by_workers(tmp
     with gpufeed.Writer(resumed, resume=True, **opts) as w:
         for i in range(w.written, N):
             w.write(make(i))
-    gpufeed.pack(make, range(N), tmp_path / "workers", workers=2, quiet=True, **opts)
+    gpufeed.pack_map(make, range(N), tmp_path / "workers", workers=2, quiet=True, **opts)
     assert _files(fresh) == _files(resumed) == _files(tmp_path / "workers")
     ds = gpufeed.open_dataset(fresh, map_style=True)
     assert ds[399]["text"] == make(399)["text"] and ds[0]["label"] == -50
@@ -136,7 +136,7 @@ def test_short_writes_are_finished(in_process, tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "write", short_write)
     dest = tmp_path / "p"
-    gpufeed.pack(make, range(N), dest, workers=0, **OPTS)
+    gpufeed.pack_map(make, range(N), dest, workers=0, **OPTS)
     assert calls and _files(dest) == in_process
 
 
@@ -191,7 +191,7 @@ def test_a_ragged_field_of_one_shape_is_written_as_of_many(tmp_path):
     same = [{"tokens": np.full(32, i, np.int32), "label": i} for i in range(6)]
     mixed = [*same, {"tokens": np.zeros(3, np.int32), "label": 6}]
     for name, samples in (("same", same), ("mixed", mixed)):
-        gpufeed.pack(lambda s: s, samples, tmp_path / name, format="tar", schema=schema,
+        gpufeed.pack_map(lambda s: s, samples, tmp_path / name, format="tar", schema=schema,
                      workers=0, quiet=True)  # fmt: skip
     one = (tmp_path / "same" / "shard-000000.tar").read_bytes()
     two = (tmp_path / "mixed" / "shard-000000.tar").read_bytes()

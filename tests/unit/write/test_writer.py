@@ -1,4 +1,4 @@
-"""gpufeed.Writer and gpufeed.pack(fn, inputs): crash-safe (a real kill -9, then resume or
+"""gpufeed.Writer and gpufeed.pack_map(fn, inputs): crash-safe (a real kill -9, then resume or
 refuse), locked, ordered, on_error semantics; docs/formats.md's multi-field snippet."""
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def convert(i: int):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_pack_fn_writes_in_input_order_and_skips_failed_inputs(tmp_path, workers):
     inputs = list(range(40))
-    m = gpufeed.pack(
+    m = gpufeed.pack_map(
         convert, inputs, tmp_path / "p", format="tar", workers=workers, on_error="skip",
         quiet=True, part_size=8, schema=SCHEMA,
     )  # fmt: skip
@@ -172,7 +172,7 @@ def test_pack_fn_stops_at_a_failed_input_naming_it_then_resumes(tmp_path):
         return fn(i)
 
     with pytest.raises(SourceError, match=r"input 25 \(#25\): OSError: cannot read 25"):
-        gpufeed.pack(
+        gpufeed.pack_map(
             flaky, range(40), tmp_path / "p", schema=SCHEMA, workers=2, part_size=10, quiet=True
         )
     with pytest.raises(NotPackedError, match="resume=True"):
@@ -184,7 +184,7 @@ def test_pack_fn_stops_at_a_failed_input_naming_it_then_resumes(tmp_path):
         calls.append(i)
         return fn(i)
 
-    gpufeed.pack(
+    gpufeed.pack_map(
         counted, range(40), tmp_path / "p", schema=SCHEMA, workers=0, part_size=10,
         resume=True, quiet=True,
     )  # fmt: skip
@@ -193,7 +193,7 @@ def test_pack_fn_stops_at_a_failed_input_naming_it_then_resumes(tmp_path):
 
 
 def test_pack_fn_takes_the_schema_from_the_first_sample_with_workers(tmp_path):
-    m = gpufeed.pack(
+    m = gpufeed.pack_map(
         lambda i: {"x": np.full(3, i, np.int16), "s": str(i)}, range(50), tmp_path / "p",
         format="lmdb", workers=2, quiet=True,
     )  # fmt: skip
@@ -205,7 +205,7 @@ def test_pack_fn_takes_the_schema_from_the_first_sample_with_workers(tmp_path):
 
 def test_pack_fn_refuses_a_sample_that_is_not_a_dict(tmp_path):
     with pytest.raises(SourceError, match="fn returned str"):
-        gpufeed.pack(lambda i: "x", [1], tmp_path / "p", workers=0, quiet=True)
+        gpufeed.pack_map(lambda i: "x", [1], tmp_path / "p", workers=0, quiet=True)
 
 
 def test_the_readme_multi_field_snippet_runs(tmp_path, monkeypatch):
@@ -237,10 +237,11 @@ def test_the_readme_multi_field_snippet_runs(tmp_path, monkeypatch):
 
 
 def test_function_packs_refuse_a_url_dest_and_url_only_options(tmp_path):
-    # pack(fn, ...) writes a local folder: a URL is refused by name, never made a local "s3:"
-    with pytest.raises(UsageError, match="s3://bucket/x: pack\\(fn, inputs, DEST\\)"):
-        gpufeed.pack(lambda i: {"x": i}, range(3), "s3://bucket/x", format="lmdb")
-    with pytest.raises(UsageError, match="staging_dir= is for a URL DEST"):
+    # pack_map writes a local folder: a URL is refused by name, never made a local "s3:"
+    with pytest.raises(UsageError, match="s3://bucket/x: pack_map\\(fn, inputs, DEST\\)"):
+        gpufeed.pack_map(lambda i: {"x": i}, range(3), "s3://bucket/x", format="lmdb")
+    # pack_map takes no URL-only option; the deprecated pack(fn, ...) refuses them by name
+    with pytest.warns(DeprecationWarning), pytest.raises(UsageError, match="staging_dir= is"):
         gpufeed.pack(lambda i: {"x": i}, range(3), tmp_path / "p", staging_dir=tmp_path / "s")
     assert not (tmp_path / "p").exists() and not Path("s3:").exists()
 
@@ -392,7 +393,7 @@ def test_pack_of_samples_names_the_input_whose_value_does_not_fit(tmp_path):
     samples = [{"x": np.int64(i), "t": np.array([i], dtype=np.int8)} for i in (1, 2)]
     samples.append({"x": np.int64(3), "t": np.array([1000])})
     with pytest.raises(SourceError, match=r"input 2 \(#2\).*field 't': value 1000 does not fit"):
-        gpufeed.pack(samples, tmp_path / "p", format="mmap", quiet=True)
+        gpufeed.pack_samples(samples, tmp_path / "p", format="mmap", quiet=True)
 
 
 # ------------------------------------------------------------------ closing an empty writer
@@ -427,7 +428,7 @@ def test_a_bad_option_or_schema_is_a_usage_error_naming_it_not_a_raw_error(tmp_p
 
 def test_pack_with_workers_that_are_not_a_number_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="workers: expected a whole number, got 'x'"):
-        gpufeed.pack(convert, range(3), tmp_path / "p", format="mmap", workers="x", quiet=True)
+        gpufeed.pack_map(convert, range(3), tmp_path / "p", format="mmap", workers="x", quiet=True)
 
 
 CLASSES = ["cat", "dog", "bird"]
@@ -474,7 +475,7 @@ def test_a_label_outside_the_classes_is_refused_naming_the_sample_and_label(tmp_
     assert str(dest) in said and "sample 3" in said and "label 3" in said
     assert "3 classes" in said
     with pytest.raises(UsageError, match=r"sample 1 \(#1\): label -2 is not one of the 3"):
-        gpufeed.pack([(np.zeros(2), 0), (np.zeros(2), -2)], tmp_path / "q", classes=CLASSES)
+        gpufeed.pack_samples([(np.zeros(2), 0), (np.zeros(2), -2)], tmp_path / "q", classes=CLASSES)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -483,13 +484,13 @@ def test_pack_of_samples_and_of_a_function_take_classes(tmp_path, workers):
         return {"x": np.full(2, i, np.float32), "label": i % 2}
 
     fn_pack = tmp_path / "fn"
-    gpufeed.pack(convert, range(6), fn_pack, "lmdb", workers=workers, classes=["a", "b"])
+    gpufeed.pack_map(convert, range(6), fn_pack, "lmdb", workers=workers, classes=["a", "b"])
     assert gpufeed.open_dataset(fn_pack).classes == ["a", "b"]
     held = tmp_path / "held"
-    gpufeed.pack([(np.zeros(2), 1)] * 3, held, "mmap", workers=workers, classes=["a", "b"])
+    gpufeed.pack_samples([(np.zeros(2), 1)] * 3, held, "mmap", workers=workers, classes=["a", "b"])
     assert gpufeed.open_dataset(held).class_to_idx == {"a": 0, "b": 1}
     with pytest.raises(UsageError, match=r"bad: sample 1 \(#1\): label 1 is not one of the 1 "):
-        gpufeed.pack(convert, range(6), tmp_path / "bad", workers=workers, classes=["a"])
+        gpufeed.pack_map(convert, range(6), tmp_path / "bad", workers=workers, classes=["a"])
 
 
 def test_a_resumed_writer_keeps_its_classes_and_refuses_others(tmp_path):

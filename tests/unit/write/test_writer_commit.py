@@ -67,7 +67,7 @@ def test_pack_fn_resumes_past_a_torn_part(tmp_path):
     dest = tmp_path / "p"
     parts = _stopped(dest, "tar", 16)
     _torn(parts / "part-000003.npz", "zeros")
-    gpufeed.pack(sample, range(30), dest, format="tar", resume=True, workers=0, quiet=True,
+    gpufeed.pack_map(sample, range(30), dest, format="tar", resume=True, workers=0, quiet=True,
                  part_size=4)  # fmt: skip
     check(dest, 30)
 

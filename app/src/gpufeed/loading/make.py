@@ -45,7 +45,6 @@ from gpufeed.loading.plan import (
 )
 from gpufeed.loading.settings import (
     DEFAULTS,
-    SETTINGS_KEYS,
     LoaderSettings,
     resolve_settings,
     with_given_arguments,
@@ -163,10 +162,18 @@ def make_loader(
     _check_dataset(dataset)
     _check_dataloader_args(batch_size, shuffle, sampler, batch_sampler, drop_last)
     seed = _seed_from(seed, generator)
-    arguments = locals()  # the tunable ones by LoaderSettings' field names
-    tuned, from_settings = resolve_settings(
-        {k: arguments[k] for k in SETTINGS_KEYS}, given, settings, batch_size
-    )
+    arguments = {  # the tunable ones, by LoaderSettings' field names (SETTINGS_KEYS)
+        "num_workers": num_workers,
+        "pin_memory": pin_memory,
+        "persistent_workers": persistent_workers,
+        "prefetch_factor": prefetch_factor,
+        "multiprocessing_context": multiprocessing_context,
+        "block_size": block_size,
+        "buffer_blocks": buffer_blocks,
+        "sorted_batches": sorted_batches,
+        "decoder_threads": decoder_threads,
+    }
+    tuned, from_settings = resolve_settings(arguments, given, settings, batch_size)
     tuned = _decide_auto(tuned, dataset)
     _set_decoder_threads(dataset, tuned.decoder_threads)
     batched = fast_path(dataset, collate_fn)

@@ -35,7 +35,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,50 +73,185 @@ from gpufeed.write.staging import (
     say_resumed,
 )
 
-__all__ = ["pack", "pack_files"]
-
-# what a pack into a URL hands on to the pack into its staging folder
-_LOCAL_OPTIONS = (
-    "source", "format", "workers", "shard_size", "shard_bytes", "compression", "encode",
-    "resize", "container", "on_error", "quiet", "part_size", "log", "follow_symlinks", "schema",
-)  # fmt: skip
+__all__ = ["pack", "pack_files", "pack_map", "pack_samples"]
 
 
-def pack(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """Make a pack; returns its manifest. Two ways:
+def pack(
+    source: Any,
+    dest: Any,
+    *args: Any,
+    format: str | None = None,  # noqa: A002 - the public name, as in the CLI
+    **options: Any,
+) -> dict[str, Any]:
+    """Pack files, or data gpufeed reads in place, into a pack; returns its manifest.
 
-    ``pack(SOURCE, DEST, format="hdf5", ...)``: files (an image folder, a folder of .npy/.pt
-    arrays, a list file) -> a pack of (image, label) samples; .txt, .wav, .pt dicts and list
-    files of number targets -> multi-field samples (gpufeed.write.fields); see
-    :func:`pack_files`.
+    ``pack(SOURCE, DEST, format="hdf5", ...)``: an image folder, a folder of .npy/.pt arrays
+    or a list file -> a pack of (image, label) samples; .txt, .wav, .pt dicts and list files
+    of number targets -> multi-field samples (gpufeed.write.fields). ``pack(SHARDS, DEST)``
+    (WebDataset tar shards) or ``pack(FILE.h5, DEST, datasets={"image": "/images", "label":
+    "/labels"})``: data read in place, copied into a pack.
 
-    ``pack(fn, inputs, DEST, format="hdf5", workers=N, ...)``: ``fn(input)`` returns a sample
-    dict (or yields several) for each input, run in N worker processes, written in input
-    order; see :func:`gpufeed.write.convert.pack_function`.
+    Samples held in Python are :func:`pack_samples`; a function over inputs is
+    :func:`pack_map`. ``pack(samples, DEST, ...)`` and ``pack(fn, inputs, DEST, ...)`` still
+    work in 0.2, with a DeprecationWarning naming the new function (removed in 0.3).
 
-    ``pack(samples, DEST, format="hdf5", ...)``: samples you hold (a list, a generator, an
-    array of rows), each a dict of fields, an array (field ``x``) or an (array, int label)
-    pair (fields ``x``, ``label``): :func:`gpufeed.write.convert.as_sample`, written
-    in-process unless ``workers=`` says otherwise.
+    Args:
+        source: a folder, a list file, WebDataset shards (a folder, a .tar, a brace pattern)
+            or an HDF5 file; a local path.
+        dest: the pack's folder, or a URL (s3://bucket/prefix, gs://, az://) for files.
+        *args: the format, positionally (``pack(SOURCE, DEST, "tar")``); or the deprecated
+            forms' other positional arguments.
+        format: "hdf5" (the default), "lmdb", "tar" or "mmap".
+        **options: for files, the keyword arguments of :func:`pack_files` (workers,
+            shard_size, shard_bytes, compression, encode, resize, container, resume,
+            overwrite, on_error, quiet, part_size, log, follow_symlinks, staging_dir,
+            keep_staging, schema, classes); for data read in place, those of
+            :func:`gpufeed.write.convert.pack_in_place` (datasets, index_dir, ...).
 
-    Both take ``classes=[...]``, the names of the labels (as Writer does: kept in the
-    manifest, ``dataset.classes``); a folder's classes are its class subfolders.
-
-    ``pack(SHARDS, DEST, ...)`` (WebDataset tar shards) or ``pack(FILE.h5, DEST,
-    datasets={"image": "/images", "label": "/labels"})``: data gpufeed reads in place, copied
-    into a pack (:func:`gpufeed.write.convert.pack_in_place`).
+    Returns:
+        The manifest of the finished pack (a dict, as written to DEST/manifest.json).
     """
+    if format is not None:
+        options["format"] = format
     if callable(source):
-        from gpufeed.write.convert import pack_function
-
-        _local_only(args[0] if args else kwargs.get("dest"), kwargs, "pack(fn, inputs, DEST)")
-        return pack_function(source, dest, *args, **kwargs)
+        _deprecated("pack(fn, inputs, DEST, ...)", "pack_map(fn, inputs, DEST, ...)")
+        return _pack_map(source, dest, *args, **options)
     if _is_samples(source):
-        from gpufeed.write.convert import as_sample, pack_function
+        _deprecated("pack(samples, DEST, ...)", "pack_samples(samples, DEST, ...)")
+        return _pack_samples(source, dest, *args, **options)
+    return _pack_path(source, dest, *args, **options)
 
-        _local_only(dest, kwargs, "pack(samples, DEST)")
-        kwargs.setdefault("workers", 0)  # in memory already: encoding is a copy
-        return pack_function(as_sample, source, dest, *args, **kwargs)
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(
+        f"gpufeed.{old} is deprecated: use gpufeed.{new} (removed in 0.3; CHANGELOG.md)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+def pack_samples(
+    samples: Iterable[Any],
+    dest: str | os.PathLike,
+    format: str = "hdf5",  # noqa: A002 - the public name, as in the CLI
+    *,
+    schema: Mapping[str, Any] | None = None,
+    workers: int | None = 0,
+    on_error: str = "stop",
+    resume: bool = False,
+    overwrite: bool = False,
+    quiet: bool = False,
+    names: Sequence[str] | None = None,
+    classes: Sequence[str] | None = None,
+    compression: str | None = None,
+    shard_size: int | None = None,
+    shard_bytes: int | None = None,
+    container: str = "npy",
+    part_size: int | None = None,
+) -> dict[str, Any]:
+    """Pack samples held in Python into a local pack, in their order; returns its manifest.
+
+    Each sample is a dict of fields, an array (field ``x``) or an ``(array, int label)``
+    pair (fields ``x``, ``label``): :func:`gpufeed.write.convert.as_sample`. A generator is
+    consumed as it is written, in bounded chunks.
+
+    Args:
+        samples: a list, a generator or an array of rows.
+        dest: the pack's local folder (pack into a folder, then
+            gpufeed.storage.upload.upload_pack it to a URL).
+        format: "hdf5", "lmdb", "tar" or "mmap".
+        schema: the fields' types, as Writer takes it (None: from the first sample).
+        workers: processes that encode the samples; 0 (the default) encodes in-process, as
+            the samples are in memory already.
+        on_error: "stop" raises naming the sample; "skip" leaves it out and lists it in
+            manifest["skipped"].
+        resume: go on from a pack of DEST left unfinished.
+        overwrite: replace DEST if it is a pack gpufeed made.
+        quiet: no progress bar.
+        names: what sources.txt, errors and skipped entries call each sample (default '#i').
+        classes: the names of the labels, kept in the manifest (``dataset.classes``).
+        compression, shard_size, shard_bytes, container, part_size: as Writer takes them.
+
+    Returns:
+        The manifest of the finished pack.
+    """
+    return _pack_samples(
+        samples, dest, format, schema=schema, workers=workers, on_error=on_error,
+        resume=resume, overwrite=overwrite, quiet=quiet, names=names, classes=classes,
+        compression=compression, shard_size=shard_size, shard_bytes=shard_bytes,
+        container=container, part_size=part_size,
+    )  # fmt: skip
+
+
+def pack_map(
+    fn: Callable[[Any], Any],
+    inputs: Iterable[Any],
+    dest: str | os.PathLike,
+    format: str = "hdf5",  # noqa: A002 - the public name, as in the CLI
+    *,
+    workers: int | None = None,
+    schema: Mapping[str, Any] | None = None,
+    on_error: str = "stop",
+    resume: bool = False,
+    overwrite: bool = False,
+    quiet: bool = False,
+    names: Sequence[str] | None = None,
+    classes: Sequence[str] | None = None,
+    compression: str | None = None,
+    shard_size: int | None = None,
+    shard_bytes: int | None = None,
+    container: str = "npy",
+    part_size: int | None = None,
+) -> dict[str, Any]:
+    """Pack ``fn(input)`` for every input into a local pack, written in input order; returns
+    its manifest. ``fn`` returns a sample dict (or yields several) for each input and runs in
+    ``workers`` processes (gpufeed.write.convert.pack_function).
+
+    Args:
+        fn: a picklable function of one input.
+        inputs: a list or any iterable (consumed as it is written).
+        dest: the pack's local folder.
+        format: "hdf5", "lmdb", "tar" or "mmap".
+        workers: processes running ``fn`` (None: default_workers(); 0 or 1: in-process).
+        schema: the fields' types, as Writer takes it (None: from the first sample).
+        on_error: "stop" raises naming the input; "skip" leaves it out and lists it in
+            manifest["skipped"].
+        resume: go on from a pack of DEST left unfinished (after its committed inputs).
+        overwrite: replace DEST if it is a pack gpufeed made.
+        quiet: no progress bar.
+        names: what sources.txt, errors and skipped entries call each input (default: the
+            input if it is a path, else '#i').
+        classes: the names of the labels, kept in the manifest (``dataset.classes``).
+        compression, shard_size, shard_bytes, container, part_size: as Writer takes them.
+
+    Returns:
+        The manifest of the finished pack.
+    """
+    return _pack_map(
+        fn, inputs, dest, format, workers=workers, schema=schema, on_error=on_error,
+        resume=resume, overwrite=overwrite, quiet=quiet, names=names, classes=classes,
+        compression=compression, shard_size=shard_size, shard_bytes=shard_bytes,
+        container=container, part_size=part_size,
+    )  # fmt: skip
+
+
+def _pack_map(fn, inputs, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    from gpufeed.write.convert import pack_function
+
+    _local_only(args[0] if args else kwargs.get("dest"), kwargs, "pack_map(fn, inputs, DEST)")
+    return pack_function(fn, inputs, *args, **kwargs)
+
+
+def _pack_samples(samples, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    from gpufeed.write.convert import as_sample, pack_function
+
+    _local_only(dest, kwargs, "pack_samples(samples, DEST)")
+    kwargs.setdefault("workers", 0)  # in memory already: encoding is a copy
+    return pack_function(as_sample, samples, dest, *args, **kwargs)
+
+
+def _pack_path(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Files (pack_files), or data read in place (pack_in_place)."""
     from gpufeed.formats.inplace import hdf5_needs_datasets, is_hdf5_file
     from gpufeed.formats.inplace.webdataset import is_webdataset
 
@@ -203,7 +339,13 @@ def pack_files(
     """
     loc = parse_location(dest)  # a URL is never a local folder (s3://b/x is not ./s3:/b/x)
     if isinstance(loc, RemoteURL):
-        options = {k: v for k, v in locals().items() if k in _LOCAL_OPTIONS}
+        options = {  # what the pack into the staging folder takes from this call
+            "source": source, "format": format, "workers": workers, "shard_size": shard_size,
+            "shard_bytes": shard_bytes, "compression": compression, "encode": encode,
+            "resize": resize, "container": container, "on_error": on_error, "quiet": quiet,
+            "part_size": part_size, "log": log, "follow_symlinks": follow_symlinks,
+            "schema": schema,
+        }  # fmt: skip
         say = log or (lambda msg: None if quiet else print(msg, file=sys.stderr))
         return pack_to_store(
             pack,
