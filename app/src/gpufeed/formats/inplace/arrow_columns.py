@@ -140,8 +140,12 @@ def null_problem(field: Field, column) -> int | None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    struct = _is_file_struct(column.type)
+    if not column.null_count and field.type not in ("array", "ragged"):
+        if not struct or not column.field("bytes").null_count:
+            return None  # Arrow counted them already: the common case, no pass over the rows
     nulls = column.is_null()
-    if _is_file_struct(column.type):
+    if struct:
         nulls = pc.or_(nulls, column.field("bytes").is_null())
     if field.type in ("array", "ragged") and len(column):
         nulls = pc.or_(nulls, _inner_nulls(column))
