@@ -270,16 +270,26 @@ def cache_options(args: argparse.Namespace) -> dict:
 
 
 def existing_path(text: str) -> str:
-    if not os.path.lexists(text):
+    """A path that exists, or a glob of Parquet files (data/train-*.parquet) that matches."""
+    if not os.path.lexists(text) and not _parquet_glob(text):
         raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
     return text
+
+
+def _parquet_glob(text: str) -> bool:
+    if not any(c in text for c in "*?["):
+        return False
+    from gpufeed.formats.inplace.parquet import is_parquet
+
+    return is_parquet(text)
 
 
 def pack_path(text: str) -> str:
     """A pack's path: it exists, or a pack into it is unfinished or being written
     (DEST.partial), which the command then explains (a usage error would hide that);
     or a URL (s3://bucket/prefix, ...), read through the cache (--cache-dir, --cache-limit);
-    or WebDataset shards named by a brace pattern (shard-{000..009}.tar) whose first exists."""
+    or WebDataset shards named by a brace pattern (shard-{000..009}.tar) whose first exists;
+    or a glob of Parquet files that matches."""
     from gpufeed.formats.manifest import PARTIAL_SUFFIX
     from gpufeed.storage.urls import is_remote
 

@@ -309,3 +309,44 @@ def test_inspect_and_verify_in_place(hf_folder):
     report = verify(hf_folder / "saved", decode=True)
     assert report.in_place and report.samples_checked == 9  # the 10th named as a problem
     assert report.bad_samples == [4]  # the null caption, named
+
+
+def test_pack_converts_parquet(hf_folder, tmp_path):
+    import gpufeed
+
+    gpufeed.pack(
+        hf_folder / "saved", tmp_path / "out.lmdb", format="lmdb", on_error="skip", quiet=True
+    )
+    packed = gpufeed.open_dataset(tmp_path / "out.lmdb")
+    assert len(packed) == 9  # the row whose caption is null is left out, and listed
+    assert packed[4]["caption"] == "c5" and packed[4]["tokens"].tolist() == list(range(5))
+    assert packed.reader.manifest["skipped"]
+
+
+def test_gpufeed_pack_parquet_cli_and_resume(shards, tmp_path, capsys):
+    """`gpufeed pack PARQUET DEST`: columns become fields; a pack stopped after a committed
+    part goes on from there (--resume)."""
+    import gpufeed
+    from gpufeed.cli import main
+
+    src = str(shards / "data" / "train-*.parquet")
+    dest = tmp_path / "out.tar"
+    assert main(["pack", src, str(dest), "-f", "tar", "-q"]) == 0
+    packed = gpufeed.open_dataset(dest)
+    assert len(packed) == ROWS and packed.reader.spec.schema.names[:2] == ["id", "label"]
+    assert packed[33]["boxes"].shape == (0, 4) and packed[33]["text"] == "row 33"
+    # resume: a Writer committed 16 rows and stopped; pack --resume writes the rest
+    from gpufeed.write.writer import Writer
+
+    reader = ParquetReader(shards)
+    w = Writer(tmp_path / "r.lmdb", "lmdb", reader.spec.schema)
+    w.item_names = [f"{reader.location(i)}#{i}" for i in range(ROWS)]
+    for i in range(16):
+        w.add_records(i, [(reader.read(i), int(reader.labels[i]), 0)])
+    w.flush()
+    w.abandon()
+    assert (
+        main(["pack", str(shards), str(tmp_path / "r.lmdb"), "-f", "lmdb", "--resume", "-q"]) == 0
+    )
+    resumed = gpufeed.open_dataset(tmp_path / "r.lmdb")
+    assert [int(resumed[i]["id"]) for i in range(ROWS)] == list(range(ROWS))

@@ -306,16 +306,20 @@ def pack_in_place(
     follow_symlinks: bool = False,  # noqa: ARG001 - as pack_files takes it
     **writer_options: Any,
 ) -> dict[str, Any]:
-    """Pack data read in place (WebDataset shards, an HDF5 file given ``datasets``:
+    """Pack data read in place (WebDataset shards, an HDF5 file given ``datasets``, Parquet:
     gpufeed.formats.inplace) into DEST: its records copied as they are read, in order,
     through a Writer (crash-safe, ``resume=True`` goes on after the committed samples)."""
     from gpufeed.formats.open import open_in_place
 
     if encode != "keep" or resize is not None:
-        raise UsageError("--encode raw and --resize apply to image folders, not to shards or HDF5")
+        raise UsageError(
+            "--encode raw and --resize apply to image folders, not to shards, HDF5 or Parquet"
+        )
     reader = open_in_place(source, datasets=datasets, index_dir=index_dir)
     if reader is None:
-        raise UsageError(f"{source}: not WebDataset shards (pass datasets= for an HDF5 file)")
+        raise UsageError(
+            f"{source}: not WebDataset shards or Parquet (pass datasets= for an HDF5 file)"
+        )
     w = Writer(
         dest, format, reader.spec.schema, resume=resume, overwrite=overwrite, quiet=quiet,
         **writer_options,

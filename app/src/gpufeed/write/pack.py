@@ -96,8 +96,9 @@ def pack(
     work in 0.2, with a DeprecationWarning naming the new function (removed in 0.3).
 
     Args:
-        source: a folder, a list file, WebDataset shards (a folder, a .tar, a brace pattern)
-            or an HDF5 file; a local path.
+        source: a folder, a list file, WebDataset shards (a folder, a .tar, a brace pattern),
+            an HDF5 file, Parquet files (a file, a glob, a folder) or a Hugging Face
+            save_to_disk folder; a local path.
         dest: the pack's folder, or a URL (s3://bucket/prefix, gs://, az://) for files.
         *args: the format, positionally (``pack(SOURCE, DEST, "tar")``); or the deprecated
             forms' other positional arguments.
@@ -253,15 +254,19 @@ def _pack_samples(samples, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
 def _pack_path(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Files (pack_files), or data read in place (pack_in_place)."""
     from gpufeed.formats.inplace import hdf5_needs_datasets, is_hdf5_file
+    from gpufeed.formats.inplace.parquet import is_parquet
     from gpufeed.formats.inplace.webdataset import is_webdataset
 
     if kwargs.get("datasets") is None and is_hdf5_file(source):
         raise UsageError(hdf5_needs_datasets(source))
-    if kwargs.get("datasets") is not None or is_webdataset(source):
+    if kwargs.get("datasets") is not None or is_webdataset(source) or is_parquet(source):
         from gpufeed.write.convert import pack_in_place
 
         if kwargs.pop("schema", None) is not None:
-            raise UsageError("schema= applies to folders and list files, not to shards or HDF5")
+            raise UsageError(
+                "schema= applies to folders and list files, not to shards, HDF5 or Parquet "
+                "(their fields come from their own types)"
+            )
         _local_only(dest, kwargs, "packing data read in place")
         return pack_in_place(source, dest, *args, **kwargs)
     kwargs.pop("datasets", None)
