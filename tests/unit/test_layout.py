@@ -1,7 +1,7 @@
 """The package's layout rules (docs/architecture.md), checked on the source text:
 
 - each stage imports only the stages below it (errors/system < pagecache < formats < storage <
-  write < batch < data < loading < tools/cli), lazy imports inside functions included;
+  write < batch < data < loading < tools/integrations/cli), lazy imports inside functions included;
 - no import cycles, lazy imports inside functions included;
 - no module imports another module's private name (``from gpufeed.x import _y``);
 - gpufeed.formats knows no torch, but for the .pt container (formats/mmap/pt.py, lazily);
@@ -38,7 +38,7 @@ LAYERS = (
     {"batch"},
     {"data"},
     {"loading"},
-    {"tools", "cli", "cliargs", "__init__", "__main__"},
+    {"tools", "integrations", "cli", "cliargs", "__init__", "__main__"},
 )
 
 

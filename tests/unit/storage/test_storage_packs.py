@@ -223,3 +223,23 @@ def test_two_processes_share_a_cache_of_80_percent_of_the_pack(
         out, err = p.communicate(timeout=150)
         assert p.returncode == 0, err.decode()[-2000:]
         assert out.decode().strip() == "read 40"
+
+
+def test_a_merged_pack_of_parts_in_object_storage_is_refused_naming_it(s3, tmp_path):
+    # a merged mmap pack reads each part through its own reader: not yet through the cache
+    import gpufeed
+    from gpufeed.errors import DataError
+    from gpufeed.write.merge import merge
+
+    parts = []
+    for k in range(2):
+        parts.append(tmp_path / f"part-{k}")
+        with gpufeed.Writer(parts[-1], format="mmap", schema={"label": "int"}) as w:
+            w.write({"label": k})
+    merge(parts, tmp_path / "merged")
+    url = f"{s3}/merged"
+    upload_pack(tmp_path / "merged", url)
+    cache = tmp_path / "cache"
+    for opening in (open_dataset, verify):
+        with pytest.raises(DataError, match=f"{url}: a merged mmap pack of parts"):
+            opening(url, cache_dir=cache)

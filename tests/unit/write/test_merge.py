@@ -57,6 +57,29 @@ def test_merge_every_format_in_order_without_copies(tmp_path, fmt):
     assert os.stat(dest / big).st_nlink == 2
     assert gpufeed.inspect(dest)["count"] == 15
     assert not (tmp_path / "merged.partial").exists()
+    assert gpufeed.merge is merge  # the top-level name
+
+
+def test_a_part_and_the_merged_lmdb_pack_read_in_one_process(tmp_path):
+    # the merged pack's data.mdb is a hard link of the part's: one LMDB environment for both
+    parts = make_parts(tmp_path, "lmdb", sizes=(3, 2))
+    part = gpufeed.open_dataset(parts[0])
+    assert [int(part[i]["label"]) for i in range(3)] == [0, 1, 2]
+    merge(parts, tmp_path / "m")
+    assert labels_of(tmp_path / "m") == list(range(5))
+    assert labels_of(parts[1]) == [3, 4] and gpufeed.verify(tmp_path / "m").ok
+
+
+def test_a_merged_pack_takes_its_formats_reader_options(tmp_path):
+    from gpufeed.formats.multipart import MultiPartReader
+    from gpufeed.formats.open import open_reader
+
+    merge(make_parts(tmp_path, "hdf5", sizes=(2, 3)), tmp_path / "m")
+    reader = open_reader(tmp_path / "m", use_mmap=False)
+    assert isinstance(reader, MultiPartReader) and len(reader.read_batch(np.arange(5))) == 5
+    typo = f"{tmp_path / 'm'}: the hdf5 reader takes no option use_map="
+    with pytest.raises(UsageError, match=typo):
+        open_reader(tmp_path / "m", use_map=False)
 
 
 def test_merged_tar_is_an_ordinary_tar_pack(tmp_path):
@@ -120,7 +143,7 @@ def test_refusals_name_the_part(tmp_path):
     b = write_part(tmp_path / "b", "mmap", 2, 2)
     with pytest.raises(UsageError, match=f"{b}: its format is mmap"):
         merge([a, b], tmp_path / "m")
-    c = write_part(tmp_path / "c", "tar", 2, 2, schema={"x": "uint8[5]", "label": "int"})
+    c = write_part(tmp_path / "c", "tar", 2, 2, schema={"x": "uint8[-1]", "label": "int"})
     with pytest.raises(UsageError, match=f"{c}: its sample is"):
         merge([a, c], tmp_path / "m")
     d = write_part(tmp_path / "d", "tar", 2, 2)
@@ -154,7 +177,7 @@ def test_a_crafted_parts_layout_is_refused(tmp_path):
 KILL_POINTS = {
     "first-link": "merge_mod._link",
     "manifest": "merge_mod.write_manifest",
-    "rename": "merge_mod._swap_into_place",
+    "rename": "merge_mod.swap_into_place",
     "cleanup": "merge_mod.remove_partial",
 }
 CHILD = """

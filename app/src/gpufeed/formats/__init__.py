@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpufeed.errors import DataError, UsageError
 
@@ -67,21 +67,41 @@ FORMATS: dict[str, Format] = {
 }
 
 
+# A merged hdf5, lmdb or mmap pack (gpufeed.write.merge) lists its parts under this layout
+# key; one reader, any of those formats, reads it through the format's own reader per part.
+PARTS_LAYOUT = "parts"
+MULTIPART_READER = "gpufeed.formats.multipart:MultiPartReader"
+
+
 def writer_class(fmt: str) -> type[Writer]:
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     return FORMATS[fmt].writer_class()
 
 
-def reader_class(fmt: str) -> type[Reader]:
+def reader_class(fmt: str, manifest: dict[str, Any] | None = None) -> type[Reader]:
+    """The reader of format `fmt`; given the pack's manifest, the reader of a merged pack of
+    parts when the manifest lists parts (gpufeed.formats.multipart: it reads each part with
+    the format's own reader)."""
     if fmt not in FORMATS:
         raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if manifest is not None and is_multipart(manifest):
+        return _load(MULTIPART_READER)
     return FORMATS[fmt].reader_class()
+
+
+def is_multipart(manifest: dict[str, Any]) -> bool:
+    """Whether a manifest describes a merged pack of parts (layout.parts)."""
+    layout = manifest.get("layout")
+    return isinstance(layout, dict) and PARTS_LAYOUT in layout
 
 
 __all__ = [
     "FORMATS",
+    "MULTIPART_READER",
+    "PARTS_LAYOUT",
     "Format",
+    "is_multipart",
     "reader_class",
     "writer_class",
 ]

@@ -29,19 +29,11 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import DataError, UnsafePathError
-from gpufeed.formats import reader_class
+from gpufeed.formats import PARTS_LAYOUT, is_multipart, reader_class
 from gpufeed.formats.base import Reader
 from gpufeed.formats.manifest import MANIFEST_NAME, read_manifest, unsafe_name
 
-__all__ = ["PARTS_LAYOUT", "MultiPartReader", "is_multipart", "part_entries"]
-
-PARTS_LAYOUT = "parts"  # the layout key listing a merged pack's parts
-
-
-def is_multipart(manifest: dict[str, Any]) -> bool:
-    """Whether a manifest describes a pack made of parts (layout.parts)."""
-    layout = manifest.get("layout")
-    return isinstance(layout, dict) and PARTS_LAYOUT in layout
+__all__ = ["MultiPartReader", "part_entries"]
 
 
 def part_entries(root: Path, manifest: dict[str, Any]) -> list[tuple[str, int]]:

@@ -33,9 +33,9 @@ def open_reader(path: str | Path, **options: Any) -> Reader:
     root = Path(path)
     if root.is_file():
         root = root.parent
-    cls = reader_class(manifest["format"])
-    check_reader_options(cls, options, path)
-    return cls(root, manifest, **options)
+    # a merged pack's options are its parts' format's (MultiPartReader passes them on)
+    check_reader_options(reader_class(manifest["format"]), options, path)
+    return reader_class(manifest["format"], manifest)(root, manifest, **options)
 
 
 def check_reader_options(cls: type[Reader], options: dict[str, Any], path) -> None:

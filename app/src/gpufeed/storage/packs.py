@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufeed.errors import CacheFullError, DataError, UnsafePathError, UsageError
-from gpufeed.formats import reader_class
+from gpufeed.formats import is_multipart, reader_class
 from gpufeed.formats.base import Reader
 from gpufeed.formats.files import atomic_write_bytes
 from gpufeed.formats.manifest import MANIFEST_NAME, read_manifest
@@ -313,6 +313,12 @@ def open_reader_at(
     if not isinstance(loc, RemoteURL):
         return open_reader(loc, **options)
     pack = remote_pack(loc, cache_dir, cache_limit)
+    if is_multipart(pack.manifest):
+        raise DataError(
+            f"{loc}: a merged {pack.manifest['format']} pack of parts (layout.parts); "
+            "reading one from object storage is not supported yet: copy it to a local "
+            "folder and open that, or merge tar parts (their merge is an ordinary tar pack)"
+        )
     cls = reader_class(pack.manifest["format"])
     root = view_root(pack)
     return cls.with_source(RemoteFiles(pack, root), root, pack.manifest, **options)

@@ -157,7 +157,7 @@ def verify(
         report.add(Problem(str(dest), "samples not read: the manifest names unsafe files"))
         return report
     try:
-        reader = reader_class(manifest["format"])(dest, manifest)
+        reader = reader_class(manifest["format"], manifest)(dest, manifest)
     except Exception as e:  # noqa: BLE001 - an unreadable index is a finding, not a crash
         why = str(e) if isinstance(e, GpufeedError) else f"{type(e).__name__}: {e}"
         report.add(Problem(str(dest), f"cannot open: {why}"))

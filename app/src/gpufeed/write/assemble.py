@@ -192,7 +192,7 @@ def assemble(
             os.unlink(out / name)  # leftovers such as lock.mdb: the manifest lists everything
     write_manifest(out, manifest)
     fsync_dir(out)
-    _swap_into_place(out, dest, partial, src)
+    swap_into_place(out, dest, partial, src)
     return manifest
 
 
@@ -224,7 +224,7 @@ def _format_errors(writer) -> Iterator[None]:
         raise
 
 
-def _swap_into_place(out: Path, dest: Path, partial: Path, src: Source) -> None:
+def swap_into_place(out: Path, dest: Path, partial: Path, src: Source) -> None:
     """out/ becomes DEST. A DEST there (a pack gpufeed made: checked again now) is first moved
     into DEST.partial, which is deleted with it afterwards: a crash in between leaves either
     the old pack or the new one at DEST, and a resumable DEST.partial. This process's kept

@@ -39,7 +39,7 @@ import numpy as np
 
 from gpufeed._version import __version__
 from gpufeed.errors import DataError, NotPackedError, UsageError
-from gpufeed.formats import reader_class
+from gpufeed.formats import PARTS_LAYOUT, is_multipart, reader_class
 from gpufeed.formats.files import fsync_dir
 from gpufeed.formats.lock import PackLock
 from gpufeed.formats.manifest import (
@@ -52,10 +52,9 @@ from gpufeed.formats.manifest import (
     read_manifest,
     write_manifest,
 )
-from gpufeed.formats.multipart import PARTS_LAYOUT, is_multipart
 from gpufeed.formats.tar.writer import INDEX_NAME, SHARD_FORMAT, shard_pattern
 from gpufeed.storage.urls import require_local
-from gpufeed.write.assemble import _swap_into_place
+from gpufeed.write.assemble import swap_into_place
 from gpufeed.write.ownership import (
     OUT_DIR,
     check_removable,
@@ -119,7 +118,7 @@ def merge(
         manifest.update(_common(manifests, merged_from))
         write_manifest(out, manifest)
         fsync_dir(out)
-        _swap_into_place(out, dest, partial, None)
+        swap_into_place(out, dest, partial, None)
         remove_partial(partial, lock)
     return manifest
 
@@ -234,8 +233,7 @@ def _merge_whole(paths: list[Path], manifests: list[dict[str, Any]], out: Path) 
     files: dict[str, Any] = {}
     entries = []
     for k, (path, manifest) in enumerate(zip(paths, manifests, strict=True)):
-        if manifest["format"] != "lmdb":  # LMDB keeps an environment open per process, and
-            _open_checked(path, manifest)  # refuses a second one on the same (linked) file
+        _open_checked(path, manifest)
         where = PART_DIR.format(k)
         for name, entry in manifest["files"].items():
             _link(pack_file(path, name), out / where / name)

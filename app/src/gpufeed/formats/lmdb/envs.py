@@ -15,11 +15,13 @@ __all__ = ["DATA_FILE", "DEFAULT_READAHEAD", "acquire_env", "lmdb_error", "relea
 DATA_FILE = "data.mdb"
 
 # LMDB forbids opening one environment twice in a process, so readers of the same files in
-# one process (two datasets, a dataset and verify) share it: key -> [pid, env, users]. The key
-# is the path and data.mdb's device and inode (what py-lmdb itself tells environments apart
-# by): a pack replaced at the same path is a new key, never the old environment's pages served
-# as the new pack's. A reader made before data.mdb changed in place is refused at its first
-# read (Reader.check_pinned: size and mtime).
+# one process (two datasets, a dataset and verify) share it: data.mdb's (device, inode) ->
+# [pid, env, users, readahead, path]. A reader's key is its path and that identity (what py-lmdb
+# itself tells environments apart by), and the identity picks the environment: a pack replaced
+# at the same path is a new one, never the old environment's pages served as the new pack's,
+# and a hard link of data.mdb elsewhere (a part of a merged pack, gpufeed.write.merge) is the
+# same one. A reader made before data.mdb changed in place is refused at its first read
+# (Reader.check_pinned: size and mtime).
 _ENVS: dict[tuple, list] = {}
 
 # Readahead on (LMDB leaves the map MADV_NORMAL): gpufeed reads whole blocks of neighbouring
@@ -42,8 +44,9 @@ def lmdb_error(path: Path, e: lmdb.Error) -> DataError:
 
 
 def acquire_env(key: tuple, readahead: bool = DEFAULT_READAHEAD):
-    pid = os.getpid()
-    entry = _ENVS.get(key)
+    """The environment of `key` (path, device, inode of its data.mdb), opened or shared."""
+    pid, ident = os.getpid(), key[1:]
+    entry = _ENVS.get(ident)
     if entry is not None and entry[0] != pid:
         # Inherited through fork: LMDB handles must not be used across fork, and py-lmdb
         # refuses to open the path again while this one is registered. Closing it here only
@@ -52,11 +55,11 @@ def acquire_env(key: tuple, readahead: bool = DEFAULT_READAHEAD):
         entry[1].close()
         entry = None
     if entry is not None and entry[2] <= 0 and entry[3] != readahead:
-        del _ENVS[key]  # a kept idle env opened the other way: open it as asked
+        del _ENVS[ident]  # a kept idle env opened the other way: open it as asked
         entry[1].close()
         entry = None
     if entry is None:
-        for other in [k for k, e in _ENVS.items() if k[0] == key[0] and e[2] <= 0]:
+        for other in [k for k, e in _ENVS.items() if e[4] == key[0] and e[2] <= 0]:
             _ENVS.pop(other)[1].close()  # an idle env of the file this path held before
         try:
             env = lmdb.open(
@@ -70,14 +73,14 @@ def acquire_env(key: tuple, readahead: bool = DEFAULT_READAHEAD):
             )
         except lmdb.Error as e:  # py-lmdb's messages name no file
             raise lmdb_error(Path(key[0]) / DATA_FILE, e) from None
-        entry = _ENVS[key] = [pid, env, 0, readahead]
-    _ENVS[key] = _ENVS.pop(key)  # the most recently used last: idle ones close oldest first
+        entry = _ENVS[ident] = [pid, env, 0, readahead, key[0]]
+    _ENVS[ident] = _ENVS.pop(ident)  # the most recently used last: idle ones close oldest first
     entry[2] += 1
     return entry[1]
 
 
 def release_env(key: tuple, env) -> None:
-    entry = _ENVS.get(key)
+    entry = _ENVS.get(key[1:])
     if entry is None or entry[1] is not env or entry[0] != os.getpid():
         return
     entry[2] -= 1
@@ -92,7 +95,7 @@ def _close_idle_envs(path: str | None) -> None:
     """Close the kept envs nobody uses (of the pack whose data.mdb, folder or a folder
     above it is ``path``, when given)."""
     for key in [k for k, e in _ENVS.items() if e[2] <= 0 and e[0] == os.getpid()]:
-        if covers(Path(key[0]) / DATA_FILE, path):
+        if covers(Path(_ENVS[key][4]) / DATA_FILE, path):
             _ENVS.pop(key)[1].close()
 
 
