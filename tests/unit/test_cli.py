@@ -264,3 +264,25 @@ def test_inspect_and_verify_webdataset_shards_and_an_hdf5_file_in_place(tmp_path
     assert main(["verify", str(h5), "--datasets", "/x,/y", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["samples_checked"] == 3 and report["kind"] == "HDF5 file"
+
+
+def test_merge_parts_into_one_pack_and_refuse_a_differing_part(tmp_path, capsys):
+    import gpufeed
+
+    parts = []
+    for k, fmt in enumerate(("tar", "tar", "mmap")):
+        parts.append(tmp_path / f"part-{k}")
+        with gpufeed.Writer(parts[-1], format=fmt, schema={"label": "int"}) as w:
+            for i in range(3 * k, 3 * k + 3):
+                w.write({"label": i})
+    dest = tmp_path / "merged"
+    assert main(["merge", str(parts[0]), str(parts[1]), str(dest)]) == 0
+    assert f"merged 2 parts (6 samples, tar) into {dest}" in capsys.readouterr().out
+    ds = gpufeed.open_dataset(dest)
+    assert [int(ds[i]["label"]) for i in range(6)] == list(range(6))
+    assert main(["merge", "-q", str(parts[0]), str(parts[1]), str(dest)]) == 0  # idempotent
+    assert capsys.readouterr().out == ""
+    assert main(["merge", str(parts[0]), str(parts[2]), str(tmp_path / "m2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gpufeed merge: error: {parts[2]}: its format is mmap")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "m2").exists()

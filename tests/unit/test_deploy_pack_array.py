@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import gpufeed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +38,6 @@ def test_array_tasks_pack_their_slices_and_the_last_step_merges(tmp_path, python
     ]
     assert counts == [3, 3, 1]
     run = run_step(python_env, str(listfile), str(out), STEP="merge", SLURM_ARRAY_TASK_COUNT="3")
-    if "invalid choice: 'merge'" in run.stderr:  # remove once cli.py has `gpufeed merge`
-        pytest.xfail("`gpufeed merge` is not in the CLI yet (cli.py: after issue 39's moves)")
     assert run.returncode == 0, run.stderr
     ds = gpufeed.open_dataset(out)
     assert len(ds) == 7

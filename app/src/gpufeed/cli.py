@@ -3,6 +3,7 @@
   gpufeed pack SOURCE DEST --format {hdf5,lmdb,tar,mmap} [options]
   gpufeed verify DEST [--decode]          (DEST a pack, or data read in place: an image
   gpufeed inspect DEST                     folder, WebDataset shards, an HDF5 file --datasets)
+  gpufeed merge PART... DEST [--overwrite] (parts packed anywhere -> one pack: gpufeed.write.merge)
   gpufeed doctor [DATA_DIR]              (gpufeed.tools.doctor)
   gpufeed bench PATH [--step-ms MS] [--device cuda]   (gpufeed.tools.bench)
   gpufeed tune PATH [--budget S] [--write FILE]      (gpufeed.tools.tune)
@@ -184,6 +185,21 @@ def _add_inspect(p: argparse.ArgumentParser) -> None:
     _add_in_place_options(p)
 
 
+def _add_merge(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Make one pack at DEST of the finished packs PART... (same format, sample spec, "
+        "classes and gpufeed version), samples in the order given. No sample is copied on "
+        "one file system (hard links); merging the same parts again changes nothing."
+    )
+    p.add_argument("parts", metavar="PART", nargs="+", type=cliargs.existing_path)
+    p.add_argument("dest", metavar="DEST", help="the merged pack's folder")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace DEST if it is a gpufeed pack that is not this merge of these parts",
+    )
+
+
 def _add_in_place_options(p: argparse.ArgumentParser) -> None:
     """verify's and inspect's options for data read in place (open_dataset's)."""
     p.add_argument(
@@ -224,6 +240,7 @@ COMMANDS = {
     ),
     "verify": ("re-read every sample and check checksums (or decode, in place)", _add_verify),
     "inspect": ("format, count, classes, shapes, size on disk; packs or in place", _add_inspect),
+    "merge": ("one pack of packs written anywhere (parts), no sample copied", _add_merge),
     "doctor": ("check driver, GPUs, torch, CPUs, shm, limits and data", None),
     "synth": ("write a small demo image-folder dataset", None),
     "bench": ("measure how fast a pack delivers batches", None),
@@ -322,6 +339,20 @@ def _cmd_verify(args) -> int:
     return EXIT_OK if report.ok else EXIT_DATA
 
 
+def _cmd_merge(args) -> int:
+    from gpufeed.write.merge import merge
+
+    manifest = merge(args.parts, args.dest, overwrite=args.overwrite)
+    if args.json:
+        print(json.dumps(manifest, indent=2, default=str))
+    elif not args.quiet:
+        print(
+            f"merged {len(args.parts)} parts ({manifest['count']} samples, "
+            f"{manifest['format']}) into {args.dest}"
+        )
+    return EXIT_OK
+
+
 def _cmd_inspect(args) -> int:
     from gpufeed.tools.verify import inspect
 
@@ -407,7 +438,7 @@ def _in_place_rows(info) -> list[tuple[str, object]]:
 
 
 def _handler(command: str):
-    own = {"pack": _cmd_pack, "verify": _cmd_verify, "inspect": _cmd_inspect}
+    own = {"pack": _cmd_pack, "verify": _cmd_verify, "inspect": _cmd_inspect, "merge": _cmd_merge}
     if command in own:
         return own[command]
     return importlib.import_module(_TOOLS[command]).main
