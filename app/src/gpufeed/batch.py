@@ -62,6 +62,7 @@ from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 
 from gpufeed.errors import UsageError
+from gpufeed.pixels import mixed_sizes_message
 
 __all__ = [
     "Batch",
@@ -235,24 +236,6 @@ class MixedSizeTensor(torch.Tensor):
 
     def __repr__(self, **kwargs) -> str:
         return repr(plain(self))
-
-
-def mixed_sizes_message(shapes: Sequence[Sequence[int]], where: str | None = None) -> str:
-    """The one wording of "these images differ in size", and what to do: for the load-time
-    errors here, and for pack and inspect to print when a pack's image sizes vary."""
-    seen: list[list[int]] = []
-    for shape in shapes:
-        if list(shape) not in seen:
-            seen.append(list(shape))
-    shown = ", ".join(str(s) for s in seen[:3]) + (", ..." if len(seen) > 3 else "")
-    return (
-        (f"{where}: " if where else "")
-        + f"the images differ in size ({shown}), so a batch of them cannot be one tensor. "
-        "Crop them to one size as they are read: open_dataset(path, "
-        "decode=gpufeed.RandomResizedCrop(224)) (or a transform that resizes), or pack them "
-        "at one size: gpufeed pack SOURCE DEST --encode raw --resize 224x224. A collate_fn "
-        "that keeps lists (lambda batch: tuple(zip(*batch))) takes them as they are"
-    )
 
 
 def _differ(samples) -> bool:

@@ -5,9 +5,14 @@ value * 255 / 65535 rounded (what libpng's png_set_scale_16 does), never clipped
 convert("RGB") clips, which turns nearly every pixel of a 16-bit image white. Images whose
 pixels have no 8-bit meaning without a guess (32-bit integer or float pixels) are refused with
 a message: never a silently wrong picture.
+
+Images of different sizes cannot be one batch tensor: :func:`mixed_sizes_message` is the one
+wording of that and what to do, for the load-time errors (gpufeed.batch), pack and inspect.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -48,3 +53,30 @@ def tensor_to_uint8(img):
     if img.dtype == torch.uint16:
         return torch.from_numpy(scale16(img.numpy()))
     raise ValueError(f"decoded image has dtype {img.dtype}; expected uint8 or uint16")
+
+
+def mixed_sizes_message(shapes: Sequence[Sequence[int]], where: str | None = None) -> str:
+    """The one wording of "these images differ in size", and what to do.
+
+    Args:
+        shapes: the images' shapes ([3, H, W] as read, or (H, W) as packed); repeats are
+            shown once, the first three of them.
+        where: the dataset or pack the images are in, named first.
+
+    Returns:
+        The message: for the load-time errors (gpufeed.batch), and for pack and inspect to
+        print when a pack's image sizes vary.
+    """
+    seen: list[list[int]] = []
+    for shape in shapes:
+        if list(shape) not in seen:
+            seen.append(list(shape))
+    shown = ", ".join(str(s) for s in seen[:3]) + (", ..." if len(seen) > 3 else "")
+    return (
+        (f"{where}: " if where else "")
+        + f"the images differ in size ({shown}), so a batch of them cannot be one tensor. "
+        "Crop them to one size as they are read: open_dataset(path, "
+        "decode=gpufeed.RandomResizedCrop(224)) (or a transform that resizes), or pack them "
+        "at one size: gpufeed pack SOURCE DEST --encode raw --resize 224x224. A collate_fn "
+        "that keeps lists (lambda batch: tuple(zip(*batch))) takes them as they are"
+    )

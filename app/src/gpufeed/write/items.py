@@ -61,17 +61,19 @@ def stamp_changed(path: str, was) -> bool:
 
 
 def load_item(path: str, opts: LoadOptions) -> tuple:
-    """Read one source file. Returns ("ok", stamp, payload, spec_json, ext, crc) or
-    ("error", stamp, msg); stamp is the file's stamp() before it was read.
+    """Read one source file. Returns ("ok", stamp, payload, spec_json, ext, crc, size) or
+    ("error", stamp, msg); stamp is the file's stamp() before it was read, size the
+    (height, width) of an image kept encoded (its sizes may vary: pack says so), else None.
 
     Runs in pack worker processes: no exception escapes, so one bad file cannot take the
     pool down, and the parent decides whether it stops the pack or is skipped.
     """
     before = stamp(path)
+    size = None
     try:
         ext = suffix(path)
         if ext in IMAGE_EXTS:
-            payload, spec, ext = _load_image(path, ext, opts)
+            payload, spec, ext, size = _load_image(path, ext, opts)
         elif ext == ".npy":
             payload, spec = _load_npy(path)
         elif ext == ".pt":
@@ -79,7 +81,7 @@ def load_item(path: str, opts: LoadOptions) -> tuple:
             ext = ".npy"
         else:
             return ("error", before, f"unsupported file type {ext!r}")
-        return ("ok", before, payload, spec, ext.lstrip("."), crc32(payload))
+        return ("ok", before, payload, spec, ext.lstrip("."), crc32(payload), size)
     except Exception as e:  # noqa: BLE001 - reported with the file name by the parent
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return ("error", before, f"{type(e).__name__}: {msg}" if msg else type(e).__name__)
@@ -91,16 +93,23 @@ def jpeg_decodes(data: bytes) -> bool:
     in a full decode, at 0.2-0.3x its cost for a 64x64 JPEG (18 us against PIL's 58-90) and
     0.6x for 640x480 (1.25 against 2.0 ms)). False too where the native decoder is not
     installed."""
+    return _jpeg_size(data) is not None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) of a JPEG that jpeg_decodes, else None."""
     native = jpeg_module()[0]
     if native is None:
-        return False
+        return None
     sizes, bad = native.image_sizes([data])
     if bad:
-        return False
+        return None
     h, w = sizes[0].tolist()
     out = np.empty((1, max(1, h // 8), max(1, w // 8), 3), np.uint8)
     box = np.array([[0, 0, h, w]], np.int64)
-    return not native.decode_crops([data], box, np.zeros(1, bool), out, 1, True)
+    if native.decode_crops([data], box, np.zeros(1, bool), out, 1, True):
+        return None
+    return (h, w)
 
 
 def encoded_image(path: str) -> bytes:
@@ -110,6 +119,7 @@ def encoded_image(path: str) -> bytes:
 
 
 def _load_image(path: str, ext: str, opts: LoadOptions):
+    """(payload, spec, ext, (height, width) when kept encoded, else None) of an image."""
     from PIL import Image
 
     with open(path, "rb") as f:
@@ -117,19 +127,20 @@ def _load_image(path: str, ext: str, opts: LoadOptions):
     # kept as they are, JPEGs are checked by a scaled native decode; what it complains of
     # (or anything else) gets PIL's full decode, whose verdict stands (the native decoder is
     # stricter: libjpeg's warnings are its errors)
-    if opts.encode == "keep" and ext in (".jpg", ".jpeg") and jpeg_decodes(data):
-        return data, {"kind": "encoded"}, ext
+    size = _jpeg_size(data) if opts.encode == "keep" and ext in (".jpg", ".jpeg") else None
+    if size is not None:
+        return data, {"kind": "encoded"}, ext, size
     with Image.open(io.BytesIO(data)) as img:
         img.load()  # a full decode: truncated or corrupt files fail here, not at train time
         if opts.encode == "keep":
-            return data, {"kind": "encoded"}, ext
+            return data, {"kind": "encoded"}, ext, (img.height, img.width)
         rgb = to_8bit(img).convert("RGB")  # 16-bit scaled, never clipped (gpufeed.pixels)
         if opts.resize is not None:
             h, w = opts.resize
             rgb = rgb.resize((w, h), Image.BILINEAR)
         arr = np.asarray(rgb).transpose(2, 0, 1)  # HWC -> CHW, like torchvision.io
     payload, spec = _array_payload(arr)
-    return payload, spec, ".npy"
+    return payload, spec, ".npy", None
 
 
 # .npy headers seen (the header's bytes: its spec and data bytes, or None where np.load must

@@ -69,7 +69,7 @@ class PartBuilder:
         self.stamps.append(result[1])
         if result[0] == "error":
             return spec, result[2]
-        _, _, payload, item_spec, ext, crc = result
+        payload, item_spec, ext, crc = result[2:6]
         if spec is None:
             spec = item_spec
         elif item_spec != spec:
@@ -187,18 +187,36 @@ def say_resumed(parts_dir: Path, nparts: int, part_size: int, count: int, say) -
     )
 
 
+# image sizes commit_parts keeps: enough to show that they vary (mixed_sizes_message)
+_MAX_SIZES = 4
+
+
+def _note_size(sizes: list[tuple[int, int]], result: tuple) -> None:
+    """Add a load_item result's image size (kept encoded) to ``sizes``, if new and there is
+    room (_MAX_SIZES)."""
+    size = result[6] if result[0] == "ok" else None
+    if size is not None and size not in sizes and len(sizes) < _MAX_SIZES:
+        sizes.append(size)
+
+
 def commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error, quiet, stream):
     """Read every part not committed yet, hand it to ``stream`` (gpufeed.write.assemble.Stream:
     the format's files written as the parts come) and commit it, in a thread of its own
-    while the next part's items are read (one part at a time, in order)."""
+    while the next part's items are read (one part at a time, in order).
+
+    Returns:
+        The (height, width) sizes of the images kept encoded among the items read (up to
+        _MAX_SIZES, in the order seen): more than one says the pack's image sizes vary.
+    """
     for tmp in parts_dir.glob("*.tmp"):
         tmp.unlink()
     todo = [p for p in range(nparts) if not part_path(parts_dir, p).exists()]
     done_items = sum(
         min(part_size, len(src) - p * part_size) for p in range(nparts) if p not in set(todo)
     )
+    sizes: list[tuple[int, int]] = []
     if not todo:
-        return
+        return sizes
     spec = first_spec(parts_dir, nparts)
     auto = workers is None
     workers = default_workers() if auto else max(0, positive_int("workers", workers))
@@ -226,7 +244,9 @@ def commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error
                 if slow:
                     time.sleep(slow)
                 spec, error = builder.add(i, res, spec, src)
-                if error is not None:
+                if error is None:
+                    _note_size(sizes, res)
+                else:
                     if on_error == "stop":
                         raise SourceError(f"{src.paths[i]}: {error}")
                     builder.skip(i, error)
@@ -235,6 +255,7 @@ def commit_parts(src, parts_dir, nparts, part_size, load_opts, workers, on_error
                 bar.update(1)
             committer.submit(p, builder)
         committer.wait()
+        return sizes
     finally:
         committer.close()
         bar.close()
