@@ -184,6 +184,10 @@ class Mixture(Dataset):
         """The samples at ``indices``: one batched read per source."""
         src, local = self.locate(indices)
         out: list = [None] * len(src)
+        for i in np.unique(src).tolist():  # every source's reads started before any waits
+            read_ahead = getattr(self.sources[i], "read_ahead", None)
+            if callable(read_ahead):
+                read_ahead(local[src == i].tolist())
         for i in np.unique(src).tolist():
             at = np.flatnonzero(src == i)
             got = _fetch(self.sources[i], local[at].tolist())
@@ -201,6 +205,13 @@ class Mixture(Dataset):
                 "(counts() gives the draws per source)"
             )
         return {**sample, self.source_field: self.names[i]}
+
+    def close(self) -> None:
+        """Close every source that can be closed (their readers, maps)."""
+        for source in self.sources:
+            close = getattr(source, "close", None)
+            if callable(close):
+                close()
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{n}: {d}" for n, d in zip(self.names, self.draws.tolist(), strict=True))
@@ -231,13 +242,22 @@ class _Walk:
     def __init__(self, seed: int, source: int, length: int):
         self.seed, self.source, self.length = seed, source, length
         self.passes: dict[int, np.ndarray] = {}
+        self._last: tuple | None = None
 
     def slice(self, epoch: int, r: int) -> np.ndarray:
-        """Walk positions [epoch * r, (epoch + 1) * r)."""
+        """Walk positions [epoch * r, (epoch + 1) * r) (the last epoch's kept)."""
+        if self._last is not None and self._last[0] == (epoch, r):
+            return self._last[1]
         lo, hi, L = epoch * r, (epoch + 1) * r, self.length
-        first, last = lo // L, (hi - 1) // L
-        walk = np.concatenate([self._pass(p, r) for p in range(first, last + 1)])
-        return walk[lo - first * L : hi - first * L]
+        pieces = []
+        while lo < hi:
+            p = lo // L
+            end = min(hi, (p + 1) * L)
+            pieces.append(self._pass(p, r)[lo - p * L : end - p * L])
+            lo = end
+        out = np.concatenate(pieces)
+        self._last = ((epoch, r), out)
+        return out
 
     def _pass(self, p: int, r: int) -> np.ndarray:
         if p in self.passes:

@@ -41,6 +41,7 @@ from gpufeed.data.reading import as_index_array, many_indices, one_index
 from gpufeed.errors import CorruptSampleError, UsageError
 from gpufeed.formats.inplace.webdataset import cached_index, in_place_identity, index_folder
 from gpufeed.formats.record import plain_bytes, split_records
+from gpufeed.pagecache.advise import advise_willneed, looks_cached
 from gpufeed.storage.packs import open_reader_at
 
 __all__ = ["TokenWindows", "token_field"]
@@ -147,23 +148,38 @@ class TokenWindows(Dataset):
             return self.__getitems__(index)
         return self.__getitems__([one_index(index)])[0]
 
-    def __getitems__(self, indices) -> list:
-        """The windows at ``indices``: every document they touch read in one read_batch,
-        copied once into a [len(indices), B] array whose rows are handed out."""
+    def _spans(self, indices):
+        """(stream start, stream end, first document, last document) of each window."""
         idx = as_index_array(indices, len(self), self.path)
-        B = self.block_size
         if self.boundaries:
             docs = self.doc_of[idx]
             lo = self.starts[docs] + self.first[idx]
-            hi = np.minimum(self.starts[docs + 1], lo + B)
+            hi = np.minimum(self.starts[docs + 1], lo + self.block_size)
         else:
-            lo = idx * B
-            hi = lo + B
+            lo = idx * self.block_size
+            hi = lo + self.block_size
         first = np.searchsorted(self.starts, lo, side="right") - 1
         last = np.searchsorted(self.starts, np.maximum(hi - 1, lo), side="right") - 1
+        return lo, hi, first, last
+
+    def read_ahead(self, indices) -> None:
+        """Start reading the windows at ``indices`` into the page cache without waiting (a
+        hint: a mixture asks each of its sources before it reads any)."""
+        lo, hi, first, last = self._spans(indices)
+        flat = self._mapped()
+        if flat is not None:
+            self._read_ahead(flat, lo, hi, first, last)
+        elif callable(getattr(self.reader, "read_ahead", None)):
+            self.reader.read_ahead(_ranges(first, last))
+
+    def __getitems__(self, indices) -> list:
+        """The windows at ``indices``: every document they touch read in one read_batch,
+        copied once into a [len(indices), B] array whose rows are handed out."""
+        lo, hi, first, last = self._spans(indices)
+        B = self.block_size
         docs = _ranges(first, last)
-        tokens = self._read(docs)
-        out = np.full((len(idx), B), self.pad_id, dtype=self.dtype)
+        tokens = self._read(docs, (lo, hi, first, last))
+        out = np.full((len(lo), B), self.pad_id, dtype=self.dtype)
         # per document touched: its tokens, where it starts in the stream, its length
         stream = (tokens, self.starts[docs].tolist(), self.lengths[docs].tolist())
         at = np.searchsorted(docs, first).tolist()
@@ -189,11 +205,13 @@ class TokenWindows(Dataset):
                 row[filled + body] = self.eos
             filled, a, j = filled + take, a + take, j + 1
 
-    def _read(self, docs: np.ndarray) -> list[np.ndarray]:
+    def _read(self, docs: np.ndarray, windows) -> list[np.ndarray]:
         """The token arrays of documents ``docs`` (sorted, distinct): one read_batch, or
-        slices of the mapped stream (an mmap pack of one uncompressed field)."""
+        slices of the mapped stream (an mmap pack of one uncompressed field), whose pages
+        are asked for at once first (``windows``: their stream spans and documents)."""
         flat = self._mapped()
         if flat is not None:
+            self._read_ahead(flat, *windows)
             return self._slices(flat, docs)
         records = self.reader.read_batch(docs)
         parts = document_tokens(self.reader, self.field_index, self.field, records, docs)
@@ -209,6 +227,27 @@ class TokenWindows(Dataset):
         if self._map is None or self._map[0] is not handle:
             self._map = (handle, np.asarray(handle).reshape(-1).view(np.uint8))
         return self._map[1]
+
+    def _read_ahead(self, flat, lo, hi, first, last) -> None:
+        """WILLNEED for each window's bytes in the map (one range: the records of a pack
+        lie back to back) and its first document's head, unless the first window's pages
+        look cached: the reads then run together, not one page fault after another."""
+        offsets, itemsize = self.reader.offsets, self.dtype.itemsize
+        stored = self.lengths - (0 if self.eos is None else 1)  # eos is not in the file
+        head = offsets[first]
+        start = head + 16 + np.minimum(lo - self.starts[first], stored[first]) * itemsize
+        end = offsets[last] + 16 + np.minimum(hi - self.starts[last], stored[last]) * itemsize
+        base = flat.ctypes.data
+        if looks_cached(base + int(start[0]), int(end[0] - start[0])):
+            return
+        advise_willneed(
+            (base + a, b - a)
+            for a, b in zip(
+                np.concatenate((head, start)).tolist(),
+                np.concatenate((head + 16, end)).tolist(),
+                strict=True,
+            )
+        )
 
     def _slices(self, flat: np.ndarray, docs: np.ndarray) -> list[np.ndarray]:
         """Documents ``docs`` as views of the map: every record's two int64 heads (the field
@@ -245,6 +284,11 @@ class TokenWindows(Dataset):
                     f"holds {len(p)} tokens, {n} when the dataset was opened: the pack "
                     "changed or is damaged (open it again; check it with gpufeed verify)",
                 )
+
+    def close(self) -> None:
+        """Close the reader and drop this process's map (its pages can then be evicted)."""
+        self._map = None
+        self.reader.close()
 
     def __getstate__(self):
         state = self.__dict__.copy()
