@@ -350,3 +350,38 @@ def test_gpufeed_pack_parquet_cli_and_resume(shards, tmp_path, capsys):
     )
     resumed = gpufeed.open_dataset(tmp_path / "r.lmdb")
     assert [int(resumed[i]["id"]) for i in range(ROWS)] == list(range(ROWS))
+
+
+def test_arrow_offsets_past_their_buffer_are_an_error(tmp_path, python_env):
+    """An IPC file's arrays are used as stored: string offsets pointing past the data must be
+    refused (full validation), never read (memory outside the file, or a crash)."""
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    path = folder / "data-00000-of-00001.arrow"
+    table = pa.table({"text": ["aaaa", "bbbb", "cccc"]})
+    with pa.ipc.new_stream(str(path), table.schema) as w:
+        w.write_table(table)
+    data = path.read_bytes()
+    offsets = np.array([0, 4, 8, 12], "<i4").tobytes()
+    at = data.index(offsets)
+    bad = np.array([0, 4, 8, 1 << 30], "<i4").tobytes()
+    path.write_bytes(data[:at] + bad + data[at + len(bad) :])
+    state = {"_data_files": [{"filename": path.name}]}
+    (folder / "state.json").write_text(__import__("json").dumps(state))
+    code = (
+        "import sys\n"
+        "import gpufeed\n"
+        "from gpufeed.errors import DataError\n"
+        "try:\n"
+        f"    ds = gpufeed.open_dataset({str(folder)!r})\n"
+        "    ds[2]\n"
+        "except DataError as e:\n"
+        "    print('DataError', e)\n"
+        "    sys.exit(0)\n"
+        "print('read')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=python_env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("DataError") and str(path) in out.stdout, out.stdout

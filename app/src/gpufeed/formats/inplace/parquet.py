@@ -188,7 +188,11 @@ class _File:
         pa, _ = _pyarrow()
         if self.parquet is not None:
             return self.parquet.read_row_group(g, columns=columns, use_threads=False)
-        return pa.Table.from_batches([self.batches[g]]).select(columns)
+        table = pa.Table.from_batches([self.batches[g]]).select(columns)
+        # an IPC file's arrays are its bytes as they are: offsets that point past their
+        # buffers would read memory outside the file (Parquet's are built by its decoder)
+        table.validate(full=True)
+        return table
 
 
 def _opened(path: Path) -> _File:
@@ -201,6 +205,17 @@ def _opened(path: Path) -> _File:
             f"{path}: not a readable Parquet or Arrow file ({type(e).__name__}: {e}); "
             "it is truncated, damaged or not such a file"
         ) from None
+
+
+def _first_group(f: _File, names: list[str]):
+    """The first row group of `f` (its first values tell images from bytes), or None."""
+    pa, _ = _pyarrow()
+    if not f.rows or not f.rows[0]:
+        return None
+    try:
+        return f.group(0, names)
+    except (pa.ArrowException, OSError, ValueError, MemoryError) as e:
+        raise DataError(f"{f.path}: its first row group does not read: {e}") from None
 
 
 class ParquetReader(Reader):
@@ -262,7 +277,7 @@ class ParquetReader(Reader):
 
     def _schema(self, first: _File, names: list[str]) -> tuple[Schema, list[str] | None]:
         features = hub_features(first.schema)
-        sample = first.group(0, names) if first.rows and first.rows[0] else None
+        sample = _first_group(first, names)
         fields = []
         for name in names:
             col = sample.column(name) if sample is not None else None
