@@ -286,3 +286,44 @@ def test_merge_parts_into_one_pack_and_refuse_a_differing_part(tmp_path, capsys)
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"gpufeed merge: error: {parts[2]}: its format is mmap")
     assert len(err.splitlines()) == 1 and not (tmp_path / "m2").exists()
+
+
+# ------------------------------------ images of different sizes (issue 38 item 3, issue 39)
+@pytest.fixture(scope="module")
+def mixed_jpegs(tmp_path_factory):
+    """An ordinary image folder of JPEGs of two sizes."""
+    from unit_sources import write_images
+
+    root = tmp_path_factory.mktemp("mixed") / "src"
+    write_images(root, {"a": 5}, size=(82, 71), ext=".jpg")
+    write_images(root, {"b": 5}, size=(40, 60), ext=".jpg", seed=1)
+    return root
+
+
+def _says_sizes_vary(text: str, where) -> None:
+    assert f"{where}: the images differ in size ([82, 71], [40, 60])" in text, text
+    assert "RandomResizedCrop(224)" in text and "--encode raw --resize" in text
+
+
+def test_pack_and_inspect_say_when_image_sizes_vary(mixed_jpegs, tmp_path, capsys):
+    dest = tmp_path / "p"
+    assert main(["pack", str(mixed_jpegs), str(dest), "-f", "tar", "-j", "1"]) == 0
+    _says_sizes_vary(capsys.readouterr().err, dest)
+    assert main(["inspect", str(dest)]) == 0
+    _says_sizes_vary(capsys.readouterr().out, dest)
+    assert main(["inspect", str(dest), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["image_sizes"] == [[82, 71], [40, 60]]
+    assert main(["inspect", str(mixed_jpegs)]) == 0  # the folder read in place
+    _says_sizes_vary(capsys.readouterr().out, mixed_jpegs)
+
+
+def test_pack_and_inspect_say_nothing_of_sizes_that_agree(tmp_path, capsys):
+    from unit_sources import write_images
+
+    write_images(tmp_path / "src", {"a": 3, "b": 3}, size=(20, 30), ext=".jpg")
+    dest = tmp_path / "p"
+    assert main(["pack", str(tmp_path / "src"), str(dest), "-f", "lmdb", "-j", "1"]) == 0
+    assert main(["inspect", str(dest)]) == 0
+    assert "differ in size" not in str(capsys.readouterr())
+    assert main(["inspect", str(dest), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["image_sizes"] == [[20, 30]]

@@ -365,6 +365,10 @@ def _cmd_inspect(args) -> int:
     rows = _inspect_rows(info) + (_in_place_rows(info) if info["in_place"] else _pack_rows(info))
     for key, value in rows:
         print(f"{key + ':':<12} {value}")
+    if len(info.get("image_sizes", [])) > 1:  # the load-time error's words, said before it
+        from gpufeed.batch import mixed_sizes_message
+
+        print(mixed_sizes_message(info["image_sizes"], info["path"]))
     return EXIT_OK
 
 

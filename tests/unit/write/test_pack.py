@@ -381,3 +381,15 @@ def test_pack_of_a_path_takes_the_format_by_position_or_name(array_folder, tmp_p
     a = gpufeed.pack(array_folder, tmp_path / "a", "tar", workers=1, quiet=True)
     b = gpufeed.pack(array_folder, tmp_path / "b", format="tar", workers=1, quiet=True)
     assert a["format"] == b["format"] == "tar" and a["count"] == b["count"]
+
+
+def test_pack_says_when_the_image_sizes_vary(tmp_path, make_images):
+    # said at the end of the pack, not first as a batch fails to stack (issue 38 item 3)
+    make_images(tmp_path / "src", {"a": 3}, size=(82, 71), ext=".jpg")
+    make_images(tmp_path / "src", {"b": 3}, size=(40, 60), ext=".png", seed=1)
+    lines: list[str] = []
+    gpufeed.pack(tmp_path / "src", tmp_path / "p", format="mmap", workers=1, log=lines.append)
+    assert any(f"{tmp_path / 'p'}: the images differ in size" in line for line in lines), lines
+    lines.clear()
+    gpufeed.pack(tmp_path / "src" / "a", tmp_path / "q", format="mmap", workers=1, log=lines.append)
+    assert not any("differ in size" in line for line in lines), lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from dataclasses import dataclass, field
@@ -406,7 +407,9 @@ def inspect(
     are the manifest's (disk_bytes: what the cache would hold). DEST data read in place (an
     image folder, WebDataset shards, an HDF5 file given datasets=): the same keys where they
     mean the same, as its reader infers them ("in_place": true; its kind, labels and cached
-    index: gpufeed.tools.in_place.describe)."""
+    index: gpufeed.tools.in_place.describe). Encoded images, local: "image_sizes", the
+    distinct [height, width] among up to SIZE_PROBES of them spread over the samples (more
+    than one: a batch of them cannot be one tensor; the CLI says what to do)."""
     loc = parse_location(dest)
     if isinstance(loc, RemoteURL):
         _no_in_place_options(loc, datasets, index_dir)
@@ -419,6 +422,7 @@ def inspect(
             return _inspect_in_place(loc, *opened)
         content, allocated = _dir_size(loc)
     dest = loc
+    sizes = _pack_image_sizes(loc, manifest) if not isinstance(loc, RemoteURL) else []
     info: dict[str, Any] = {
         "path": str(dest),
         "format": manifest["format"],
@@ -449,16 +453,74 @@ def inspect(
         info["compression"] = layout.get("compression")
     if manifest["format"] == "mmap":
         info["container"] = layout.get("container")
+    if sizes:
+        info["image_sizes"] = sizes
     return info
 
 
 def _inspect_in_place(dest: Path, reader, index) -> dict[str, Any]:
     try:
         info = {"path": str(dest), **in_place.describe(reader, index)}
+        sizes = image_sizes(reader)
     finally:
         reader.close()
     info["sample"] = _sample_info(reader.manifest["sample"])
+    if sizes:
+        info["image_sizes"] = sizes
     return info
+
+
+# encoded images whose headers inspect reads, spread over the samples: enough to see that
+# sizes vary in a folder of photos, and PIL's .size reads a header, not the pixels
+SIZE_PROBES = 64
+
+
+def _pack_image_sizes(dest: Path, manifest: dict[str, Any]) -> list[list[int]]:
+    """image_sizes of a local pack of encoded images; [] for other packs, or one that does
+    not open (verify says why)."""
+    if manifest.get("sample", {}).get("kind") != "encoded" or not manifest.get("count"):
+        return []
+    try:
+        reader = reader_class(manifest["format"], manifest)(dest, manifest)
+    except Exception:  # noqa: BLE001 - a pack that does not open is verify's to report
+        return []
+    try:
+        return image_sizes(reader)
+    finally:
+        reader.close()
+
+
+def image_sizes(reader) -> list[list[int]]:
+    """The distinct [height, width] of up to SIZE_PROBES encoded images spread evenly over
+    the reader's samples, in the order met.
+
+    Args:
+        reader: an open gpufeed.formats Reader.
+
+    Returns:
+        The sizes; [] when its samples are not encoded images. A sample that does not read,
+        or whose header does not parse, is left out: verify reports it.
+    """
+    from PIL import Image
+
+    if reader.spec.kind != "encoded" or not reader.count:
+        return []
+    n = min(SIZE_PROBES, reader.count)
+    idx = np.unique(np.linspace(0, reader.count - 1, n).astype(np.int64))
+    try:
+        payloads = reader.read_batch(idx)
+    except Exception:  # noqa: BLE001 - a damaged sample is verify's to report
+        return []
+    sizes: list[list[int]] = []
+    for payload in payloads:
+        try:
+            with Image.open(io.BytesIO(payload)) as img:
+                size = [img.height, img.width]
+        except Exception:  # noqa: BLE001 - as above
+            continue
+        if size not in sizes:
+            sizes.append(size)
+    return sizes
 
 
 def _sample_info(spec: dict[str, Any]) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from gpufeed.formats.files import atomic_write_json
 from gpufeed.formats.inplace.tree import Source, scan_source
 from gpufeed.formats.lock import PackLock
 from gpufeed.formats.manifest import PARTIAL_SUFFIX, read_manifest
+from gpufeed.pixels import mixed_sizes_message
 from gpufeed.storage.urls import RemoteURL, parse_location
 from gpufeed.write.assemble import Stream, assemble
 from gpufeed.write.direct import keep_streamed
@@ -408,7 +409,7 @@ def pack_files(
         nparts = max(1, -(-len(src) // state["part_size"]))
         stream = _stream(src, partial, nparts, state, say)
         try:
-            commit_parts(
+            sizes = commit_parts(
                 src, parts_dir, nparts, state["part_size"], load_opts, workers, on_error, quiet,
                 stream,
             )  # fmt: skip
@@ -417,6 +418,8 @@ def pack_files(
             raise
         manifest = assemble(src, dest, partial, nparts, state, quiet, stream)
         remove_partial(partial, lock)
+    if len(sizes) > 1:  # said now rather than as the first batch fails to stack
+        say(mixed_sizes_message(sizes, str(dest)))
     return manifest
 
 
