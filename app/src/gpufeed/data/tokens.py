@@ -109,14 +109,11 @@ class TokenWindows(Dataset):
         self.pad_id = self._fits("pad_id", pad_id)
         self.boundaries = bool(boundaries)
         lengths = document_lengths(self.reader, self.field_index, self.field)
-        # an mmap pack of one uncompressed field: windows are slices of its map (_mapped)
-        self._maps = (
-            self.reader.format_name == "mmap"
-            and len(self.reader.spec.schema.fields) == 1
-            and not self.field.compression
-            and isinstance(getattr(self.reader, "offsets", None), np.ndarray)
-        )
+        self.stored = lengths  # tokens stored per document (no eos)
         self._map = None
+        self._maps = self._mappable()
+        if self._maps:  # where each document's tokens start, counted in tokens
+            self.token_at = (self.reader.offsets[:-1] + 16) // self.dtype.itemsize
         self.lengths = lengths + (0 if self.eos is None else 1)  # tokens per document
         self.starts = np.concatenate(([0], np.cumsum(self.lengths)))  # [N + 1] in the stream
         self.total_tokens = int(self.starts[-1])
@@ -168,7 +165,7 @@ class TokenWindows(Dataset):
         lo, hi, first, last = self._spans(indices)
         flat = self._mapped()
         if flat is not None:
-            self._read_ahead(flat, lo, hi, first, last)
+            self._read_ahead(flat, *self._pieces(lo, hi, first, last)[1:4])
         elif callable(getattr(self.reader, "read_ahead", None)):
             self.reader.read_ahead(_ranges(first, last))
 
@@ -177,14 +174,18 @@ class TokenWindows(Dataset):
         copied once into a [len(indices), B] array whose rows are handed out."""
         lo, hi, first, last = self._spans(indices)
         B = self.block_size
-        docs = _ranges(first, last)
-        tokens = self._read(docs, (lo, hi, first, last))
-        out = np.full((len(lo), B), self.pad_id, dtype=self.dtype)
-        # per document touched: its tokens, where it starts in the stream, its length
-        stream = (tokens, self.starts[docs].tolist(), self.lengths[docs].tolist())
-        at = np.searchsorted(docs, first).tolist()
-        for w, (a, b, j) in enumerate(zip(lo.tolist(), hi.tolist(), at, strict=True)):
-            self._fill(out[w], a, b, j, stream)
+        flat = self._mapped()
+        if flat is not None:
+            out = self._gather_mapped(flat, lo, hi, first, last)
+        else:
+            docs = _ranges(first, last)
+            tokens = self._read(docs)
+            out = np.full((len(lo), B), self.pad_id, dtype=self.dtype)
+            # per document touched: its tokens, where it starts in the stream, its length
+            stream = (tokens, self.starts[docs].tolist(), self.lengths[docs].tolist())
+            at = np.searchsorted(docs, first).tolist()
+            for w, (a, b, j) in enumerate(zip(lo.tolist(), hi.tolist(), at, strict=True)):
+                self._fill(out[w], a, b, j, stream)
         rows = list(torch.from_numpy(out))
         if not self.boundaries:
             return rows
@@ -205,18 +206,25 @@ class TokenWindows(Dataset):
                 row[filled + body] = self.eos
             filled, a, j = filled + take, a + take, j + 1
 
-    def _read(self, docs: np.ndarray, windows) -> list[np.ndarray]:
-        """The token arrays of documents ``docs`` (sorted, distinct): one read_batch, or
-        slices of the mapped stream (an mmap pack of one uncompressed field), whose pages
-        are asked for at once first (``windows``: their stream spans and documents)."""
-        flat = self._mapped()
-        if flat is not None:
-            self._read_ahead(flat, *windows)
-            return self._slices(flat, docs)
+    def _read(self, docs: np.ndarray) -> list[np.ndarray]:
+        """The token arrays of documents ``docs`` (sorted, distinct): one read_batch."""
         records = self.reader.read_batch(docs)
         parts = document_tokens(self.reader, self.field_index, self.field, records, docs)
         self._check_lengths(parts, docs)
         return parts
+
+    def _mappable(self) -> bool:
+        """An mmap pack of one uncompressed native-order field whose records all start at a
+        multiple of the token size: its windows are slices of the map (_gather_mapped)."""
+        offsets = getattr(self.reader, "offsets", None)
+        return (
+            self.reader.format_name == "mmap"
+            and len(self.reader.spec.schema.fields) == 1
+            and not self.field.compression
+            and np.dtype(self.field.dtype).isnative
+            and isinstance(offsets, np.ndarray)
+            and bool((offsets % self.dtype.itemsize == 0).all())
+        )
 
     def _mapped(self) -> np.ndarray | None:
         """The mmap pack's record bytes as one plain uint8 array (slicing a np.memmap costs
@@ -228,48 +236,62 @@ class TokenWindows(Dataset):
             self._map = (handle, np.asarray(handle).reshape(-1).view(np.uint8))
         return self._map[1]
 
-    def _read_ahead(self, flat, lo, hi, first, last) -> None:
-        """WILLNEED for each window's bytes in the map (one range: the records of a pack
-        lie back to back) and its first document's head, unless the first window's pages
-        look cached: the reads then run together, not one page fault after another."""
-        offsets, itemsize = self.reader.offsets, self.dtype.itemsize
-        stored = self.lengths - (0 if self.eos is None else 1)  # eos is not in the file
-        head = offsets[first]
-        start = head + 16 + np.minimum(lo - self.starts[first], stored[first]) * itemsize
-        end = offsets[last] + 16 + np.minimum(hi - self.starts[last], stored[last]) * itemsize
-        base = flat.ctypes.data
-        if looks_cached(base + int(start[0]), int(end[0] - start[0])):
-            return
-        advise_willneed(
-            (base + a, b - a)
-            for a, b in zip(
-                np.concatenate((head, start)).tolist(),
-                np.concatenate((head + 16, end)).tolist(),
-                strict=True,
-            )
-        )
+    def _pieces(self, lo, hi, first, last):
+        """Each window's pieces, one a document it touches: (window, document, first token
+        in the file's tokens, tokens to copy, whether the eos follows, place in the window)."""
+        counts = last - first + 1
+        win = np.repeat(np.arange(len(lo)), counts)
+        doc = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        doc += first[win]
+        begin = self.starts[doc]
+        start = np.maximum(lo[win], begin)
+        a = start - begin  # within the document
+        b = np.minimum(hi[win], self.starts[doc + 1]) - begin
+        n = np.maximum(np.minimum(b, self.stored[doc]) - a, 0)
+        return win, doc, self.token_at[doc] + a, n, b > self.stored[doc], start - lo[win]
 
-    def _slices(self, flat: np.ndarray, docs: np.ndarray) -> list[np.ndarray]:
-        """Documents ``docs`` as views of the map: every record's two int64 heads (the field
-        size, the length) checked at once against the lengths counted at open."""
+    def _gather_mapped(self, flat, lo, hi, first, last) -> np.ndarray:
+        """The windows of an mmap pack, [W, B]: each piece one slice copy out of the map."""
+        B = self.block_size
+        win, doc, src, n, eos, at = self._pieces(lo, hi, first, last)
+        self._read_ahead(flat, doc, src, n)
+        self._check_heads(flat, doc)
+        dst = win * B + at
+        out = np.full(len(lo) * B, self.pad_id, dtype=self.dtype)
+        tokens = flat.view(self.dtype)
+        for d, a, k in zip(dst.tolist(), src.tolist(), n.tolist(), strict=True):
+            out[d : d + k] = tokens[a : a + k]
+        if self.eos is not None:
+            out[(dst + n)[eos]] = self.eos
+        return out.reshape(len(lo), B)
+
+    def _read_ahead(self, flat, doc, src, n) -> None:
+        """WILLNEED for every piece's bytes and its document's head, unless the first
+        piece looks cached: the reads then run together, not one page fault after another."""
+        itemsize, base = self.dtype.itemsize, flat.ctypes.data
+        if not len(src) or looks_cached(base + int(src[0]) * itemsize, int(n[0]) * itemsize):
+            return
+        head = self.reader.offsets[doc]
+        starts = np.concatenate((head, src * itemsize)).tolist()
+        sizes = np.concatenate((np.full(len(head), 16), n * itemsize)).tolist()
+        advise_willneed((base + a, k) for a, k in zip(starts, sizes, strict=True) if k)
+
+    def _check_heads(self, flat: np.ndarray, docs: np.ndarray) -> None:
+        """Every record's two int64 heads (the field size, the length) checked at once
+        against the lengths counted at open: a record that disagrees is an error."""
         begin = self.reader.offsets[docs]
         heads = flat[begin[:, None] + np.arange(16)].view("<i8").reshape(-1, 2)
-        n = self.lengths[docs] - (0 if self.eos is None else 1)
-        size = self.reader.offsets[docs + 1] - begin
-        bad = (heads[:, 0] != size - 8) | (heads[:, 1] != n)
+        n = self.stored[docs]
+        bad = (heads[:, 0] != self.reader.offsets[docs + 1] - begin - 8) | (heads[:, 1] != n)
         if bad.any():
-            doc = int(docs[np.argmax(bad)])
+            j = int(np.argmax(bad))
+            doc = int(docs[j])
             raise CorruptSampleError(
                 self.reader.location(doc),
                 doc,
-                f"field {self.field.name!r}: its record heads {heads[np.argmax(bad)].tolist()} "
-                f"do not hold a document of {int(n[np.argmax(bad)])} tokens: re-pack it",
+                f"field {self.field.name!r}: its record heads {heads[j].tolist()} do not hold "
+                f"a document of {int(n[j])} tokens: re-pack it",
             )
-        itemsize = self.dtype.itemsize
-        return [
-            flat[a : a + k * itemsize].view(self.field.dtype)
-            for a, k in zip((begin + 16).tolist(), n.tolist(), strict=True)
-        ]
 
     def _check_lengths(self, parts: list[np.ndarray], docs: np.ndarray) -> None:
         """A document read must hold the tokens counted when the dataset was made: else the
