@@ -17,10 +17,9 @@ SUBCOMMANDS = ("pack", "verify", "inspect", "doctor", "bench", "tune", "synth")
 
 
 @pytest.fixture(scope="module")
-def paths(tmp_path_factory, array_folder):
+def paths(tmp_path_factory, array_folder, pack_factory):
     root = tmp_path_factory.mktemp("cliargs")
-    pack = root / "pack.hdf5"
-    gpufeed.pack(array_folder, pack, format="hdf5", workers=1, quiet=True)
+    pack = pack_factory("hdf5")
     picture = root / "x.jpg"
     picture.write_bytes(b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\xff\xfe" + bytes(range(256)))
     return {"SRC": str(array_folder), "PACK": str(pack), "JPG": str(picture), "ROOT": str(root)}

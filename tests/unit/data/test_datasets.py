@@ -19,16 +19,13 @@ MAP_FORMATS = ["hdf5", "lmdb", "mmap"]
 
 
 @pytest.fixture(scope="module")
-def packs(tmp_path_factory, array_folder, jpeg_folder):
+def packs(pack_factory):
     """Every format packed from the same .npy folder (17 samples) and from the JPEGs."""
-    root = tmp_path_factory.mktemp("packs")
     out = {}
     for fmt in ["hdf5", "lmdb", "tar", "mmap"]:
-        out[fmt] = root / f"arr.{fmt}"
         kw = {"shard_size": 3} if fmt == "tar" else {}
-        gpufeed.pack(array_folder, out[fmt], format=fmt, workers=1, quiet=True, **kw)
-        out[fmt + "-jpg"] = root / f"jpg.{fmt}"
-        gpufeed.pack(jpeg_folder, out[fmt + "-jpg"], format=fmt, workers=1, quiet=True, **kw)
+        out[fmt] = pack_factory(fmt, **kw)
+        out[fmt + "-jpg"] = pack_factory(fmt, "jpegs", **kw)
     return out
 
 
@@ -217,12 +214,10 @@ def flip_sample_byte(dest, payload: bytes) -> str:
 
 
 @pytest.fixture()
-def unique_pack(tmp_path, make_arrays):
+def unique_pack(tmp_path, pack_factory):
     def build(fmt):
-        make_arrays(tmp_path / "src", {"a": 6, "b": 6}, shape=(64,), seed=11)
-        dest = tmp_path / fmt
-        gpufeed.pack(tmp_path / "src", dest, format=fmt, workers=1, quiet=True)
-        return dest
+        classes = {"a": 6, "b": 6}
+        return pack_factory(fmt, classes=classes, shape=(64,), seed=11, copy_to=tmp_path / fmt)
 
     return build
 

@@ -19,10 +19,8 @@ from gpufeed.errors import CorruptSampleError, UsageError
 
 
 @pytest.fixture(scope="module")
-def jpeg_pack(tmp_path_factory, jpeg_folder):
-    dest = tmp_path_factory.mktemp("fused") / "ds.mmap"
-    gpufeed.pack(jpeg_folder, dest, format="mmap", workers=1, quiet=True)
-    return dest
+def jpeg_pack(pack_factory):
+    return pack_factory("mmap", "jpegs")
 
 
 # CI builds gpufeed-jpeg (make venv): there a missing native decoder fails these tests

@@ -9,7 +9,6 @@ import h5py
 import numpy as np
 import pytest
 
-import gpufeed
 from gpufeed.data import open as open_mod
 from gpufeed.data.map_style import PackedDataset
 from gpufeed.data.open import open_dataset
@@ -19,13 +18,8 @@ from gpufeed.errors import UsageError
 
 
 @pytest.fixture(scope="module")
-def packs(tmp_path_factory, array_folder):
-    root = tmp_path_factory.mktemp("open")
-    out = {}
-    for fmt in ("hdf5", "lmdb", "tar", "mmap"):
-        out[fmt] = root / fmt
-        gpufeed.pack(array_folder, out[fmt], format=fmt, workers=1, quiet=True)
-    return out
+def packs(pack_factory):
+    return {fmt: pack_factory(fmt) for fmt in ("hdf5", "lmdb", "tar", "mmap")}
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", "lmdb", "tar", "mmap"])

@@ -10,7 +10,6 @@ import threading
 import numpy as np
 import pytest
 import torch
-from unit_sources import write_arrays
 
 import gpufeed
 from gpufeed.data import shuffle_buffer as pool_module
@@ -23,12 +22,9 @@ N = 60
 
 
 @pytest.fixture(scope="module")
-def tar_pack(tmp_path_factory):
+def tar_pack(pack_factory):
     """60 samples uint8 [3, 16, 16] (768 bytes) in shards of 16."""
-    root = tmp_path_factory.mktemp("tarstream")
-    write_arrays(root / "src", {"x": 30, "y": 30}, shape=(3, 16, 16), seed=4)
-    gpufeed.pack(root / "src", root / "ds.tar", format="tar", workers=1, quiet=True, shard_size=16)
-    return root / "ds.tar"
+    return pack_factory("tar", classes={"x": 30, "y": 30}, shape=(3, 16, 16), seed=4, shard_size=16)
 
 
 def stream(path, **kw):

@@ -22,11 +22,9 @@ PAGE = 4096
 
 
 @pytest.fixture()
-def pack(tmp_path, make_arrays):
-    make_arrays(tmp_path / "s", {"a": 3, "b": 3}, shape=(16,), seed=1)
-    dest = tmp_path / "d"
-    gpufeed.pack(tmp_path / "s", dest, format="lmdb", workers=1, quiet=True)
-    return dest
+def pack(pack_factory, tmp_path):
+    classes = {"a": 3, "b": 3}
+    return pack_factory("lmdb", classes=classes, shape=(16,), seed=1, copy_to=tmp_path / "d")
 
 
 def _open_and_read(dest) -> subprocess.CompletedProcess:

@@ -177,7 +177,6 @@ def record_offsets(dest, count: int) -> list[tuple[int, int]]:
         reader.close()
 
 
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
 @pytest.mark.parametrize("in_order", [True, False])
 def test_storage_order_reads_blocks_ahead_where_the_reader_says_so(tmp_path, monkeypatch, in_order):
     # a pack of its own: pages a live reader of the shared one touched stay mapped, and
@@ -223,13 +222,10 @@ def test_nothing_is_read_ahead_for_a_cached_pack(raw_pack, monkeypatch):
     assert submitted == []
 
 
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
 def test_an_evicted_block_is_read_in_by_the_threads_and_reads_the_same(raw_pack, monkeypatch):
     want = open_reader(raw_pack).read_batch(np.arange(N, dtype=np.int64))
     gpufeed.pagecache.maps.forget_maps()
-    fd = os.open(raw_pack / "data.mdb", os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
+    unit_sources.evict(raw_pack / "data.mdb")
     # readahead=False: a lookup reads its own pages only, not the (small) file around them
     reader = open_reader(raw_pack, readahead=False)
     asked: list = []
@@ -283,7 +279,6 @@ def test_background_works_in_a_forked_child_and_pickles_without_its_pool():
     assert back.threads == 2 and back._pool is None
 
 
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
 def test_a_cold_block_of_varying_records_is_read_in_by_the_value_table(tmp_path):
     dest = tmp_path / "varying.lmdb"
     rng = np.random.default_rng(3)

@@ -19,18 +19,14 @@ from gpufeed.errors import DataError
 
 
 @pytest.fixture()
-def encoded_pack(jpeg_folder, tmp_path):
-    dest = tmp_path / "d"
-    gpufeed.pack(jpeg_folder, dest, format="mmap", workers=1, quiet=True)
-    return dest
+def encoded_pack(pack_factory, tmp_path):
+    return pack_factory("mmap", "jpegs", copy_to=tmp_path / "d")
 
 
 @pytest.fixture()
-def array_pack(tmp_path, make_arrays):
-    make_arrays(tmp_path / "s", {"a": 3, "b": 3}, shape=(16,), seed=1)
-    dest = tmp_path / "d"
-    gpufeed.pack(tmp_path / "s", dest, format="mmap", workers=1, quiet=True)
-    return dest
+def array_pack(pack_factory, tmp_path):
+    classes = {"a": 3, "b": 3}
+    return pack_factory("mmap", classes=classes, shape=(16,), seed=1, copy_to=tmp_path / "d")
 
 
 def _edit_manifest(dest, edit) -> None:

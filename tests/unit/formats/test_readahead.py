@@ -18,11 +18,12 @@ from gpufeed.data.samplers import LookaheadBatch, SortedBatchSampler
 from gpufeed.formats.open import open_reader
 from gpufeed.pagecache.advise import (
     READ_AHEAD_MIN_BYTES,
+    BlocksAhead,
     advise_rows,
     looks_cached,
-    sample_range_spans,
 )
 from gpufeed.pagecache.copy import take_rows
+from gpufeed.pagecache.plan import NO_READ_AHEAD, ReadAheadPlan
 
 FORMATS = ["hdf5", "lmdb", "tar", "mmap"]
 ROW = 128 << 10  # one sample: 128 KiB, above READ_AHEAD_MIN_BYTES
@@ -37,7 +38,6 @@ def test_take_rows_equals_fancy_indexing():
     np.testing.assert_array_equal(out, data[idx])
 
 
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
 def test_advise_rows_reads_just_those_rows_into_the_page_cache(tmp_path):
     path = tmp_path / "rows.bin"  # raw, so rows start on page boundaries
     np.ones((64, ROW), dtype=np.uint8).tofile(path)
@@ -94,8 +94,7 @@ def test_advise_rows_leaves_cached_rows_alone(monkeypatch):
 
 def test_lookahead_batches_carry_the_batch_k_later():
     plain = SortedBatchSampler(list(range(23))[::-1], 5)
-    ahead = SortedBatchSampler(list(range(23))[::-1], 5)
-    ahead.lookahead = 2
+    ahead = SortedBatchSampler(list(range(23))[::-1], 5, read_ahead=ReadAheadPlan(lookahead=2))
     want = list(plain)
     got = list(ahead)
     assert [list(b) for b in got] == want
@@ -146,7 +145,7 @@ def test_loader_reads_the_next_batch_ahead_for_large_samples(
     assert loader.plan.lookahead == max(1, workers)
     got = [(x.clone(), y.clone()) for x, y in loader]
     loader.set_epoch(0)
-    loader.batch_sampler.lookahead = 0
+    loader.batch_sampler.set_read_ahead(NO_READ_AHEAD)
     want = [(x.clone(), y.clone()) for x, y in loader]
     assert len(got) == len(want) == 6
     for (gx, gy), (wx, wy) in zip(got, want, strict=True):
@@ -178,11 +177,15 @@ def test_loader_does_not_read_blocks_ahead_in_storage_order(array_folder, tmp_pa
     assert shuffled.batch_sampler.range_block > 0
 
 
-def test_sample_range_spans_one_a_range_clipped_to_the_array():
+def test_blocks_ahead_reads_one_span_a_range_clipped_to_the_array(monkeypatch):
     data = np.zeros((10, 3, 4), np.uint8)  # rows of 12 bytes: small rows count too
-    spans = list(sample_range_spans(data, None, [(2, 5), (8, 16), (12, 14)]))
+    ahead = BlocksAhead()
+    ahead.cached = lambda *_: False
+    spans: list = []
+    monkeypatch.setattr(ahead.background, "submit", lambda fn, *span: spans.append(span))
+    ahead.announce_ranges(data, None, [(2, 5), (8, 16), (12, 14)])
     base = data.ctypes.data
-    assert spans == [(2, base + 24, 36), (8, base + 96, 24)]
+    assert spans == [(base + 24, 36), (base + 96, 24)]
 
 
 def test_range_batches_announce_each_block_once_a_window_early():
@@ -190,8 +193,7 @@ def test_range_batches_announce_each_block_once_a_window_early():
     plain = SortedBatchSampler(order.tolist(), 8)
     want = list(plain)
 
-    s = SortedBatchSampler(order.tolist(), 8)
-    s.range_block, s.lookahead = 10, 3
+    s = SortedBatchSampler(order.tolist(), 8, read_ahead=ReadAheadPlan(lookahead=3, range_block=10))
     got = list(s)
     assert [list(b) for b in got] == want
     announced = [r for b in got for r in (b.ranges or [])]
@@ -254,7 +256,7 @@ def test_loader_reads_blocks_ahead_for_small_samples(
     assert loader.plan.lookahead == max(2, workers)  # a window: 2 x 4 indices, 2 batches
     got = [(x.clone(), y.clone()) for x, y in loader]
     loader.set_epoch(0)
-    loader.batch_sampler.range_block = loader.batch_sampler.lookahead = 0
+    loader.batch_sampler.set_read_ahead(NO_READ_AHEAD)
     want = [(x.clone(), y.clone()) for x, y in loader]
     assert len(got) == len(want) and len(got) > 1
     for (gx, gy), (wx, wy) in zip(got, want, strict=True):
@@ -264,7 +266,6 @@ def test_loader_reads_blocks_ahead_for_small_samples(
         assert blocks == [(k, k + 2) for k in range(0, len(ds), 2)]
 
 
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
 def test_looks_cached_tells_an_evicted_range_from_a_read_one(tmp_path):
     path = tmp_path / "rows.bin"
     np.ones((16, ROW), dtype=np.uint8).tofile(path)

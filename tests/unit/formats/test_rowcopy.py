@@ -3,11 +3,15 @@
 import os
 import threading
 from concurrent.futures import Future
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from unit_sources import write_arrays
 
+import gpufeed
+from gpufeed.loading.workers import WorkerInit
 from gpufeed.pagecache import copy as rowcopy
 from gpufeed.pagecache.copy import PARALLEL_COPY_MIN_BYTES, copy_buffers, copy_threads, take_rows
 
@@ -72,17 +76,13 @@ def test_one_row_is_copied_by_the_calling_thread(copiers):
     assert copiers == [(2, threading.get_ident())]
 
 
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
-def test_rows_of_a_mapped_file_not_in_the_page_cache_are_copied_by_one_thread(tmp_path, copiers):
+def test_rows_of_a_mapped_file_not_in_the_page_cache_are_copied_by_one_thread(
+    tmp_path, copiers, evict
+):
     path = tmp_path / "rows.bin"
     want = rows(16, ROW, seed=3)
     want.tofile(path)
-    os.sync()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    evict(path)
     data = np.memmap(path, dtype=np.uint8, mode="r", shape=want.shape).view(np.ndarray)
     idx = np.array([1, 9, 14, 4])
     out = np.empty((4, ROW), dtype=np.uint8)
@@ -156,13 +156,36 @@ class _ThreadsSeen(torch.utils.data.Dataset):
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_a_dataloader_worker_copies_on_its_own_thread(context, monkeypatch):
+def test_make_loaders_workers_copy_on_their_own_thread(context, monkeypatch):
     monkeypatch.setattr(rowcopy.sysinfo, "process_loader_cpus", lambda: 2)  # this process: two
     assert copy_threads() == 2
+    init = WorkerInit(0, SimpleNamespace(value=0), 0, None)  # what make_loader's workers run
     loader = torch.utils.data.DataLoader(
-        _ThreadsSeen(), batch_size=None, num_workers=1, multiprocessing_context=context
+        _ThreadsSeen(),
+        batch_size=None,
+        num_workers=1,
+        multiprocessing_context=context,
+        worker_init_fn=init,
     )
     assert list(loader) == [1, 1]
+    assert copy_threads() == 2  # told to the worker, not to this process
+
+
+def _threads_seen(sample):
+    return torch.tensor(copy_threads())
+
+
+def test_a_packs_dataset_in_a_plain_dataloaders_worker_copies_on_its_own_thread(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(rowcopy.sysinfo, "process_loader_cpus", lambda: 2)
+    write_arrays(tmp_path / "src", {"x": 2, "y": 2}, shape=(4,), seed=1)
+    gpufeed.pack(tmp_path / "src", tmp_path / "ds.mmap", format="mmap", workers=1, quiet=True)
+    ds = gpufeed.open_dataset(tmp_path / "ds.mmap", transform=_threads_seen)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=2, num_workers=1, multiprocessing_context="fork"
+    )
+    assert [x.tolist() for x, _ in loader] == [[1, 1], [1, 1]]
 
 
 def test_copy_buffers_fills_rows_on_two_threads_when_large(copiers_of_buffers):

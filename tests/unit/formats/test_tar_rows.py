@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from unit_sources import write_arrays
 
 import gpufeed
 from gpufeed.errors import CorruptSampleError, DataError
@@ -19,13 +18,13 @@ N = 60
 
 
 @pytest.fixture(scope="module")
-def tar_pack(tmp_path_factory):
+def tar_pack(pack_factory):
     """60 samples int16 [3, 8, 10] (480 bytes: not a multiple of 512) in shards of 16, 16,
     16 and 12."""
-    root = tmp_path_factory.mktemp("tarrows")
-    write_arrays(root / "src", {"x": 30, "y": 30}, shape=(3, 8, 10), seed=9, dtype=np.int16)
-    gpufeed.pack(root / "src", root / "ds.tar", format="tar", workers=1, quiet=True, shard_size=16)
-    return root / "ds.tar"
+    classes = {"x": 30, "y": 30}
+    return pack_factory(
+        "tar", classes=classes, shape=(3, 8, 10), seed=9, dtype=np.int16, shard_size=16
+    )
 
 
 def one_by_one(reader, indices):

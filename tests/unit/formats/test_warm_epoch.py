@@ -6,20 +6,18 @@ advice walks every page: 6% of a warm stream)."""
 
 from __future__ import annotations
 
-import gc
 import mmap
-import os
 
 import numpy as np
 import pytest
-from unit_sources import evict, write_arrays
+from unit_sources import write_arrays
 
 import gpufeed
 from gpufeed.data.samplers import LookaheadBatch, SortedBatchSampler
 from gpufeed.formats.open import open_reader
 from gpufeed.pagecache import advise as readahead
-from gpufeed.pagecache import maps
 from gpufeed.pagecache.advise import WARM_PROBES, ask_unless_cached, looks_warm
+from gpufeed.pagecache.plan import ReadAheadPlan
 
 FORMATS = ["mmap", "hdf5", "lmdb", "tar"]
 
@@ -80,25 +78,17 @@ def test_a_tar_stream_asks_for_the_runs_it_reads_only_when_they_are_cold(tmp_pat
 def test_a_warm_epoch_gets_plain_batches_a_cold_one_its_blocks():
     order = np.random.default_rng(3).permutation(64).tolist()
     plain = list(SortedBatchSampler(order, 8))
-    sampler = SortedBatchSampler(order, 8)
-    sampler.range_block, sampler.lookahead = 4, 2
     told = iter([True, False])
     asked = []
-    sampler.looks_warm = lambda: asked.append(1) or next(told)
+    plan = ReadAheadPlan(
+        lookahead=2, range_block=4, looks_warm=lambda: asked.append(1) or next(told)
+    )
+    sampler = SortedBatchSampler(order, 8, read_ahead=plan)
     warm, cold = list(sampler), list(sampler)
     assert len(asked) == 2  # once an epoch, not once a batch
     assert warm == plain and not any(isinstance(b, LookaheadBatch) for b in warm)
     assert [list(b) for b in cold] == plain
     assert sum(len(b.ranges or ()) for b in cold) == 16  # every block announced
-
-
-def evict_pack(dest) -> None:
-    """Every file of a pack out of the page cache: its maps forgotten first (pages a process
-    maps are not evicted)."""
-    maps.forget_maps(dest)
-    gc.collect()
-    for f in dest.iterdir():
-        evict(f)
 
 
 def read(reader, indices: np.ndarray) -> None:
@@ -118,16 +108,15 @@ def packs(tmp_path_factory):
     return out
 
 
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_reader_looks_warm_once_read_and_cold_once_evicted(packs, fmt):
+def test_a_reader_looks_warm_once_read_and_cold_once_evicted(packs, fmt, evict):
     dest = packs / fmt
     reader = open_reader(dest)
     everything = np.arange(reader.count, dtype=np.int64)
     read(reader, everything)
     assert reader.looks_warm()
     reader.close()
-    evict_pack(dest)
+    evict(dest)
     reader = open_reader(dest)
     if fmt == "hdf5" and not isinstance(reader.handle, np.ndarray):
         assert not reader.looks_warm()  # read through h5py's cache: it cannot tell
@@ -141,9 +130,8 @@ def test_a_reader_looks_warm_once_read_and_cold_once_evicted(packs, fmt):
     reader.close()
 
 
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
 @pytest.mark.parametrize("fmt", ["mmap", "lmdb", "tar"])
-def test_make_loader_announces_blocks_only_in_epochs_that_are_not_warm(packs, fmt):
+def test_make_loader_announces_blocks_only_in_epochs_that_are_not_warm(packs, fmt, evict):
     dest = packs / fmt
     loader = gpufeed.make_loader(gpufeed.open_dataset(dest), 32, shuffle=True, num_workers=0)
     assert loader.batch_sampler.range_block > 0
@@ -151,7 +139,7 @@ def test_make_loader_announces_blocks_only_in_epochs_that_are_not_warm(packs, fm
         pass
     assert not any(isinstance(b, LookaheadBatch) for b in loader.batch_sampler)
     loader.dataset.reader.close()
-    evict_pack(dest)
+    evict(dest)
     if loader.dataset.reader.looks_warm():
         pytest.skip(f"{dest}: cannot evict files here (tmpfs?)")
     batches = list(loader.batch_sampler)

@@ -17,10 +17,8 @@ from gpufeed.loading.device_decode import DeviceDecode, decode_device
 
 
 @pytest.fixture(scope="module")
-def jpeg_pack(tmp_path_factory, jpeg_folder):
-    dest = tmp_path_factory.mktemp("devdec") / "ds.mmap"
-    gpufeed.pack(jpeg_folder, dest, format="mmap", workers=1, quiet=True)
-    return dest
+def jpeg_pack(pack_factory):
+    return pack_factory("mmap", "jpegs")
 
 
 def test_where_a_batch_is_decoded(monkeypatch):

@@ -3,7 +3,6 @@ per-process handles after the parent measured, tar shard splitting."""
 
 import pytest
 import torch
-from unit_sources import write_arrays
 
 import gpufeed
 from gpufeed.loading.make import make_loader
@@ -12,13 +11,10 @@ N = 103
 
 
 @pytest.fixture(scope="module")
-def packs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("loader_packs")
-    write_arrays(root / "src", {"x": 60, "y": 43}, shape=(3, 8, 8))
+def packs(pack_factory):
     out = {}
     for fmt, kw in [("lmdb", {}), ("hdf5", {}), ("tar", {"shard_size": 10})]:
-        gpufeed.pack(root / "src", root / fmt, fmt, quiet=True, workers=1, **kw)
-        out[fmt] = root / fmt
+        out[fmt] = pack_factory(fmt, classes={"x": 60, "y": 43}, shape=(3, 8, 8), **kw)
     return out
 
 

@@ -26,7 +26,7 @@ from torch.utils.data import (
     Subset,
     random_split,
 )
-from unit_sources import ROOT, write_arrays
+from unit_sources import ROOT
 
 import gpufeed
 from gpufeed.loading.make import make_loader
@@ -47,16 +47,14 @@ pytestmark = [
 
 
 @pytest.fixture(scope="session")
-def contract_packs(tmp_path_factory) -> dict[str, Path]:
+def contract_packs(pack_factory) -> dict[str, Path]:
     """Small packs of the same 40 distinct uint8 arrays (classes a and b), every format;
     the tar pack in 8 shards of 5."""
-    root = tmp_path_factory.mktemp("contract")
-    write_arrays(root / "src", {"a": N // 2, "b": N // 2}, shape=SHAPE, seed=3)
     packs = {}
     for fmt in ("hdf5", "lmdb", "mmap", "tar"):
         kw = {"shard_size": 5} if fmt == "tar" else {}
-        packs[fmt] = root / fmt
-        gpufeed.pack(root / "src", packs[fmt], format=fmt, workers=1, quiet=True, **kw)
+        classes = {"a": N // 2, "b": N // 2}
+        packs[fmt] = pack_factory(fmt, classes=classes, shape=SHAPE, seed=3, **kw)
     return packs
 
 

@@ -16,9 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from unit_sources import write_arrays
-
-import gpufeed
 
 SHM = Path("/dev/shm")
 # DataLoader workers check their parent every 5 s (MP_STATUS_CHECK_INTERVAL); generous on top
@@ -53,11 +50,8 @@ while True:  # an epoch of 12 steps: the parent signals during the first one
 
 
 @pytest.fixture(scope="module")
-def pack_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("cleanup_pack")
-    write_arrays(root / "src", {"x": 24, "y": 24}, shape=(3, 16, 16))
-    gpufeed.pack(root / "src", root / "pack", "lmdb", quiet=True, workers=1)
-    return root / "pack"
+def pack_dir(pack_factory) -> Path:
+    return pack_factory("lmdb", classes={"x": 24, "y": 24}, shape=(3, 16, 16))
 
 
 Proc = tuple[int, int]  # (pid, start time): a pid reused by another process is not ours

@@ -17,7 +17,6 @@ import torch
 from gpufeed.data.open import open_dataset
 from gpufeed.loading.make import make_loader
 from gpufeed.storage import upload_pack
-from gpufeed.write.pack import pack
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -37,10 +36,8 @@ RANK = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def nine_shards(array_folder, tmp_path_factory):
-    dest = tmp_path_factory.mktemp("dist") / "tar9"
-    pack(array_folder, dest, "tar", shard_size=2, quiet=True)  # 17 samples: 9 shards
-    return dest
+def nine_shards(pack_factory):
+    return pack_factory("tar", shard_size=2)  # 17 samples: 9 shards
 
 
 def test_two_ranks_share_a_node_cache_and_fetch_only_their_shards(

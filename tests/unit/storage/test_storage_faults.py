@@ -14,16 +14,13 @@ from gpufeed.data.open import open_dataset
 from gpufeed.errors import CacheFullError, CredentialsError, ObjectNotFoundError
 from gpufeed.loading.make import make_loader
 from gpufeed.storage import upload_pack
-from gpufeed.write.pack import pack
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def shards(array_folder, tmp_path_factory):
-    dest = tmp_path_factory.mktemp("faults") / "tar9"
-    pack(array_folder, dest, "tar", shard_size=2, quiet=True)  # 17 samples: 9 shards
-    return dest
+def shards(pack_factory):
+    return pack_factory("tar", shard_size=2)  # 17 samples: 9 shards
 
 
 def no_parts(cache) -> bool:

@@ -18,16 +18,15 @@ import torch
 
 import gpufeed
 from gpufeed import cli
+from gpufeed.errors import UsageError
 from gpufeed.tools import bench, gpu_report, timing
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
-def mmap_pack(tmp_path_factory, array_folder):
-    dest = tmp_path_factory.mktemp("bench") / "pack"
-    gpufeed.pack(array_folder, dest, format="mmap", workers=1, quiet=True)
-    return dest
+def mmap_pack(pack_factory):
+    return pack_factory("mmap")
 
 
 def fake_batches(n, size=4, delay=0.0):
@@ -137,7 +136,7 @@ def test_split_decode_ships_encoded_bytes_only_for_the_gpu():
         opts, device_crop, where = split_decode({"decode": crop}, "cuda", "auto")
         assert (opts, device_crop) == ({"decode": False}, crop) and where.startswith("cuda")
     else:
-        with pytest.raises(gpufeed.UsageError, match="no CUDA device"):
+        with pytest.raises(UsageError, match="no CUDA device"):
             split_decode({"decode": crop}, "cuda", "cuda")
 
 

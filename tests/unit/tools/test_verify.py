@@ -21,13 +21,8 @@ FORMATS = ("hdf5", "lmdb", "tar", "mmap")
 
 
 @pytest.fixture(scope="module")
-def packs(tmp_path_factory, array_folder):
-    root = tmp_path_factory.mktemp("verify")
-    out = {}
-    for fmt in FORMATS:
-        out[fmt] = root / fmt
-        gpufeed.pack(array_folder, out[fmt], format=fmt, workers=1, quiet=True)
-    return out
+def packs(pack_factory):
+    return {fmt: pack_factory(fmt) for fmt in FORMATS}
 
 
 def fresh(tmp_path, array_folder, fmt="mmap"):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PYTHON_ENV = {**os.environ, "PYTHONPATH": str(ROOT / "app" / "src")}
 
 
@@ -76,14 +76,31 @@ def pack_with_broken_jpeg(tmp_path: Path, count: int = 3, broken: int = 1) -> Pa
     return dest
 
 
-def evict(path) -> None:
-    """Drop a file's pages from the page cache (synced first: dirty pages are not dropped)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+def evict(path) -> bool:
+    """Drop a file's pages from the page cache, or every file's under a folder (synced first:
+    dirty pages are not dropped; gpufeed's kept maps of it forgotten first: mapped pages are
+    not dropped). False where the kernel kept pages (tmpfs): the caller skips."""
+    import gc
+
+    from gpufeed.pagecache import maps
+
+    path = Path(path)
+    maps.forget_maps(path)
+    gc.collect()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return not any(_any_page_cached(f) for f in files)
+
+
+def _any_page_cached(path: Path) -> bool:
+    size = os.path.getsize(path)
+    return bool(size) and resident_share(path, 0, size) > 0
 
 
 def resident_pages(arr: np.ndarray) -> np.ndarray:
