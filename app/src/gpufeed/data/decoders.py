@@ -162,7 +162,7 @@ class RandomResizedCrop:
       the batch: by ``cv2.resize`` bilinear when it is enlarged (torchvision's antialiased
       bilinear is the same filter there), by torchvision's antialiasing kernel when it is
       shrunk. Pixels match torchvision's to
-      within 1 (uint8 rounding); faster than the torch backend (docs/benchmarks.md).
+      within 1 (uint8 rounding); faster than the torch backend (docs/performance/jpeg-decode.md).
     - ``"torch"``: torchvision's ``decode_jpeg`` and its bilinear antialiased resize, the
       same pixels as ``transforms.v2.RandomResizedCrop`` + ``RandomHorizontalFlip`` for the
       same box.

@@ -2,8 +2,8 @@
 
 Fixed-shape samples are copied once into a bounded heap buffer of slots (``SlotPool``) and
 gathered from there: a batch drawn from ~20 runs read through a shard's memory map costs
-the copy its page faults, from the heap it is one np.take (docs/benchmarks.md, "Issue 16
-phase 7"). Encoded and multi-field samples, and buffers too big to copy
+the copy its page faults, from the heap it is one np.take (docs/performance/tar-stream.md,
+"Tar read like mmap"). Encoded and multi-field samples, and buffers too big to copy
 (``SLOT_POOL_MAX_BYTES``), are held as references to the runs as read (``SamplePool``).
 Where the reader can gather samples in any order from its kept maps (a local tar pack of
 fixed-shape samples at one stride a shard, formats/tar/rows.py), the pool holds only their

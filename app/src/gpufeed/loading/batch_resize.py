@@ -9,7 +9,7 @@ So the resize of one crop is ``Wy @ crop @ Wx.T``, and a batch of crops of diffe
 one ``matmul`` over crops zero-padded to the batch's largest box with each image's weights
 zero beyond its own box; the flips are one ``where`` over the result. The weights are built
 on the device, the crops copied in one kernel each: 2 + N kernels a chunk, where a per-image
-``resized_crop`` launches 6-8 per image (docs/benchmarks.md "GPU decode").
+``resized_crop`` launches 6-8 per image (docs/performance/jpeg-decode.md, "GPU decode").
 
 Pixels: torch's own weights (the same formula, tested against torch's kernel); the products
 run in float32 with TF32 off for their duration, so a training script's ``allow_tf32`` cannot

@@ -45,7 +45,7 @@ __all__ = [
 # shared memory, no startup and no extra copies of the dataset's state.
 _WORKER_MARGIN = 1.10
 # Steady-state span the worker probe times (after start-up), at least: shorter spans on a
-# shared machine misjudged workers (docs/benchmarks.md).
+# shared machine misjudged workers (docs/performance/worker-plan.md).
 _WORKER_SPAN_S = 0.3
 
 Plan = tuple[int, str, dict[str, float], int | None]
@@ -120,8 +120,8 @@ def default_multiprocessing_context() -> str | None:
     initialised CUDA (``model.cuda()`` before building the loader) spawn is the safe default.
     A dataset read by URL forks too: obstore's tokio runtime does not survive a fork, so a
     forked worker fetches through a helper process (:mod:`gpufeed.storage.helper`); fork still
-    reached the first batch 6.5x sooner than spawn with a cold cache, 32x with a warm one
-    (``python -m bench.url_workers``, docs/object-storage.md).
+    reaches the first batch well before spawn, cold or warm (``python -m
+    bench.studies.url_workers``; docs/performance/object-storage-fetch.md).
     Other platforms keep Python's default (spawn on macOS and Windows).
     """
     if not sys.platform.startswith("linux"):
@@ -366,7 +366,7 @@ class _Probe:
         # page cache, so workers and the second round compare warm reads. A plan measured
         # while the pages were on disk would be kept for the warm epochs after it (made once
         # per pack and process), and there workers lose to in-process for cheap samples
-        # (docs/benchmarks.md); cold, large samples are read ahead instead
+        # (docs/performance/worker-plan.md); cold, large samples are read ahead instead
         # (SortedBatchSampler.lookahead).
         in_batches = list(itertools.islice(iter(batch_indices), 17))
         # enough for _WORKER_SPAN_S of cheap batches; the probe stops on time, not on count
@@ -425,10 +425,10 @@ class _Probe:
             return t_model, f"estimated ({unmeasured})"
         self.measured[f"workers{workers}_batches_per_s"] = 1.0 / t_w
         # In-process counts its faster round; the workers get the same allowance (a short
-        # probe on a busy machine undersells them, docs/benchmarks.md): the model stands in
-        # when it is faster, but only where the measurement has workers at least as fast as
-        # in-process. Workers measured slower stay slower: a model never overturns a
-        # measurement in the direction the measurement contradicts.
+        # probe on a busy machine undersells them, docs/performance/worker-plan.md): the
+        # model stands in when it is faster, but only where the measurement has workers at
+        # least as fast as in-process. Workers measured slower stay slower: a model never
+        # overturns a measurement in the direction the measurement contradicts.
         if t_model < t_w <= t_in:
             self.measured[f"workers{workers}_batches_per_s_model"] = 1.0 / t_model
             return t_model, "modelled (the measurement was slower)"

@@ -1,15 +1,16 @@
 """Memory maps kept across readers in one process.
 
 A new map of a file starts with no page-table entries: every page of a warm pass is a minor
-fault again (docs/benchmarks.md, the `large` case). Training reopens a pack more often than it
-looks (a loader per epoch, a dataset per evaluation, the suite's pass per loader), so the
-readers take their maps from here: the same file (path and identity: device, inode, size,
-mtime) mapped the same way gets the map this process already has, with its pages already
-mapped. At most ``KEEP_MAPS`` are kept (least recently used dropped first); a map of a file
-that was replaced since is dropped when the new one is asked for, so no reader sees old bytes.
-A kept map keeps its file open: disk space freed by deleting a pack returns when the map is
-dropped (``forget_maps``; gpufeed's own replacement of a pack, ``pack --overwrite`` or a
-Writer's ``overwrite=True``, does that) or the process ends.
+fault again (docs/performance/page-cache-read-ahead.md, "Maps kept across passes"). Training
+reopens a pack more often than it looks (a loader per epoch, a dataset per evaluation, the
+suite's pass per loader), so the readers take their maps from here: the same file (path and
+identity: device, inode, size, mtime) mapped the same way gets the map this process already
+has, with its pages already mapped. At most ``KEEP_MAPS`` are kept (least recently used
+dropped first); a map of a file that was replaced since is dropped when the new one is asked
+for, so no reader sees old bytes. A kept map keeps its file open: disk space freed by
+deleting a pack returns when the map is dropped (``forget_maps``; gpufeed's own replacement
+of a pack, ``pack --overwrite`` or a Writer's ``overwrite=True``, does that) or the process
+ends.
 
 Maps inherited through fork stay valid in the child (read-only, shared file mappings), so a
 forked DataLoader worker reuses them too.

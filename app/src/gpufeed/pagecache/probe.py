@@ -4,8 +4,8 @@ For a file a process neither owns nor may write, mincore answers "every page res
 (mm/mincore.c, can_do_mincore: no page-cache side channel), so a cold pack looks warm and
 advise.py would read nothing ahead: a dataset owned by another user, or mounted
 read-only, read by a container running as a non-root user (ours do). Such a reader asks the
-file itself (:class:`FileProbe`, :func:`file_cached`: preadv2 with RWF_NOWAIT), measured
-1.26-1.35x on cold shuffled passes (docs/benchmarks.md).
+file itself (:class:`FileProbe`, :func:`file_cached`: preadv2 with RWF_NOWAIT)
+(docs/performance/page-cache-read-ahead.md, "Reading ahead as a non-root user").
 """
 
 from __future__ import annotations

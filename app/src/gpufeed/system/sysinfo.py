@@ -338,8 +338,8 @@ def read_ahead_kb(path: str | os.PathLike, sys_root: str | os.PathLike = "/sys")
     """The read-ahead window (KiB) of the block device holding `path`, or None where there is
     none to read (overlay, tmpfs, network filesystems). Through a memory map with the default
     advice a page fault reads this much around the page, so a few hundred random faults can
-    read a whole file (8 MiB on the machine of docs/benchmarks.md; 128 KiB is the kernel's
-    default)."""
+    read a whole file (128 KiB is the kernel's default; larger on many machines:
+    docs/performance/lmdb-reads.md)."""
     dev = os.stat(path).st_dev
     device = Path(sys_root, "dev", "block", f"{os.major(dev)}:{os.minor(dev)}")
     # a partition's queue/ is its disk's, one level up

@@ -27,8 +27,7 @@ MAX_DEFAULT_WORKERS = 8
 # processes only if the rest would outlast starting them
 PROBE_S = 0.25
 # what starting one spawned pack worker (numpy, PIL and torch imported) costs; measured in
-# docs/benchmarks.md. A forked one (where the platform forks) has them already: 0.05 s to
-# its first result, with torch imported in the parent (1.6 s spawned)
+# docs/performance/conversion.md. A forked one (where the platform forks) has them already
 WORKER_START_S = 2.0
 FORK_START_S = 0.25
 PR_SET_PDEATHSIG = 1
@@ -76,7 +75,7 @@ def ordered_map(
     With measure_total (the number of paths), the first items are read in-process for
     PROBE_S and the pool starts only if the rest, split over the workers, saves more than
     WORKER_START_S (for small sources, starting workers costs more than they save: see
-    docs/benchmarks.md)."""
+    docs/performance/conversion.md)."""
     it = iter(paths)
     if workers > 1 and measure_total is not None:
         done, spent = 0, 0.0

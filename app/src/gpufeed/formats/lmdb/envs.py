@@ -29,7 +29,7 @@ _ENVS: dict[tuple, list] = {}
 # next samples need. torchvision's readahead=False (MADV_RANDOM) makes a cold read one 4 KiB
 # page fault at a time: an order of magnitude slower cold, block-shuffled or fully random
 # alike, no faster warm, and advising WILLNEED over a batch's values did not recover it
-# (docs/benchmarks.md). Pass readahead=False for purely random access to a dataset much
+# (docs/performance/lmdb-reads.md). Pass readahead=False for purely random access to a dataset much
 # bigger than RAM, where read-around would only evict useful pages.
 DEFAULT_READAHEAD = True
 

@@ -20,6 +20,6 @@ _POW10 = 10 ** np.arange(9, -1, -1, dtype=np.int64)
 
 def keys(indices: np.ndarray) -> list[bytes]:
     """key(i) for every index, built in numpy: a Python format per key cost a third of a warm
-    batch's read (docs/benchmarks.md, "Measurements behind the code")."""
+    batch's read (docs/performance/index.md, "Measurements behind the code")."""
     digits = (np.asarray(indices, dtype=np.int64)[:, None] // _POW10) % 10 + ord("0")
     return digits.astype(np.uint8).view("S10").ravel().tolist()

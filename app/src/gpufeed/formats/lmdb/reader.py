@@ -45,7 +45,7 @@ from gpufeed.pagecache.maps import kept_map
 # between them; a pack whose values stray from it is not read ahead, nor one whose records
 # vary in size (encoded images, fields: reads_ranges_ahead). The
 # blocks are then read in and mapped by READ_AHEAD_THREADS threads (MADV_POPULATE_READ):
-# two requests in flight, and no page fault left for the copy (docs/benchmarks.md).
+# two requests in flight, and no page fault left for the copy (docs/performance/lmdb-reads.md).
 LINE_SLACK = 4  # values' bytes a value may stray from the line, either way
 
 
@@ -224,9 +224,10 @@ class LMDBReader(Reader):
 
     @property
     def reads_ranges_ahead_in_order(self) -> bool:
-        # a cold pass in storage order: 1.56-2.48x with blocks read ahead; warm 1.00x, as an
-        # epoch that looks cached announces none (docs/benchmarks.md, "LMDB in storage
-        # order" and "A warm epoch announces nothing"); measured for fixed-size records only
+        # a cold pass in storage order gains with blocks read ahead, a warm one loses nothing
+        # (docs/performance/lmdb-reads.md, "LMDB in storage order";
+        # page-cache-read-ahead.md, "A warm epoch announces nothing"); measured for
+        # fixed-size records only
         return self.spec.kind == "array"
 
     def looks_warm(self) -> bool:

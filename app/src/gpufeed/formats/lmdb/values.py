@@ -5,17 +5,17 @@ ahead by block as fixed-size ones are by their line (lmdb.line_spans).
 Records of varying sizes lie on no line, and LMDB's API gives a value's place only through
 a lookup, which faults in the B-tree's pages: a block's bytes could not be found without
 reading them. The writer knows them while the file is still in memory: int64 ``[N, 2]``,
-each record's (offset in data.mdb, size). A cold shuffled pass over a JPEG pack measured
-1.08x with its blocks read ahead by the table (docs/benchmarks.md, "LMDB JPEG blocks").
+each record's (offset in data.mdb, size). A cold pass over a JPEG pack then waits on no
+fault (docs/performance/lmdb-reads.md, "JPEG blocks read ahead by a table of value offsets").
 
 The table is a hint, checked before use: the sha256 the manifest records for it (a table
 edited since is not used), its shape, its bytes inside data.mdb (a read past the end of a
 mapped file is a SIGBUS), and three records' places against LMDB's own answer. A pack whose
 table is missing or does not match reads the same, without it.
 
-**Records read by their place** (:class:`PlacedRecords`). A warm shuffled batch of 256 raw
-records spent 230 us in lookups (``txn.get``: a Python call and the B-tree's pages each)
-beside 380 us copying them (docs/benchmarks.md, "LMDB records read by their place"). The
+**Records read by their place** (:class:`PlacedRecords`). Lookups (``txn.get``: a Python call
+and the B-tree's pages each) were two fifths of a warm batch's read of raw records
+(docs/performance/lmdb-reads.md, "Records read by their place"). The
 writer also records which committed B-tree its table describes (:func:`snapshot`: LMDB's
 last transaction id and last page, in the manifest's layout). Every write to an environment
 commits a new transaction, and a compacting copy (``mdb_copy -c``) starts over at
@@ -169,7 +169,7 @@ class PlacedRecords:
         """A new uint8 ``[len(indices), width]`` array of records of ``width`` bytes each
         (every record's size: checked with the table), copied by one fancy index of the
         map seen as overlapping rows, row k at byte k (faster than joining the records'
-        views: 0.92x the time, docs/benchmarks.md)."""
+        views: docs/performance/lmdb-reads.md)."""
         if self._window is None or self._window.shape[1] != width:
             shape = (len(self._map) - width + 1, width)
             self._window = np.lib.stride_tricks.as_strided(

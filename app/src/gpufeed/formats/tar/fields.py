@@ -5,8 +5,9 @@ bytes are an optional prefix (a .npy header, or the whole member for int and flo
 whose text is made here) and then a run of the part's payload. The ustar headers of a run of
 samples come from one numpy computation (gpufeed.formats.tar.members.member_headers), and the
 run's bytes are assembled into one buffer written with one call: the writer process of
-``gpufeed.pack(fn)`` spent 25 us a sample building headers and 8 write buffers a member one
-by one, the largest part of its CPU time (docs/benchmarks.md, "Conversion").
+``gpufeed.pack(fn)`` spent the largest part of its CPU time building headers and write
+buffers a member at a time (docs/performance/conversion.md, "The tar writer a run at a
+time").
 """
 
 from __future__ import annotations
