@@ -385,3 +385,15 @@ def test_arrow_offsets_past_their_buffer_are_an_error(tmp_path, python_env):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("DataError") and str(path) in out.stdout, out.stdout
+
+
+def test_the_row_group_cache_is_bounded(shards):
+    """At least cache_row_groups row groups are kept, more while under cache_bytes."""
+    everything = ParquetReader(shards, columns=["id"])
+    everything.read_batch(np.arange(ROWS))
+    n = len(everything.group_file)  # 8, 8, 4 rows in each file
+    assert len(everything.handle["groups"]) == n == 6  # a small set stays whole
+    bounded = ParquetReader(shards, columns=["id"], cache_row_groups=2, cache_bytes=0)
+    for lo in bounded.group_start[:-1]:
+        bounded.read_batch(np.array([lo]))
+    assert list(bounded.handle["groups"]) == [n - 2, n - 1]

@@ -11,9 +11,11 @@ Each column is a field (gpufeed.formats.inplace.arrow_columns), ``columns=`` pic
 column named ``label`` of integers gives the labels (a Hugging Face ClassLabel its class
 names). The unit of I/O is the row group (a record batch of an Arrow file): a batch's rows are
 gathered per row group, each needed one read once with only the chosen columns, and each
-process keeps its last ``cache_row_groups`` (16) row groups: make_loader's block shuffle
-mixes ``buffer_blocks`` (16) row groups at a time, so a cache at least that large reads each
-row group once an epoch. ``preferred_block_size`` is the row-group size (make_loader's block).
+process keeps its last row groups: at least ``cache_row_groups`` (16; make_loader's block
+shuffle mixes ``buffer_blocks``, 16, row groups at a time, so each is read once an epoch),
+more while they hold under ``cache_bytes`` (256 MiB: a small set stays whole, as a plain
+DataLoader's uniform shuffle wants). ``preferred_block_size`` is the row-group size
+(make_loader's block).
 Files are opened lazily, per process (fork and spawn safe).
 
 Everything in the files is untrusted: a footer, a row count, a page that does not read is a
@@ -60,6 +62,8 @@ MAX_ROWS = 1 << 40
 # make_loader's block shuffle mixes buffer_blocks (16: data/order.py) row groups at a time:
 # a cache that holds them reads each row group once an epoch
 CACHE_ROW_GROUPS = 16
+# more row groups are kept while they hold under this many bytes (per process)
+CACHE_BYTES = 256 << 20
 INSTALL = "install pyarrow: pip install 'gpufeed[parquet]'"
 
 
@@ -165,7 +169,8 @@ class _File:
         self.parquet = None
         self.batches = None
         if _has_magic(path):
-            self.parquet = pq.ParquetFile(path, memory_map=True)
+            # read, not mapped: a file of theirs truncated while mapped would be a SIGBUS
+            self.parquet = pq.ParquetFile(path, memory_map=False)
             self.schema = self.parquet.schema_arrow
             meta = self.parquet.metadata
             self.rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
@@ -221,7 +226,8 @@ def _first_group(f: _File, names: list[str]):
 class ParquetReader(Reader):
     """Rows of Parquet files or a ``datasets`` folder as multi-field samples (module
     docstring). ``columns``: the columns to read (default all); ``cache_row_groups``: how
-    many decoded row groups each process keeps."""
+    many decoded row groups each process keeps at least; ``cache_bytes``: more while they
+    hold under that many bytes."""
 
     format_name = "parquet"
     checksums = False  # Parquet's page checksums are pyarrow's to check, not per sample
@@ -232,6 +238,7 @@ class ParquetReader(Reader):
         *,
         columns: list[str] | None = None,
         cache_row_groups: int = CACHE_ROW_GROUPS,
+        cache_bytes: int = CACHE_BYTES,
     ):
         files = parquet_files(path)
         if not files:
@@ -240,6 +247,7 @@ class ParquetReader(Reader):
             raise UsageError(f"cache_row_groups={cache_row_groups!r}: at least 1")
         self.files = [str(f) for f in files]
         self.cache_row_groups = int(cache_row_groups)
+        self.cache_bytes = int(cache_bytes)
         first = _opened(files[0])
         names = self._columns(path, first.schema, columns)
         self.columns = names
@@ -354,7 +362,7 @@ class ParquetReader(Reader):
 
     # -- reading -------------------------------------------------------------------------
     def _open(self):
-        return {"files": {}, "groups": OrderedDict()}
+        return {"files": {}, "groups": OrderedDict(), "bytes": 0}
 
     def _close(self, handle) -> None:
         handle["files"].clear()
@@ -393,8 +401,10 @@ class ParquetReader(Reader):
             ) from None
         self._check_rows(g, f, table.num_rows)
         cache[g] = table
-        while len(cache) > self.cache_row_groups:
-            cache.popitem(last=False)
+        held = self.handle["bytes"] + table.nbytes
+        while len(cache) > self.cache_row_groups and held > self.cache_bytes:
+            held -= cache.popitem(last=False)[1].nbytes
+        self.handle["bytes"] = held
         return table
 
     def location(self, index: int) -> str:
