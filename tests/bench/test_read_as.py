@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user needs root")
