@@ -167,9 +167,10 @@ def test_options_that_do_not_fit_are_usage_errors(packs, tmp_path):
 
 
 def test_token_dtype_and_the_writer_refusing_ids_that_do_not_fit(tmp_path):
-    from gpufeed.write.tokens import token_dtype
+    from gpufeed.write.tokens import token_dtype, token_schema
 
     assert token_dtype(50257) == np.uint16 and token_dtype(65536) == np.uint16
+    assert token_schema(128256) == {"tokens": "uint32[-1]"}
     assert token_dtype(65537) == np.uint32 and token_dtype(128256) == np.uint32
     with pytest.raises(UsageError):
         token_dtype(0)
