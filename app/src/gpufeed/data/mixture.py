@@ -206,6 +206,11 @@ class Mixture(Dataset):
             )
         return {**sample, self.source_field: self.names[i]}
 
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_walks"] = {}  # a pass is a permutation of its source: made again where read
+        return state
+
     def close(self) -> None:
         """Close every source that can be closed (their readers, maps)."""
         for source in self.sources:
