@@ -71,8 +71,8 @@ def decode_resized_crops(
     (gpufeed.data.decoders.decode_image) and resize with the same kernel.
 
     ``threads``: decoder threads for this call (the caller's thread is one of them).
-    ``dct_scaling``: let libjpeg-turbo shrink a box that is at least 2x the output by 2, 4 or 8
-    in the IDCT first: faster on large pictures, but no longer torchvision's pixels (see
+    ``dct_scaling``: let libjpeg-turbo shrink a box that is at least twice the output by 2, 4
+    or 8 in the IDCT first: faster on large pictures, but no longer torchvision's pixels (see
     docs/jpeg.md for the measured difference); off by default. ``with_params``: also each
     kept image's crop, int64 [N, 5] (top, left, h, w, flipped), as a fourth value.
     """

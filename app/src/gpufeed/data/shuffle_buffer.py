@@ -162,8 +162,8 @@ class SamplePool:
             entry = self.chunks[cid]
             r = rows[a : a + k]
             if entry[1] is not None:
-                # an unshuffled stream's runs too: torch's intra-op threads copied them 1.22x
-                # faster than a numpy slice copy (QUICK warm/sequential, 4 alternated runs)
+                # an unshuffled stream's runs too: torch's intra-op threads copy them faster
+                # than a numpy slice copy (docs/performance/tar-stream.md)
                 torch.index_select(entry[1], 0, torch.from_numpy(r), out=out_rows[a : a + k])
             else:
                 take_rows(entry[0], r, out[a : a + k])
@@ -172,7 +172,7 @@ class SamplePool:
 
     def _take_references(self, chunk_of, rows, ids, counts) -> list:
         """take's samples held as a list each (encoded, fields): one Python lookup a sample
-        (a numpy slice and index a run, ~80 runs a batch of 256, cost 0.52 ms a take)."""
+        (a numpy slice and index a run cost more: docs/performance/jpeg-decode.md)."""
         chunks = self.chunks
         out = [chunks[c][0][r] for c, r in zip(chunk_of.tolist(), rows.tolist(), strict=True)]
         for cid, k in zip(ids.tolist(), counts.tolist(), strict=True):

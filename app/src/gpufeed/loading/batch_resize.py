@@ -33,8 +33,8 @@ def aa_weights(extents: torch.Tensor, out_size: int, pad: int) -> torch.Tensor:
     weights of output ``i`` over input positions ``0 .. pad-1`` of a crop ``extents[n]``
     long (zero past it), as torch's ``_compute_indices_min_size_weights_aa`` computes them
     (in float64 here, rounded once). Built where the products run: a batch's weights are tens
-    of MB, too many to compute on the CPU and copy (measured on an H200: 181 ms a batch of
-    256 that way, against 32 ms for the per-image loop)."""
+    of MB, too many to compute on the CPU and copy (docs/performance/jpeg-decode.md, "GPU
+    decode, measured once on an H200")."""
     dev = extents.device
     ext = extents.to(torch.float64)
     scale = ext / out_size  # [N]

@@ -95,7 +95,8 @@ class RemotePack:
             return self.cache.get(entry, self._download, on_landing)
         for _ in range(HELPER_TRIES):
             # a download in progress (the parent's, say: an mmap pack's sample file, read
-            # early there) is waited for: starting a helper costs its imports (~1 s)
+            # early there) is waited for: starting a helper costs its imports
+            # (docs/performance/object-storage-fetch.md)
             pin = self.cache.pin(entry) or self.cache.pin_after_download(entry)
             if pin is not None:
                 self.stats.add(hits=1)

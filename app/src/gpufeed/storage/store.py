@@ -38,7 +38,8 @@ from gpufeed.errors import (
 )
 from gpufeed.storage.urls import RemoteURL
 
-STREAM_CHUNK = 64 << 10  # bytes per read; larger ones cost obstore more CPU (8 MiB: 2x)
+# bytes per read; larger ones cost obstore more CPU (docs/performance/object-storage-fetch.md)
+STREAM_CHUNK = 64 << 10
 MULTIPART_CHUNK = 16 << 20  # upload part size (S3 needs >= 5 MiB parts)
 MULTIPART_CONCURRENCY = 4
 CREDENTIAL_HELP = (
@@ -47,8 +48,8 @@ CREDENTIAL_HELP = (
 )
 _client_pid: int | None = None  # the process that made an obstore client (started its runtime)
 # obstore clients of this process by URL, options and the settings environment: making one
-# costs ~8 ms (its HTTP client and TLS roots), and opening a pack by URL made two (the
-# manifest, then the reader)
+# (its HTTP client and TLS roots) is not free, and opening a pack by URL made two (the
+# manifest, then the reader; docs/performance/object-storage-fetch.md)
 _clients: dict[tuple[str, str, str], Any] = {}
 _SETTINGS_ENV = ("AWS_", "GOOGLE_", "AZURE_")
 MAX_CLIENTS = 16

@@ -245,8 +245,8 @@ def loader_cpus(budget: CpuBudget | None = None) -> tuple[int, str]:
 def process_loader_cpus() -> int:
     """``loader_cpus()[0]`` read once per process: what a batch sizes its threads by (the
     native JPEG decoder's, the row copy's), without reading the cgroup files again for every
-    batch (60-100 us a batch). Keyed by the process id, so a forked DataLoader worker reads
-    its own."""
+    batch (docs/performance/jpeg-decode.md). Keyed by the process id, so a forked DataLoader
+    worker reads its own."""
     return _process_loader_cpus(os.getpid())
 
 

@@ -90,9 +90,8 @@ def load_item(path: str, opts: LoadOptions) -> tuple:
 def jpeg_decodes(data: bytes) -> bool:
     """Whether libjpeg-turbo decodes the JPEG without a complaint, at 1/8 scale (the IDCT's
     DCT scaling: every coefficient is still read, so a truncated or corrupt stream fails as
-    in a full decode, at 0.2-0.3x its cost for a 64x64 JPEG (18 us against PIL's 58-90) and
-    0.6x for 640x480 (1.25 against 2.0 ms)). False too where the native decoder is not
-    installed."""
+    in a full decode, at a fraction of its cost: docs/performance/conversion.md). False too
+    where the native decoder is not installed."""
     return _jpeg_size(data) is not None
 
 

@@ -104,7 +104,8 @@ def ordered_map(
     from concurrent.futures.process import BrokenProcessPool
 
     # forked where the platform forks, as gpufeed.pack(fn, inputs)'s workers: a spawned one
-    # imports numpy, PIL and whatever the caller's script imports (torch: 1.6 s) again;
+    # imports numpy, PIL and whatever the caller's script imports (torch) again
+    # (docs/performance/conversion.md);
     # a worker only reads files and returns bytes (no torch threads, CUDA or h5py handles of
     # the parent's are used), and leaves by os._exit (nothing of the parent's is flushed)
     with ProcessPoolExecutor(
@@ -140,7 +141,8 @@ def _start_method() -> str:
 
 def chunk_inputs(nbytes: int, count: int) -> int:
     """Inputs a worker chunk holds, from the bytes ``count`` inputs gave: about CHUNK_BYTES
-    (each chunk's round trip through a process pool costs the parent and the worker: chunks
-    of 16-32 small inputs cost 10-20% of a conversion's CPU), at most MAX_CHUNK inputs."""
+    (each chunk's round trip through a process pool costs the parent and the worker: small
+    chunks cost a share of a conversion's CPU, docs/performance/conversion.md), at most
+    MAX_CHUNK inputs."""
     per_input = max(nbytes / max(count, 1), 1.0)
     return int(min(MAX_CHUNK, max(1, CHUNK_BYTES // per_input)))

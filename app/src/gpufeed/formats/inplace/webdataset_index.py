@@ -18,8 +18,8 @@ FILE_TYPES = (b"0", b"\0", b"7")  # tar type flags of a regular file's member
 
 def members(path: Path):
     """(name, data offset, size) of each regular file in a tar, from its headers alone
-    (tarfile's TarInfo parsing measured 16x slower per member): ustar, GNU long names and
-    pax path records; anything else falls back to tarfile."""
+    (tarfile's TarInfo parsing is much slower per member: docs/performance/tar-stream.md):
+    ustar, GNU long names and pax path records; anything else falls back to tarfile."""
     import mmap
 
     with open(path, "rb") as f:

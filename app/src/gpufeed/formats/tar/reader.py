@@ -304,8 +304,8 @@ class TarReader(Reader):
         data = maps.get(shard)
         if data is None:
             # the shard's fd (opened and checked by _fd), mapped read-only: np.memmap would
-            # open it again and resolve its path, ~0.3 ms a shard, paid each time a remote
-            # pack reopens a shard (past its pin budget, see _shard_path)
+            # open it again and resolve its path, paid each time a remote pack reopens a
+            # shard (past its pin budget, see _shard_path; docs/performance/tar-stream.md)
             fd = self._fd(shard)
             size = os.fstat(fd).st_size
             view = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else b""
