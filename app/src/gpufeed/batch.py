@@ -90,8 +90,12 @@ __all__ = [
 
 
 class Batch(NamedTuple):
-    """A batch as read: samples [B, ...] stacked when shapes agree (else a list of tensors),
-    labels int64 [B]."""
+    """A batch as read; unpacks as DataLoader's ``[samples, labels]`` does.
+
+    Args:
+        samples: [B, ...] stacked when the samples' shapes agree, else a list of B tensors.
+        labels: int64 [B].
+    """
 
     samples: torch.Tensor | list[torch.Tensor]
     labels: torch.Tensor
@@ -379,14 +383,24 @@ def _is_label(value) -> bool:
 
 
 def collate(data, pad: Mapping[str, Any] | None = None):
-    """A ``collate_fn`` that gives :class:`Batch` es: a Batch (or FieldBatch) passes through
-    unchanged; a list of ``(tensor, int label)`` samples (skipped ones, ``None``, are
-    dropped) becomes a Batch, a list of field dicts a FieldBatch (``pad``: ragged field ->
-    fill value, see collate_fields; pass it with functools.partial); anything else goes to
-    torch's ``default_collate``. Use it with a plain DataLoader over a dataset opened with
-    ``on_error="skip"`` (torch's default_collate cannot collate None), and to pad the ragged
-    fields of multi-field packs (without ``pad=``, default_collate gives them as this does:
-    see RaggedTensor)."""
+    """A ``collate_fn`` that gives :class:`Batch` es.
+
+    Use it with a plain DataLoader over a dataset opened with ``on_error="skip"`` (torch's
+    default_collate cannot collate None), and to pad the ragged fields of multi-field packs
+    (without ``pad=``, default_collate gives them as this does: see RaggedTensor).
+
+    Args:
+        data: what the DataLoader hands a collate_fn: a Batch (or FieldBatch), passed
+            through unchanged; a list of ``(tensor, int label)`` samples (skipped ones,
+            ``None``, are dropped); a list of field dicts; anything else goes to torch's
+            ``default_collate``.
+        pad: ragged field -> fill value (see collate_fields); pass it with
+            functools.partial.
+
+    Returns:
+        A :class:`Batch` for ``(tensor, label)`` samples, a FieldBatch for field dicts,
+        else what ``default_collate`` makes of ``data``.
+    """
     if is_batch(data) or isinstance(data, FieldBatch):
         return data
     if isinstance(data, list):

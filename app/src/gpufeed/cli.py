@@ -476,6 +476,15 @@ def _run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``gpufeed`` command.
+
+    Args:
+        argv: the arguments after the program name (None: ``sys.argv[1:]``).
+
+    Returns:
+        The exit code (see the module docstring): 0 ok, 1 data problem, 2 usage error, 130
+        interrupted, 141 the output's reader went away.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(commands=(command_in(argv),))
     args = parser.parse_args(argv)

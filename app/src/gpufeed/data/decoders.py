@@ -146,45 +146,55 @@ class RandomResizedCrop:
     The crop boxes are sampled as ``torchvision.transforms.v2.RandomResizedCrop(size, scale,
     ratio)`` samples them (ten tries, then the centre crop with the ratio clamped), for the
     whole batch at once from torch's generator, which make_loader seeds per worker, epoch and
-    rank. Three backends decode and resize; ``"auto"`` takes the first that is installed:
+    rank.
 
-    - ``"native"``: gpufeed-jpeg (``gpufeed.data.native_jpeg``, the images carry it), one call
-      per batch on ``threads`` threads without the GIL, each JPEG decoded only where its box
-      lies; for the same box torchvision's pixels (docs/jpeg.md). ``threads=None`` sizes the
-      pool from the loader's CPUs (:func:`gpufeed.system.sysinfo.loader_cpus`, read once per
-      process) shared by the DataLoader workers of this process's loader: all of them
-      in-process, ``cpus // num_workers`` in a worker. ``dct_scaling=True`` lets
-      libjpeg-turbo shrink a box that is at least 2x the output inside the IDCT first: faster
-      on large pictures, but other pixels than torchvision's (docs/jpeg.md measures how far);
-      off by default.
-    - ``"opencv"`` (when cv2 and simplejpeg import): libjpeg-turbo through simplejpeg (CMYK
-      JPEGs the general way, for torchvision's colours), then the box resized straight into
-      the batch: by ``cv2.resize`` bilinear when it is enlarged (torchvision's antialiased
-      bilinear is the same filter there), by torchvision's antialiasing kernel when it is
-      shrunk. Pixels match torchvision's to
-      within 1 (uint8 rounding); faster than the torch backend (docs/performance/jpeg-decode.md).
-    - ``"torch"``: torchvision's ``decode_jpeg`` and its bilinear antialiased resize, the
-      same pixels as ``transforms.v2.RandomResizedCrop`` + ``RandomHorizontalFlip`` for the
-      same box.
+    Memory format, the same with every backend: ``dataset.get_batch`` and ``make_loader``
+    hand the batch out as it is; ``dataset[i]`` and ``__getitems__`` give each sample as a
+    [3, H, W] view of it (values equal, strides of the batch's layout), and a plain
+    DataLoader's ``default_collate`` stacks those into a contiguous NCHW batch.
 
-    Memory format, the same with every backend: a batch is a [B, 3, H, W] tensor in
-    ``memory_format``, by default ``torch.channels_last`` (the layout GPU convolutions
-    prefer, and the decoder's own HWC: no transpose); ``torch.contiguous_format`` gives
-    NCHW. ``dataset.get_batch`` and ``make_loader`` hand that batch out as it is;
-    ``dataset[i]`` and ``__getitems__`` give each sample as a [3, H, W] view of it (values
-    equal, strides of the batch's layout), and a plain DataLoader's ``default_collate``
-    stacks those into a contiguous NCHW batch.
+    Args:
+        size: the output's side, or (height, width).
+        scale: the crop's share of the image's area, (low, high), as torchvision's.
+        ratio: the crop's aspect ratio, (low, high), as torchvision's.
+        flip: the probability of a horizontal flip.
+        backend: what decodes and resizes; ``"auto"`` takes the first installed of:
+            ``"native"``: gpufeed-jpeg (``gpufeed.data.native_jpeg``, the images carry it),
+            one call per batch on ``threads`` threads without the GIL, each JPEG decoded
+            only where its box lies; for the same box torchvision's pixels (docs/jpeg.md).
+            ``"opencv"`` (when cv2 and simplejpeg import): libjpeg-turbo through simplejpeg
+            (CMYK JPEGs the general way, for torchvision's colours), then the box resized
+            straight into the batch: by ``cv2.resize`` bilinear when it is enlarged
+            (torchvision's antialiased bilinear is the same filter there), by torchvision's
+            antialiasing kernel when it is shrunk; pixels match torchvision's to within 1
+            (uint8 rounding); faster than the torch backend
+            (docs/performance/jpeg-decode.md). ``"torch"``: torchvision's ``decode_jpeg``
+            and its bilinear antialiased resize, the same pixels as
+            ``transforms.v2.RandomResizedCrop`` + ``RandomHorizontalFlip`` for the same box.
+        memory_format: ``torch.channels_last`` (the default: the layout GPU convolutions
+            prefer, and the decoder's own HWC, so no transpose) or
+            ``torch.contiguous_format`` (NCHW).
+        threads: the native backend's threads; None sizes the pool from the loader's CPUs
+            (:func:`gpufeed.system.sysinfo.loader_cpus`, read once per process) shared by
+            the DataLoader workers of this process's loader: all of them in-process,
+            ``cpus // num_workers`` in a worker.
+        dct_scaling: native backend: let libjpeg-turbo shrink a box that is at least twice
+            the output inside the IDCT first: faster on large pictures, but other pixels
+            than torchvision's (docs/jpeg.md measures how far); off by default.
+        boxes: multi-field packs (gpufeed.data.boxes): a field name, or several, of a ragged
+            [-1, 4] field moved with its image as torchvision v2 moves a
+            ``tv_tensors.BoundingBoxes`` through the same crop, resize and flip: clamped to
+            the crop, a box left with no area dropped. A pack with a field that looks like
+            boxes (named box, boxes, bbox or bboxes, or floating [-1, 4]) decoded without
+            ``boxes=`` warns once: those boxes would no longer match the image; ``boxes=()``
+            says there are none to move.
+        box_format: "XYXY", "XYWH" or "CXCYWH", in pixels.
+        per_box: fields whose values go with each box (its label...), dropped with it.
+        return_params: True (or a field name) adds a field ``crop_params``: int64 [B, 5],
+            each sample's (top, left, height, width, flipped) in its stored image.
 
-    Boxes (multi-field packs, gpufeed.data.boxes): ``boxes="boxes"`` (a field name, or
-    several) moves that ragged [-1, 4] field with its image as torchvision v2 moves a
-    ``tv_tensors.BoundingBoxes`` through the same crop, resize and flip (``box_format``:
-    "XYXY", "XYWH" or "CXCYWH", in pixels): clamped to the crop, a box left with no area
-    dropped, together with the values of the fields named in ``per_box`` (its label...) at
-    its position. ``return_params=True`` (or a field name) adds a field ``crop_params``:
-    int64 [B, 5], each sample's (top, left, height, width, flipped) in its stored image. A
-    pack with a field that looks like boxes (named box, boxes, bbox or bboxes, or floating
-    [-1, 4]) decoded without ``boxes=`` warns once: those boxes would no longer match the
-    image; ``boxes=()`` says there are none to move.
+    Raises:
+        ValueError: an option out of its range (named, with what it may be).
     """
 
     def __init__(
@@ -300,8 +310,19 @@ class RandomResizedCrop:
         return tuple(int(v) for v in self.crop_boxes([height], [width])[0])
 
     def __call__(self, payloads) -> tuple[torch.Tensor, list[int], list[tuple[int, str]]]:
-        """(batch [N, 3, H, W] of the samples that decoded, their positions in ``payloads``,
-        (position, problem) for those that did not)."""
+        """Decode, crop, resize and flip one batch of (image, label) samples.
+
+        Args:
+            payloads: the samples' encoded images (bytes or 1-D uint8 arrays/tensors).
+
+        Returns:
+            (batch [N, 3, H, W] of the samples that decoded, their positions in
+            ``payloads``, (position, problem) for those that did not).
+
+        Raises:
+            UsageError: ``boxes=`` or ``return_params=`` was given: they need a multi-field
+                pack.
+        """
         if self.boxes or self.return_params:
             raise UsageError(
                 f"{self!r}: boxes= and return_params= need a multi-field pack (samples are "

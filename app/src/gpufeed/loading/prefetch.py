@@ -69,24 +69,39 @@ class DevicePrefetcher:
        (in the [0, 1] units of step 1 for uint8 input, like torchvision's ``Normalize``);
     3. is made ``channels_last`` when asked and 4-D.
 
-    ``device``: ``None`` or ``"auto"`` is the current CUDA device when torch sees one, else
-    the CPU: there batches pass through with no copy and no look-ahead, and the same
-    conversions are applied on the CPU, so code written for the GPU runs unchanged (and tests
-    can check the conversions). An explicit device is used as given, and one that is not
-    there (``"cuda"`` on a machine without CUDA, ``"cuda:3"`` with two GPUs) raises
-    :class:`~gpufeed.errors.UsageError` at once, naming what torch sees: a training job meant for
-    the GPU does not quietly run on the CPU.
-
-    ``decode``: a :class:`~gpufeed.RandomResizedCrop` for a loader over encoded images
-    (``open_dataset(path, decode=False)``): each batch is decoded, cropped, resized and
-    flipped here, before the conversions. ``decode_on="auto"``: on the GPU
-    (``torchvision.io.decode_jpeg(list, device="cuda")``, on the side stream) when
-    ``device`` is a CUDA device, else on the CPU with the crop's own backend; ``"cuda"``
-    insists (a UsageError saying why it cannot), ``"cpu"`` keeps decoding on the CPU. See
-    :mod:`gpufeed.loading.device_decode`.
-
     ``state_dict()`` is the loader's, minus the batch held in look-ahead: resuming from it
     does not skip the batch the prefetcher had copied but not yet handed out.
+
+    Args:
+        loader: any iterable of batches (a ``make_loader`` loader, a DataLoader); its
+            ``set_epoch``, ``state_dict`` and ``load_state_dict`` are passed through.
+        device: ``None`` or ``"auto"`` is the current CUDA device when torch sees one, else
+            the CPU: there batches pass through with no copy and no look-ahead, and the same
+            conversions are applied on the CPU, so code written for the GPU runs unchanged
+            (and tests can check the conversions). An explicit device (a torch.device, a
+            str, a CUDA index) is used as given: a training job meant for the GPU does not
+            quietly run on the CPU.
+        normalize: ``(mean, std)``, one value per channel (step 2).
+        channels_last: make converted 4-D tensors channels_last (step 3).
+        dtype: what converted tensors become (step 1); None keeps their dtype.
+        non_blocking: copy asynchronously from pinned memory (a warning says when batches
+            are not pinned, so the copy cannot overlap compute).
+        scale: divide uint8 input by 255 (step 1).
+        channel_dim: the channel dimension ``normalize`` applies along.
+        decode: a :class:`~gpufeed.RandomResizedCrop` for a loader over encoded images
+            (``open_dataset(path, decode=False)``): each batch is decoded, cropped, resized
+            and flipped here, before the conversions.
+        decode_on: ``"auto"`` decodes on the GPU (``torchvision.io.decode_jpeg(list,
+            device="cuda")``, on the side stream) when ``device`` is a CUDA device, else on
+            the CPU with the crop's own backend; ``"cuda"`` insists, ``"cpu"`` keeps
+            decoding on the CPU. See :mod:`gpufeed.loading.device_decode`.
+
+    Raises:
+        UsageError: ``device`` is not there (``"cuda"`` on a machine without CUDA,
+            ``"cuda:3"`` with two GPUs; the message names what torch sees), or
+            ``decode_on="cuda"`` cannot decode there (the message says why).
+        ValueError: ``normalize``'s mean and std differ in length, a std is zero, or
+            ``decode_on`` is not "auto", "cuda" or "cpu".
     """
 
     def __init__(
@@ -220,6 +235,12 @@ class DevicePrefetcher:
         self.loader.load_state_dict(state)  # type: ignore[attr-defined]
 
     def __iter__(self) -> Iterator:
+        """One pass over the loader.
+
+        Yields:
+            The loader's batches, converted, on ``device`` (the next one copied on a side
+            stream while this one is used).
+        """
         if not self.uses_cuda:
             for batch in self.loader:
                 yield self._apply(self._decoded(batch))

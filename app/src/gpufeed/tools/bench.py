@@ -64,10 +64,32 @@ def run_bench(
     dataset_options: Mapping[str, Any] | None = None,
     decode_on: str = "auto",
 ) -> dict[str, Any]:
-    """Bench the dataset at ``path`` through ``make_loader`` (the same call users make):
-    ``epochs`` passes (each capped by ``seconds`` and ``max_samples``), the report as a dict.
-    A RandomResizedCrop in ``dataset_options`` runs where ``decode_on`` says (see
-    :func:`split_decode`)."""
+    """Bench the dataset at ``path`` through ``make_loader`` (the same call users make).
+
+    Args:
+        path: a pack's folder or URL (anything ``open_dataset`` opens).
+        batch_size: samples per batch.
+        settings: make_loader's ``settings`` (a dict, a JSON file, None: env
+            ``GPUFEED_LOADER_SETTINGS``).
+        loader_kwargs: other make_loader arguments.
+        seconds: each pass's time cap (None: no cap).
+        max_samples: each pass's sample cap (None: no cap).
+        epochs: passes over the dataset.
+        step_ms: a simulated model step per batch, in milliseconds (a sleep on the CPU, a
+            calibrated GPU step on CUDA); 0: none.
+        device: "cpu", or a CUDA device the batches are copied to (DevicePrefetcher).
+        shuffle: make_loader's ``shuffle``.
+        progress: show a progress bar per pass.
+        log: called with each progress line.
+        dataset_options: open_dataset's keyword arguments; a RandomResizedCrop in
+            ``decode`` runs where ``decode_on`` says (see :func:`split_decode`).
+        decode_on: "auto", "cuda" or "cpu".
+
+    Returns:
+        The report: the loader's plan, each pass's timings, the best pass's
+        ``samples_per_s``, ``batch_mb_per_s`` and ``wait_fraction``, the first batch's time
+        and, on CUDA, a GPU report.
+    """
 
     from gpufeed.data.open import open_dataset
     from gpufeed.loading.make import make_loader
@@ -168,8 +190,12 @@ def _epoch_bar(epoch: int, total: int | None, max_samples: int | None):
 
 
 def add_arguments(p) -> None:
-    """The ``gpufeed bench`` options (cli.py registers the subcommand; -q/-v/--json are
-    common to every subcommand)."""
+    """Add the ``gpufeed bench`` options (cli.py registers the subcommand; -q/-v/--json are
+    common to every subcommand).
+
+    Args:
+        p: the subcommand's argparse parser.
+    """
     p.add_argument(
         "path", metavar="PATH", type=cliargs.pack_path, help="a packed dataset: a folder or a URL"
     )
@@ -323,7 +349,14 @@ def _sparkline(values: list[float]) -> str:
 
 
 def main(args) -> int:
-    """Run ``gpufeed bench`` from parsed arguments; returns the exit code."""
+    """Run ``gpufeed bench`` and print its report.
+
+    Args:
+        args: the parsed command line (see add_arguments).
+
+    Returns:
+        The exit status.
+    """
     import torch
 
     want_cuda = str(args.device).startswith("cuda")

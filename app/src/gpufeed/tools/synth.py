@@ -123,10 +123,25 @@ def synth_image_folder(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Write ``count`` JPEGs (``size`` x ``size`` RGB) in ``classes`` class folders under
-    ``path``; returns what was written (also saved as ``path/synth.json``).
+    ``path``: a demo image-folder dataset.
 
-    ``path`` may exist if it is empty (a fresh volume); a non-empty one is refused unless
-    ``overwrite``. ``workers``: processes (default: usable CPUs, at most one per class).
+    Args:
+        path: the folder to create; it may exist if it is empty (a fresh volume).
+        count: JPEG files in all.
+        classes: class folders, at most len(CLASS_NAMES).
+        size: image height and width in pixels, at least 8.
+        seed: the images drawn are a function of it.
+        quality: JPEG quality.
+        workers: processes (default: usable CPUs, at most one per class).
+        overwrite: replace a non-empty ``path`` that synth made.
+
+    Returns:
+        What was written (path, count, size, classes, seconds...), also saved as
+        ``path/synth.json``.
+
+    Raises:
+        UsageError: an option out of range, or ``path`` is not an empty folder (without
+            ``overwrite``).
     """
     if count < 1 or classes < 1 or size < 8:
         raise UsageError(
@@ -190,6 +205,11 @@ def synth_image_folder(
 
 
 def add_arguments(parser) -> None:
+    """Add the ``gpufeed synth`` options.
+
+    Args:
+        parser: the subcommand's argparse parser.
+    """
     parser.add_argument("path", metavar="PATH", help="folder to create (may exist if empty)")
     parser.add_argument(
         "--count",
@@ -218,6 +238,14 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    """Run ``gpufeed synth`` and say what it wrote.
+
+    Args:
+        args: the parsed command line (see add_arguments).
+
+    Returns:
+        The exit status (0).
+    """
     info = synth_image_folder(
         args.path,
         count=args.count,

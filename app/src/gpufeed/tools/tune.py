@@ -66,13 +66,34 @@ def tune(
     measure: Measure | None = None,
     plan: PlanOf | None = None,
 ) -> TuneResult:
-    """Search loader settings for ``dataset`` within ``budget_s`` seconds: every trial's
-    start-up and shutdown count against the budget, and a trial that would end past it is
-    not started (the first two, in-process and one worker, always run).
+    """Search loader settings for ``dataset`` within ``budget_s`` seconds (the module
+    docstring says how): every trial's start-up and shutdown count against the budget, and
+    a trial that would end past it is not started (the first two, in-process and one
+    worker, always run).
 
-    ``measure(dataset, batch_size, settings, seconds, to_device) -> (samples/s, first batch
-    s)`` reads one setting (default: a real loader, timed); ``plan(dataset, batch_size,
-    settings)`` gives the settings make_loader runs with (default: make_loader's plan)."""
+    Args:
+        dataset: the dataset to tune for (as make_loader takes it).
+        batch_size: the batch size to start from (half and double are tried).
+        budget_s: seconds to spend, in all.
+        batch_sizes: the batch sizes to try instead of half and double (the start alone
+            keeps it fixed).
+        cpus: the CPUs to plan with (None: those make_loader plans with, per local rank).
+        device: a CUDA device to include the copy to the GPU and tune pin_memory (None or
+            "cpu": no copy).
+        min_gain: the factor samples/s must grow by for a step of the search to be kept,
+            and the recommendation to beat the defaults by.
+        compare: measure the winner, the defaults and the "1-2x cores" rule side by side
+            at the end.
+        log: called with each progress line.
+        measure: ``measure(dataset, batch_size, settings, seconds, to_device) ->
+            (samples/s, first batch s)`` reads one setting (default: a real loader, timed).
+        plan: ``plan(dataset, batch_size, settings)`` gives the settings make_loader runs
+            with (default: make_loader's plan).
+
+    Returns:
+        A :class:`~gpufeed.tools.tune_result.TuneResult`: the best trial, every trial, and
+        the side-by-side comparison with its noise and verdict.
+    """
     import torch
     from torch.utils.data import IterableDataset
 
@@ -292,8 +313,12 @@ class _Search:
 
 
 def add_arguments(p) -> None:
-    """The ``gpufeed tune`` options (cli.py registers the subcommand; -q/-v/--json are common
-    to every subcommand)."""
+    """Add the ``gpufeed tune`` options (cli.py registers the subcommand; -q/-v/--json are
+    common to every subcommand).
+
+    Args:
+        p: the subcommand's argparse parser.
+    """
     p.add_argument(
         "path", metavar="PATH", type=cliargs.pack_path, help="a packed dataset: a folder or a URL"
     )
@@ -336,6 +361,14 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
+    """Run ``gpufeed tune`` and print (or ``--write``) the settings it found.
+
+    Args:
+        args: the parsed command line (see add_arguments).
+
+    Returns:
+        The exit status.
+    """
     from gpufeed.data.open import open_dataset
     from gpufeed.tools.decode_options import crop_options
 

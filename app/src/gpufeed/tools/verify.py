@@ -123,18 +123,37 @@ def verify(
     datasets: dict[str, str] | list[str] | None = None,
     index_dir: str | os.PathLike | None = None,
 ) -> VerifyReport:
-    """Re-read DEST: every file the manifest names must be a regular file inside DEST (a name
-    leading out of it, or a device, FIFO or link out, is reported and never opened; the
-    samples are then not read either) of the recorded size and sha256; then every sample's
-    crc32 is checked against the stored one (a flipped byte is reported with its sample index
-    and source file) and the labels against the classes. decode=True also decodes every
-    encoded image. Raises NotPackedError for a folder that is not a finished pack; every other
-    finding is in the report. DEST a URL (s3://bucket/prefix): every file is fetched through
-    the cache (cache_dir, cache_limit), which checks its size and sha256 as it lands.
-    DEST data read in place, as open_dataset reads it (an image folder, WebDataset shards, an
-    HDF5 file given datasets=; its cached index under index_dir): it has no checksums, so
-    every sample is read and decoded (whatever decode says), each failure naming its file
-    (and tar member or dataset)."""
+    """Re-read a pack (or data read in place) and report every problem found.
+
+    Every file the manifest names must be a regular file inside DEST (a name leading out of
+    it, or a device, FIFO or link out, is reported and never opened; the samples are then not
+    read either) of the recorded size and sha256; then every sample's crc32 is checked against
+    the stored one (a flipped byte is reported with its sample index and source file) and the
+    labels against the classes. Data read in place has no checksums, so every sample is read
+    and decoded (whatever ``decode`` says), each failure naming its file (and tar member or
+    dataset).
+
+    Args:
+        dest: the pack's folder; a URL (s3://bucket/prefix), every file then fetched through
+            the cache, which checks its size and sha256 as it lands; or data read in place,
+            as open_dataset reads it (an image folder, WebDataset shards, an HDF5 file given
+            ``datasets``).
+        decode: also decode every encoded image.
+        chunk: samples read at a time.
+        quiet: no progress bar (the default).
+        cache_dir: a URL's cache folder (default $GPUFEED_CACHE_DIR or ~/.cache/gpufeed).
+        cache_limit: the cache's bound, e.g. "50GB".
+        datasets: an HDF5 file read in place: which datasets hold a row per sample.
+        index_dir: where data read in place keeps its cached index.
+
+    Returns:
+        A :class:`VerifyReport`: ``ok``, the files and samples checked, and the problems,
+        each naming its file (and sample index and source file where it has them).
+
+    Raises:
+        NotPackedError: DEST is not a finished pack nor data gpufeed reads in place; every
+            other finding is in the report.
+    """
     loc = parse_location(dest)
     if isinstance(loc, RemoteURL):
         _no_in_place_options(loc, datasets, index_dir)
@@ -403,13 +422,29 @@ def inspect(
     index_dir: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """What DEST holds: format, count, classes, sample dtype/shape, size on disk, shards,
-    skipped items, and who made it. DEST a URL: its manifest only is fetched, and the sizes
-    are the manifest's (disk_bytes: what the cache would hold). DEST data read in place (an
-    image folder, WebDataset shards, an HDF5 file given datasets=): the same keys where they
-    mean the same, as its reader infers them ("in_place": true; its kind, labels and cached
-    index: gpufeed.tools.in_place.describe). Encoded images, local: "image_sizes", the
-    distinct [height, width] among up to SIZE_PROBES of them spread over the samples (more
-    than one: a batch of them cannot be one tensor; the CLI says what to do)."""
+    skipped items, and who made it.
+
+    Args:
+        dest: the pack's folder; a URL, of which only the manifest is fetched (the sizes are
+            then the manifest's; disk_bytes: what the cache would hold); or data read in
+            place (an image folder, WebDataset shards, an HDF5 file given ``datasets``).
+        cache_dir: a URL's cache folder (default $GPUFEED_CACHE_DIR or ~/.cache/gpufeed).
+        cache_limit: the cache's bound, e.g. "50GB".
+        datasets: an HDF5 file read in place: which datasets hold a row per sample.
+        index_dir: where data read in place keeps its cached index.
+
+    Returns:
+        A dict: "path", "format", "count", "classes", "sample", "size_bytes",
+        "disk_bytes", "files", "skipped", "created_by", ... Data read in place gives the
+        same keys where they mean the same, as its reader infers them ("in_place": true;
+        its kind, labels and cached index: gpufeed.tools.in_place.describe). Encoded
+        images, local: "image_sizes", the distinct [height, width] among up to SIZE_PROBES
+        of them spread over the samples (more than one: a batch of them cannot be one
+        tensor; the CLI says what to do).
+
+    Raises:
+        NotPackedError: DEST is not a finished pack nor data gpufeed reads in place.
+    """
     loc = parse_location(dest)
     if isinstance(loc, RemoteURL):
         _no_in_place_options(loc, datasets, index_dir)

@@ -167,12 +167,25 @@ class WatchSummary:
 class Watch:
     """Iterate ``loader`` and record data wait vs step time; see the module docstring.
 
-    ``progress``: True, False or "auto" (a terminal or a notebook). ``gpu``: read NVML
-    ("auto": when CUDA is available). ``sync``: synchronise CUDA at each step end.
-    ``csv`` / ``plot``: paths written when the watch ends (their folders are checked at the
-    start; ``plot`` needs matplotlib, ``gpufeed[plot]``: without it a warning at the start
-    and a line under the summary say so, and the rest is reported). ``report``: print the
-    summary at the end (of each pass; of the ``with`` block when used as a context manager).
+    Args:
+        loader: any iterable of batches (a DataLoader, a make_loader loader, a
+            DevicePrefetcher).
+        total: steps the progress bar counts to (None: ``len(loader)`` when it has one).
+        progress: True, False or "auto" (a terminal or a notebook).
+        desc: the progress bar's label.
+        gpu: read GPU utilisation and memory from NVML ("auto": when CUDA is available).
+        gpu_interval: seconds between NVML reads.
+        sync: synchronise CUDA at each step end, for exact step times (at the cost of the
+            overlap of one step with the next).
+        csv: a path the series is written to when the watch ends (its folder is checked at
+            the start).
+        plot: a path the plot is saved to when the watch ends (its folder is checked at the
+            start; needs matplotlib, ``gpufeed[plot]``: without it a warning at the start and
+            a line under the summary say so, and the rest is reported).
+        report: print the summary at the end (of each pass; of the ``with`` block when used
+            as a context manager).
+        file: where the summary and progress bar go (None: stdout for the summary, stderr
+            for the bar).
     """
 
     def __init__(
@@ -255,6 +268,11 @@ class Watch:
 
     # -- the loop
     def __iter__(self) -> Iterator:
+        """One pass over the loader, timed.
+
+        Yields:
+            The loader's batches, unchanged.
+        """
         self._pass += 1
         if self._gpu_wanted and self._gpu is None:
             torch = sys.modules.get("torch")
@@ -366,6 +384,13 @@ class Watch:
         return [i for i in range(len(p)) if i and p[i] == p[i - 1]]
 
     def summary(self) -> WatchSummary:
+        """What the steps recorded so far say.
+
+        Returns:
+            A :class:`WatchSummary`: the data-wait share, throughput, step and wait
+            quantiles, GPU use and the advice (whether the job is input-bound, which setting
+            to change).
+        """
         n = len(self.step)
         if n == 0:
             return WatchSummary(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, None, None, "no steps recorded")
@@ -481,6 +506,16 @@ class Watch:
 
 
 def watch(loader: Iterable, **kwargs) -> Watch:
-    """``for batch in gpufeed.watch(loader): ...`` or ``with gpufeed.watch(loader) as w:``;
-    keyword arguments as :class:`Watch`."""
+    """Time a training loop's data wait against its steps.
+
+    ``for batch in gpufeed.watch(loader): ...`` or ``with gpufeed.watch(loader) as w:``.
+
+    Args:
+        loader: any iterable of batches.
+        **kwargs: as :class:`Watch` takes them (total, progress, gpu, sync, csv, plot,
+            report, ...).
+
+    Returns:
+        A :class:`Watch`: iterate it in place of ``loader``.
+    """
     return Watch(loader, **kwargs)

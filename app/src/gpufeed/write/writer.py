@@ -75,18 +75,37 @@ PART_BYTES = 64 << 20
 class Writer:
     """Write sample dicts into a new pack at ``path`` (see the module docstring).
 
-    format: hdf5 | lmdb | tar | mmap. schema: ``{"image": "jpeg", "tokens": "int32[-1]"}``
-    (gpufeed.formats.schema), or None to take it from the first sample; a schema naming only
-    some of the first sample's fields declares those, the others are inferred. An inferred
-    array whose size varies becomes ragged (-1 in that dimension) while no part is committed
-    yet (the first ``part_size`` samples); later it is an error saying what to declare. The
-    manifest lists the inferred fields (``options.inferred_fields``). compression,
-    shard_size, shard_bytes, container: as for ``gpufeed.pack``. part_size: samples per
-    committed part (what a crash can lose).
-    listing: the listed files the samples come from (a :class:`Listing`; gpufeed.pack of a
-    folder of .txt, .wav or .pt dicts passes it): recorded in the manifest, checked on resume.
-    classes: the class names (label i is classes[i]; HF ``ClassLabel.names``), kept in the
-    manifest (``dataset.classes``); every "label" written is then below len(classes), or -1.
+    Use it as a context manager (``with Writer(...) as w: w.write(sample)``): leaving the
+    block closes the pack, or on an error keeps the committed parts for ``resume=True``.
+
+    Args:
+        path: the pack's local folder (write locally, then
+            gpufeed.storage.upload_pack(it, URL)).
+        format: "hdf5" (the default), "lmdb", "tar" or "mmap".
+        schema: the fields' types, e.g. ``{"image": "jpeg", "tokens": "int32[-1]"}``
+            (gpufeed.formats.schema), or None to take it from the first sample. A schema
+            naming only some of the first sample's fields declares those, the others are
+            inferred. An inferred array whose size varies becomes ragged (-1 in that
+            dimension) while no part is committed yet (the first ``part_size`` samples);
+            later it is an error saying what to declare. The manifest lists the inferred
+            fields (``options.inferred_fields``).
+        compression: as for ``gpufeed.pack``.
+        shard_size: as for ``gpufeed.pack``.
+        shard_bytes: as for ``gpufeed.pack``.
+        container: as for ``gpufeed.pack`` (mmap: "npy" or "raw").
+        part_size: samples per committed part (what a crash can lose).
+        resume: go on from a pack of ``path`` left unfinished (``inputs_done`` says where).
+        overwrite: replace ``path`` if it is a pack gpufeed made.
+        quiet: no progress messages (the default).
+        listing: the listed files the samples come from (a :class:`Listing`; gpufeed.pack
+            of a folder of .txt, .wav or .pt dicts passes it): recorded in the manifest,
+            checked on resume.
+        classes: the class names (label i is classes[i]; HF ``ClassLabel.names``), kept in
+            the manifest (``dataset.classes``); every "label" written is then below
+            len(classes), or -1.
+
+    Raises:
+        UsageError: ``path`` is a URL, or already exists and ``overwrite`` is not set.
     """
 
     def __init__(
@@ -243,7 +262,16 @@ class Writer:
 
     # -- writing -------------------------------------------------------------------------
     def write(self, sample: Mapping[str, Any]) -> None:
-        """Add one sample dict: every field of the schema, nothing else."""
+        """Add one sample dict: every field of the schema, nothing else.
+
+        Args:
+            sample: field name -> value (an array, bytes, a str or a number, as the schema
+                says).
+
+        Raises:
+            UsageError: the writer is closed, or the sample does not fit the schema (the
+                message names the sample by its place).
+        """
         self.add_item(self._items, [sample])
 
     @property
@@ -442,8 +470,15 @@ class Writer:
 
     # -- finishing -----------------------------------------------------------------------
     def close(self) -> dict[str, Any]:
-        """Commit what is left, assemble the pack, write the manifest, rename it into place;
-        returns the manifest. A closed writer's close returns the manifest again."""
+        """Commit what is left, assemble the pack, write the manifest, rename it into place.
+
+        Returns:
+            The finished pack's manifest (a dict, as written to manifest.json); a closed
+            writer's close returns it again.
+
+        Raises:
+            UsageError: no sample was written and no schema given (no pack is made).
+        """
         if self._lock is None:
             return self.manifest
         self.flush()
@@ -496,9 +531,15 @@ class Writer:
             self._lock = None
 
     def __enter__(self) -> Writer:
+        """Enter a ``with`` block.
+
+        Returns:
+            This writer (``with Writer(...) as w``).
+        """
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        """Close on success; on an error, keep the committed parts (``resume=True`` goes on)."""
         if exc_type is None:
             self.close()
         else:

@@ -77,14 +77,32 @@ def diagnose(
 ) -> DoctorReport:
     """Check driver, GPUs, torch, CPUs, memory, ``/dev/shm``, limits and the dataset.
 
-    ``data_dir`` defaults to ``GPUFEED_DATA_DIR`` (else ``/data``); ``workers`` to what
-    :func:`gpufeed.make_loader` would plan on this machine; ``batch_bytes`` (one batch in
-    shared memory) to 256 uint8 224x224 RGB images. ``timeout`` bounds each GPU/torch probe.
-
     Where it runs (:func:`detect_place` under ``root``) picks the rules and fixes: in a
     container the preflight's (no driver fails, exit 4, unless ``GPUFEED_ALLOW_CPU=1``); on a
-    host no driver is a CPU-only machine, not a failure. ``require_gpu``: no driver fails
-    (exit 4) wherever it runs.
+    host no driver is a CPU-only machine, not a failure.
+
+    Args:
+        data_dir: the dataset folder to check (default ``GPUFEED_DATA_DIR``, else
+            ``/data``).
+        workers: DataLoader workers to size ``/dev/shm`` for (default: what
+            :func:`gpufeed.make_loader` would plan on this machine).
+        batch_bytes: one batch in shared memory (default: 256 uint8 224x224 RGB images).
+        environ: the environment read (default ``os.environ``).
+        probe_seconds: time for the dataset's read-speed probe.
+        walk_seconds: time for walking the dataset's files.
+        timeout: bounds each GPU/torch probe, in seconds.
+        check_dataset: False skips the dataset checks.
+        cgroup_root: where the cgroup file system is mounted (tests point it elsewhere).
+        self_cgroup: the file naming this process's cgroup.
+        shm_path: the shared-memory folder (default ``GPUFEED_SHM_PATH``, else
+            ``/dev/shm``).
+        require_gpu: no driver fails (exit 4) wherever it runs.
+        root: the file system root where to look for signs of a container.
+
+    Returns:
+        A :class:`DoctorReport`: every check with its status and fix; ``ok`` and
+        ``exit_code`` (the first failure's, as the preflight's) say whether this machine is
+        set up to feed a GPU.
     """
     start = time.perf_counter()
     env = os.environ if environ is None else environ
@@ -127,6 +145,11 @@ def _place_check(place: Place) -> Check:
 
 
 def add_arguments(parser) -> None:
+    """Add ``gpufeed doctor``'s arguments.
+
+    Args:
+        parser: the subcommand's argparse parser.
+    """
     parser.add_argument(
         "data_dir",
         nargs="?",
@@ -168,6 +191,15 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    """Run ``gpufeed doctor`` and print its report (JSON with ``--json``).
+
+    Args:
+        args: the parsed command line (see add_arguments, and the CLI's common --json,
+            --quiet and --verbose).
+
+    Returns:
+        The exit status: 0 when nothing failed, else the first failure's code.
+    """
     env = dict(os.environ)
     if args.allow_cpu:
         env["GPUFEED_ALLOW_CPU"] = "1"
