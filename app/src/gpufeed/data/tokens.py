@@ -171,7 +171,11 @@ class TokenWindows(Dataset):
 
     def __getitems__(self, indices) -> list:
         """The windows at ``indices``: every document they touch read in one read_batch,
-        copied once into a [len(indices), B] array whose rows are handed out."""
+        copied once into a [len(indices), B] array whose rows are handed out. make_loader's
+        batches name the batch after them (``ahead``): its reads start now."""
+        ahead = getattr(indices, "ahead", None)
+        if ahead:
+            self.read_ahead(ahead)
         lo, hi, first, last = self._spans(indices)
         B = self.block_size
         flat = self._mapped()
