@@ -1,5 +1,6 @@
-"""The studies' shared runner (bench/studies/common.py): rounds taken in turn with the order
-rotated, the base options, one output format (JSON + a markdown ratio table)."""
+"""bench/studies: the shared runner (common.py: rounds taken in turn with the order rotated,
+the base options, one output format: JSON + a markdown ratio table); smoke_gpu.py on a machine
+without CUDA."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+
+from gpufeed.tools import bench, gpu_report
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,3 +60,19 @@ def test_base_options_and_one_output_format(common, tmp_path, capsys):
     assert json.loads((tmp_path / "o" / "study.json").read_text()) == {"rates": {"new": 250.0}}
     assert (tmp_path / "o" / "study.md").read_text().strip() == md
     assert json.loads((tmp_path / "r.json").read_text()) == {"rates": {"new": 250.0}}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-CUDA path")
+def test_smoke_gpu_script_cpu_path(tmp_path, monkeypatch, capsys):
+    import runpy
+
+    smoke = runpy.run_path(str(REPO / "bench" / "studies" / "smoke_gpu.py"), run_name="smoke_gpu")
+    args = ["--samples", "16", "--size", "8", "--batch-size", "8"]
+    monkeypatch.delenv(bench.EXPECT_GPU_ENV, raising=False)
+    out = tmp_path / "r.json"
+    assert smoke["main"]([*args, "--json", str(out)]) == 0
+    assert gpu_report.NO_CUDA in capsys.readouterr().out
+    assert json.loads(out.read_text())["gpu"] == {"skipped": gpu_report.NO_CUDA}
+    monkeypatch.setenv(bench.EXPECT_GPU_ENV, "1")  # a GPU runner: no CUDA is a failure
+    assert smoke["main"](args) == 1
+    assert "GPUFEED_EXPECT_GPU=1" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """LMDB blocks read ahead: a block's bytes found by the pack's value table where it is exact,
 else on the line the records lie on (no B-tree lookup a block), populated on background
 threads, none for cached or stray packs. Records read by their place: tests/unit/formats/
-test_lmdb_placed.py."""
+test_values.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The local cache on its own: atomic landing, checksums, LRU past cache_limit, pins, a full
 disk, and a downloader killed mid-file. The fetches here write known bytes; the tests with a
-real S3 server are in test_storage_remote.py."""
+real S3 server are in test_remote.py."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def test_a_full_disk_names_the_cache_dir_and_the_setting(tmp_path):
         f"""
         import hashlib, sys
         sys.path.insert(0, {str(__file__.rsplit("/", 1)[0])!r})
-        from test_storage_cache import blob, writer
+        from test_cache import blob, writer
         from gpufeed.storage import Cache, CacheFullError
         cache = Cache("{tmp_path}/small/cache")
         entry, data = blob(3, 2 << 20)
@@ -148,7 +148,7 @@ def test_a_downloader_killed_mid_file_leaves_nothing_that_looks_complete(tmp_pat
         f"""
         import sys, time
         sys.path.insert(0, {str(__file__.rsplit("/", 1)[0])!r})
-        from test_storage_cache import blob
+        from test_cache import blob
         from gpufeed.storage import Cache
         entry, data = blob(4, 1 << 20)
         def fetch(entry, out):
