@@ -37,7 +37,23 @@ def compare_plain(
     IN_MEMORY_BYTES, as ``dataset[i]`` gives them: decoded): that line's own ceiling, its
     workers' per-batch traffic and the collate, with nothing left to read or decode. Where
     the plain DataLoader reads the pack near that rate, the DataLoader is the limit, not the
-    storage. Map-style packs only."""
+    storage. Map-style packs only.
+
+    Args:
+        path: the pack (anything ``open_dataset`` opens).
+        batch_size: samples per batch, for both loaders.
+        workers: the worker counts to compare at.
+        seconds: each round's reading time per loader.
+        rounds: interleaved rounds; the median per loader is reported.
+        pin_memory: for both loaders (None: when CUDA is available).
+        dataset_options: open_dataset's keyword arguments.
+        log: called with each progress line.
+
+    Returns:
+        The comparison: path, dataset, batch_size, pin_memory, rounds, seconds_per_round,
+        and per worker count the plain DataLoader's and make_loader's samples/s, their
+        ratio and the in-memory line's samples/s (:func:`format_compare` prints it).
+    """
     import torch
     from torch.utils.data import DataLoader, IterableDataset
 
@@ -141,6 +157,14 @@ def _held_samples(dataset, max_bytes: int) -> _Held:
 
 
 def format_compare(result: Mapping[str, Any]) -> str:
+    """The comparison as a table.
+
+    Args:
+        result: what :func:`compare_plain` returned.
+
+    Returns:
+        The text: a heading, then one row per worker count.
+    """
     lines = [
         f"{result['dataset']}, batch_size={result['batch_size']}, pin_memory="
         f"{result['pin_memory']}: median of {result['rounds']} interleaved rounds of "

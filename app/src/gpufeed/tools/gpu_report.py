@@ -73,8 +73,19 @@ def gpu_report(
     3. uint8 transfer + on-device float/normalise vs converting on the host and moving
        float32 (4x the bytes).
 
-    ``batches``: real host batches (e.g. from a loader with pin_memory=True) of uint8
-    samples; default synthetic uint8 batches of ``batch_shape``.
+    Args:
+        batches: real host batches (e.g. from a loader with pin_memory=True) of uint8
+            samples; None: synthetic uint8 batches of ``batch_shape``.
+        device: the CUDA device to measure.
+        batch_shape: the synthetic batches' shape.
+        step_ms: the compute-bound step's time per batch, in milliseconds.
+        n_batches: batches fed per measurement.
+        copy_mb: MiB copied for the bandwidth measurement.
+        log: called with each progress line.
+
+    Returns:
+        The measurements by name (with the device's name and torch's version), or
+        ``{"skipped": NO_CUDA}`` without CUDA.
     """
     import torch
 
