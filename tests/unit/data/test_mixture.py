@@ -15,6 +15,12 @@ from gpufeed.data.mixture import split_counts
 from gpufeed.errors import UsageError
 
 
+@pytest.fixture(autouse=True)
+def _index_dir(tmp_path, monkeypatch):
+    """Document lengths read from the documents are cached here, not in ~/.cache."""
+    monkeypatch.setenv("GPUFEED_INDEX_DIR", str(tmp_path / "index"))
+
+
 class Ids(Dataset):
     """Sample i is {"id": i, "tag": tag}."""
 

@@ -14,6 +14,13 @@ from gpufeed import make_loader, open_dataset
 from gpufeed.data.tokens import TokenWindows
 from gpufeed.errors import CorruptSampleError, UsageError
 
+
+@pytest.fixture(autouse=True)
+def _index_dir(tmp_path, monkeypatch):
+    """Document lengths read from the documents are cached here, not in ~/.cache."""
+    monkeypatch.setenv("GPUFEED_INDEX_DIR", str(tmp_path / "index"))
+
+
 FORMATS = ["mmap", "hdf5", "lmdb", "tar"]
 EOS = 7
 

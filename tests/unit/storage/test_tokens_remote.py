@@ -13,6 +13,12 @@ from gpufeed.storage import upload_pack
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.fixture(autouse=True)
+def _index_dir(tmp_path, monkeypatch):
+    """Document lengths read from the documents are cached here, not in ~/.cache."""
+    monkeypatch.setenv("GPUFEED_INDEX_DIR", str(tmp_path / "index"))
+
+
 def test_token_windows_of_a_pack_in_object_storage(s3, tmp_path):
     rng = np.random.default_rng(1)
     docs = [rng.integers(0, 60000, rng.integers(1, 90)).astype(np.uint16) for _ in range(50)]
