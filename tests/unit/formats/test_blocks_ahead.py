@@ -208,7 +208,7 @@ def test_read_batch_makes_its_blocks_ready_before_the_copy(tmp_path, monkeypatch
     monkeypatch.setattr(reader.ahead, "ready", lambda idx: order.append(("ready", list(idx))))
     real_take = rowcopy.take_rows
     monkeypatch.setattr(
-        "gpufeed.formats.mmap.reader.take_rows",
+        "gpufeed.formats.mapped.take_rows",  # the copy of every mapped reader
         lambda *a: (order.append(("copy", None)), real_take(*a))[1],
     )
     reader.read_batch(np.array([3, 9]))

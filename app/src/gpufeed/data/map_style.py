@@ -29,14 +29,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from gpufeed.batch import Batch, stack_images, to_batch, to_samples
 from gpufeed.data.reading import SampleReading, as_index_array, many_indices, one_index
 from gpufeed.errors import UsageError
+from gpufeed.pagecache.copy import set_copy_threads
+from gpufeed.pagecache.plan import BatchReadAhead
 from gpufeed.storage.packs import open_reader_at
 
 __all__ = [
@@ -116,19 +119,24 @@ class PackedDataset(SampleReading, Dataset):
         """One storage round trip for ``indices``: (samples of the kept positions, their
         labels, the kept positions), ``batch_transform`` applied."""
         idx = as_index_array(indices, self.reader.count, self.path)
-        ahead = getattr(indices, "ahead", None)
-        if ahead:
-            # reads of the batch after this one start now, while this one is copied
-            self.reader.read_ahead(as_index_array(ahead, self.reader.count, self.path))
-        ranges = getattr(indices, "ranges", None)
-        if ranges:
-            # whole blocks of the order, a few batches ahead (small samples): large reads
-            self.reader.read_ahead_ranges(ranges)
+        if get_worker_info() is not None:  # a plain DataLoader's worker (make_loader's: set)
+            set_copy_threads(1)
+        hints = getattr(indices, "read_ahead", None)  # a LookaheadBatch's (make_loader's plan)
+        if hints is not None:
+            # the reads of a later batch, or of whole blocks of the order, start now, while
+            # this batch is copied
+            self.reader.read_ahead_batch(self._checked(hints))
         keep, payloads = self._read(idx)
         samples, kept = self._to_tensors(idx, keep, payloads)
         if self.batch_transform is not None:
             samples = self.batch_transform(stack_images(samples, self.path))
         return samples, self.reader.labels[idx[kept]], kept
+
+    def _checked(self, hints: BatchReadAhead) -> BatchReadAhead:
+        """``hints`` with their later batch's indices checked as this batch's are."""
+        if not hints.ahead:
+            return hints
+        return replace(hints, ahead=as_index_array(hints.ahead, self.reader.count, self.path))
 
     def get_batch(self, indices: Sequence[int]) -> Batch:
         """The fast path: the samples at ``indices`` read in one storage round trip and handed

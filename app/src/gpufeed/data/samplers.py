@@ -13,12 +13,13 @@ run computes the same order without communicating.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Sized
 
 import numpy as np
 from torch.utils.data import Sampler
 
 from gpufeed.data.order import DEFAULT_BLOCK_SIZE, DEFAULT_BUFFER_BLOCKS, block_shuffle_order
+from gpufeed.pagecache.plan import NO_READ_AHEAD, BatchReadAhead, ReadAheadPlan
 
 __all__ = ["BlockShuffleSampler", "LookaheadBatch", "SortedBatchSampler"]
 
@@ -74,24 +75,26 @@ class BlockShuffleSampler(Sampler[int]):
 
 
 class LookaheadBatch(list):
-    """A batch of indices that also carries ``ahead``, the indices of a batch that comes later
-    to the same reader (or None), so the dataset can have the kernel start reading them while
-    this batch is copied, and ``ranges``, index ranges ``(start, stop)`` (whole blocks of the
-    order that batches to come read, each announced once an epoch; or None). Pickles like a
-    list plus the attributes (to workers)."""
+    """A batch of indices that also carries its read-ahead hints, ``read_ahead`` (a
+    :class:`~gpufeed.pagecache.plan.BatchReadAhead`: the indices of a batch that comes
+    later to the same reader, or whole blocks of the order that batches to come read), which
+    the dataset gives the reader so that the kernel starts reading them while this batch is
+    copied. Pickles like a list plus the hints (to workers)."""
 
-    def __init__(
-        self,
-        indices: Iterable[int],
-        ahead: list[int] | None = None,
-        ranges: list[tuple[int, int]] | None = None,
-    ) -> None:
+    def __init__(self, indices: Iterable[int], read_ahead: BatchReadAhead) -> None:
         super().__init__(indices)
-        self.ahead = ahead
-        self.ranges = ranges
+        self.read_ahead = read_ahead
+
+    @property
+    def ahead(self) -> list[int] | None:
+        return self.read_ahead.ahead
+
+    @property
+    def ranges(self) -> list[tuple[int, int]] | None:
+        return self.read_ahead.ranges
 
     def __reduce__(self):
-        return (LookaheadBatch, (list(self), self.ahead, self.ranges))
+        return (LookaheadBatch, (list(self), self.read_ahead))
 
 
 class SortedBatchSampler(Sampler[list[int]]):
@@ -101,15 +104,16 @@ class SortedBatchSampler(Sampler[list[int]]):
     batch changes, which a training step does not see. Sorted reads are cheaper for HDF5
     chunks, memory maps and LMDB pages. ``sort=False`` keeps the sampler's order (a plain
     ``BatchSampler``). ``start`` skips that many indices of the epoch (resumption).
-    ``lookahead=k`` (k >= 1) yields :class:`LookaheadBatch` es whose ``ahead`` is the batch k
-    places later: with k DataLoader workers taking batches in turn, that is the batch the
-    same worker reads next (make_loader sets it for large samples). With ``range_block=b``
-    (b >= 1) as well, batches carry ``ranges`` instead of ``ahead``: the blocks of ``b``
-    indices that the batch ``lookahead`` places later reads and no earlier batch announced,
-    so the dataset asks for each block once an epoch, a window ahead (make_loader sets it
-    for small samples: one large read a block instead of a fault a sample), unless
-    ``looks_warm()`` says at the epoch's start that the data is cached throughout (then its
-    batches are plain lists: nothing is left to ask for).
+    ``read_ahead`` (a :class:`~gpufeed.pagecache.plan.ReadAheadPlan`, given here or once by
+    :meth:`set_read_ahead`; make_loader builds it) makes it yield :class:`LookaheadBatch` es:
+    with ``lookahead=k`` (k >= 1), each carries the batch k places later (``ahead``): with k
+    DataLoader workers taking batches in turn, that is the batch the same worker reads next
+    (large samples). With ``range_block=b`` (b >= 1) as well, batches carry ``ranges``
+    instead: the blocks of ``b`` indices that the batch ``lookahead`` places later reads and
+    no earlier batch announced, so the dataset asks for each block once an epoch, a window
+    ahead (small samples: one large read a block instead of a fault a sample), unless the
+    plan's ``looks_warm()`` says at the epoch's start that the data is cached throughout
+    (then its batches are plain lists: nothing is left to ask for).
     """
 
     def __init__(
@@ -118,6 +122,7 @@ class SortedBatchSampler(Sampler[list[int]]):
         batch_size: int,
         drop_last: bool = False,
         sort: bool = True,
+        read_ahead: ReadAheadPlan = NO_READ_AHEAD,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -126,9 +131,22 @@ class SortedBatchSampler(Sampler[list[int]]):
         self.drop_last = drop_last
         self.sort = sort
         self.start = 0
-        self.lookahead = 0
-        self.range_block = 0
-        self.looks_warm: Callable[[], bool] | None = None
+        self.read_ahead = read_ahead
+
+    def set_read_ahead(self, plan: ReadAheadPlan) -> None:
+        """Read ahead by ``plan`` from the next epoch on (make_loader calls it once, when it
+        knows the worker count)."""
+        self.read_ahead = plan
+
+    @property
+    def lookahead(self) -> int:
+        """Batches read ahead (the plan's; 0: none)."""
+        return self.read_ahead.lookahead
+
+    @property
+    def range_block(self) -> int:
+        """Indices a block read ahead (the plan's; 0: no blocks)."""
+        return self.read_ahead.range_block
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
@@ -169,32 +187,33 @@ class SortedBatchSampler(Sampler[list[int]]):
             yield sorted(batch) if self.sort else batch
 
     def __iter__(self) -> Iterator[list[int]]:
-        if self.lookahead < 1:
+        plan = self.read_ahead  # one plan for the whole epoch
+        if plan.lookahead < 1:
             yield from self._batches()
             return
-        if self.range_block >= 1:
-            warm = self.looks_warm is not None and self.looks_warm()
-            yield from self._batches() if warm else self._with_ranges()
+        if plan.by_block:
+            warm = plan.looks_warm is not None and plan.looks_warm()
+            yield from self._batches() if warm else self._with_ranges(plan)
             return
         window: deque[list[int]] = deque()
         for batch in self._batches():
             window.append(batch)
-            if len(window) > self.lookahead:
-                yield LookaheadBatch(window.popleft(), batch)
+            if len(window) > plan.lookahead:
+                yield LookaheadBatch(window.popleft(), BatchReadAhead(ahead=batch))
         while window:
-            yield LookaheadBatch(window.popleft())
+            yield LookaheadBatch(window.popleft(), BatchReadAhead())
 
-    def _with_ranges(self) -> Iterator[LookaheadBatch]:
+    def _with_ranges(self, plan: ReadAheadPlan) -> Iterator[LookaheadBatch]:
         # the epoch at once in numpy (a set and np.unique per batch cost 15% of a warm pass
         # of small samples): each block's first batch, announced `lookahead` batches before
-        b = self.range_block
+        b = plan.range_block
         batches = [np.asarray(a, dtype=np.int64) for a in self._batch_arrays()]
         if not batches:
             return
         sizes = np.fromiter(map(len, batches), np.int64, len(batches))
         flat = np.concatenate(batches)
         blocks, first = np.unique(flat // b, return_index=True)
-        when = np.maximum(np.repeat(np.arange(len(batches)), sizes)[first] - self.lookahead, 0)
+        when = np.maximum(np.repeat(np.arange(len(batches)), sizes)[first] - plan.lookahead, 0)
         # in the order first read (not block order): the first batch's blocks lead the
         # populate threads' queue, so they are read in parallel with the batch's own thread
         by_use = np.argsort(first, kind="stable")
@@ -204,7 +223,7 @@ class SortedBatchSampler(Sampler[list[int]]):
         for j, batch in enumerate(batches):
             lo, hi = cuts[j], cuts[j + 1]
             ranges = [(a, a + b) for a in starts[lo:hi]] if hi > lo else None
-            yield LookaheadBatch(batch.tolist(), ranges=ranges)
+            yield LookaheadBatch(batch.tolist(), BatchReadAhead(ranges=ranges))
 
     def samples_per_epoch(self) -> int:
         """Indices this sampler yields in a full epoch (after ``drop_last``)."""

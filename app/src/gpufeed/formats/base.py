@@ -19,6 +19,7 @@ from gpufeed.formats.files import file_identity
 from gpufeed.formats.manifest import MANIFEST_NAME, SOURCES_NAME, pack_file, read_sources
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
+from gpufeed.pagecache.plan import BatchReadAhead
 from gpufeed.pagecache.probe import cache_probe
 
 __all__ = [
@@ -224,6 +225,16 @@ class Reader:
     def read_batch(self, indices: np.ndarray):
         """Samples at `indices` (int64, in range): one [B, ...] array or a list of buffers."""
         raise NotImplementedError
+
+    def read_ahead_batch(self, hints: BatchReadAhead) -> None:
+        """The one entry of a batch's read-ahead (make_loader's plan, carried by the batch;
+        gpufeed.pagecache.plan): the samples of a later batch (:meth:`read_ahead`, indices
+        checked by the dataset) and the blocks announced with this one
+        (:meth:`read_ahead_ranges`)."""
+        if hints.ahead is not None and len(hints.ahead):
+            self.read_ahead(np.asarray(hints.ahead, dtype=np.int64))
+        if hints.ranges:
+            self.read_ahead_ranges(hints.ranges)
 
     def read_ahead(self, indices: np.ndarray) -> None:
         """Start reading samples ``indices`` into the page cache without waiting (a hint:

@@ -31,14 +31,9 @@ from gpufeed.formats.base import (
     index_array,
     span_views,
 )
+from gpufeed.formats.mapped import MappedSamples
 from gpufeed.formats.spec import SampleSpec
-from gpufeed.pagecache.advise import (
-    BlocksAhead,
-    advise_buffers,
-    advise_rows,
-    advise_samples,
-    map_looks_warm,
-)
+from gpufeed.pagecache.advise import BlocksAhead
 from gpufeed.pagecache.copy import take_rows
 from gpufeed.pagecache.maps import kept_map
 
@@ -168,7 +163,7 @@ class HDF5Writer(ContiguousWriter):
             pass
 
 
-class HDF5Reader(Reader):
+class HDF5Reader(MappedSamples, Reader):
     """Reads data.h5. `use_mmap=None` maps uncompressed sample data directly (fastest);
     False always reads through h5py."""
 
@@ -269,40 +264,21 @@ class HDF5Reader(Reader):
     def location(self, index: int) -> str:
         return str(self.path)
 
-    def read_ahead(self, indices: np.ndarray) -> None:
-        data = self.handle
-        if isinstance(data, np.ndarray):  # chunked or compressed: h5py reads through its cache
-            advise_samples(data, self.offsets, indices, self.cached)
-
-    reads_ranges_ahead = True
-
-    def looks_warm(self) -> bool:
-        # a chunked or compressed dataset is read through h5py: nothing to look at, and no
-        # HDF5 file opened in the process that forks the workers just to ask
-        return self.mmap_offset is not None and map_looks_warm(self.handle, self.cached)
-
-    def read_ahead_ranges(self, ranges) -> None:
-        data = self.handle
-        if isinstance(data, np.ndarray):  # a mapped contiguous dataset
-            self.ahead.announce_ranges(data, self.offsets, ranges)
+    def mapped_samples(self) -> np.ndarray | None:
+        # a chunked or compressed dataset is read through h5py's cache: nothing to read
+        # ahead or look at, and no HDF5 file opened in the process that forks the workers
+        return self.handle if self.mmap_offset is not None else None
 
     def read_batch(self, indices: np.ndarray):
         data = self.handle
-        if isinstance(data, np.ndarray):
-            self.ahead.ready(indices)  # its blocks resident: the copy faults nothing in
+        if isinstance(data, np.ndarray):  # a mapped contiguous dataset
+            return self.read_mapped(data, indices)
         if self.spec.kind == "array":
             out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
-            if isinstance(data, np.ndarray):
-                advise_rows(data, indices, self.cached)
-                take_rows(data, indices, out)
-            else:
-                _h5_take(data, indices, out)
+            _h5_take(data, indices, out)
             return out
-        # slices of a map are views of the page cache; h5py slices are fresh arrays.
-        views = span_views(data, self.offsets[indices], self.offsets[indices + 1])
-        if isinstance(data, np.ndarray):
-            advise_buffers(views, cached=self.cached)
-        return views
+        # h5py slices are fresh arrays
+        return span_views(data, self.offsets[indices], self.offsets[indices + 1])
 
 
 def _h5_take(ds: h5py.Dataset, indices: np.ndarray, out: np.ndarray) -> None:

@@ -50,12 +50,13 @@ from gpufeed.loading.settings import (
     with_given_arguments,
 )
 from gpufeed.pagecache.advise import READ_AHEAD_MIN_BYTES
+from gpufeed.pagecache.plan import NO_READ_AHEAD, ReadAheadPlan
 from gpufeed.system import thresholds
 from gpufeed.system.shm import shm_budget
 
 __all__ = ["make_loader"]
 
-# small samples: read the blocks of the order a window ahead (see _lookahead); a module
+# small samples: read the blocks of the order a window ahead (see _read_ahead_plan); a module
 # switch so that a benchmark can measure the loader with and without it
 READ_AHEAD_RANGES = True
 
@@ -225,7 +226,7 @@ def make_loader(
         batch_bytes=batch_bytes,
         shm_free_bytes=shm_free,
         from_settings=from_settings,
-        lookahead=_lookahead(dataset, batch_sampler, nw),
+        lookahead=_give_read_ahead(dataset, batch_sampler, nw),
         decoder_threads=tuned.decoder_threads,
     )
     return GpufeedLoader(
@@ -310,36 +311,44 @@ def _set_decoder_threads(dataset, threads: int | str) -> None:
         decode.loader_threads = None if threads == "auto" else int(threads)
 
 
-def _lookahead(dataset, batch_sampler, workers: int) -> int:
-    """Batches read ahead (madvise WILLNEED): large samples, each reader asks the kernel for
-    its next batch while copying this one; small ones, the blocks of the order a window of
-    the block shuffle ahead, one request a block, where the reader reads_ranges_ahead (mmap,
-    mapped HDF5, LMDB; READ_AHEAD_RANGES switches it off) in shuffled epochs, and in storage
-    order where it reads_ranges_ahead_in_order (LMDB), so cold reads keep many large
-    requests in flight; an epoch whose data looks cached as it starts (reader.looks_warm)
-    announces none. 0: off."""
+def _give_read_ahead(dataset, batch_sampler, workers: int) -> int:
+    """The read-ahead plan made once (_read_ahead_plan) and given to the batch sampler when
+    it reads ahead; its lookahead (0: none)."""
+    plan = _read_ahead_plan(dataset, batch_sampler, workers)
+    if plan.lookahead >= 1:
+        batch_sampler.set_read_ahead(plan)
+    return plan.lookahead
+
+
+def _read_ahead_plan(dataset, batch_sampler, workers: int) -> ReadAheadPlan:
+    """The epoch's read-ahead (made once, given to the batch sampler): large samples, each
+    reader asks the kernel for its next batch while copying this one; small ones, the
+    blocks of the order a window of the block shuffle ahead, one request a block, where the
+    reader reads_ranges_ahead (mmap, mapped HDF5, LMDB; READ_AHEAD_RANGES switches it off)
+    in shuffled epochs, and in storage order where it reads_ranges_ahead_in_order (LMDB), so
+    cold reads keep many large requests in flight; an epoch whose data looks cached as it
+    starts (reader.looks_warm) announces none. NO_READ_AHEAD: off."""
     reader = getattr(dataset, "reader", None)
+    if reader is None or not isinstance(batch_sampler, SortedBatchSampler):
+        return NO_READ_AHEAD
     remote = getattr(reader, "source", None) is not None  # fetch the shards to come
     sized = hasattr(reader, "mean_sample_bytes")
-    large = sized and reader.mean_sample_bytes() >= READ_AHEAD_MIN_BYTES
-    if not isinstance(batch_sampler, SortedBatchSampler):
-        return 0
-    if remote or large:
-        batch_sampler.lookahead = max(1, workers)
-        return batch_sampler.lookahead
+    if remote or (sized and reader.mean_sample_bytes() >= READ_AHEAD_MIN_BYTES):
+        return ReadAheadPlan(lookahead=max(1, workers))
     # shuffled epochs, and storage order only where the reader says so: there the kernel's
     # own readahead streams most files, and blocks announced on top measured slower
     # (docs/benchmarks.md, "Issue 16 phase 4"), but not LMDB's
-    shuffled = getattr(batch_sampler.sampler, "shuffle", False)
+    order = batch_sampler.sampler
     in_order = getattr(reader, "reads_ranges_ahead_in_order", False)
-    block = getattr(batch_sampler.sampler, "block_size", 0) if shuffled or in_order else 0
+    block = getattr(order, "block_size", 0) if getattr(order, "shuffle", False) or in_order else 0
     if READ_AHEAD_RANGES and block >= 1 and getattr(reader, "reads_ranges_ahead", False):
-        window = block * getattr(batch_sampler.sampler, "buffer_blocks", 1)
-        batch_sampler.range_block = block
-        batch_sampler.looks_warm = reader.looks_warm
-        batch_sampler.lookahead = max(1, workers, -(-window // batch_sampler.batch_size))
-        return batch_sampler.lookahead
-    return 0
+        window = block * getattr(order, "buffer_blocks", 1)
+        return ReadAheadPlan(
+            lookahead=max(1, workers, -(-window // batch_sampler.batch_size)),
+            range_block=block,
+            looks_warm=reader.looks_warm,
+        )
+    return NO_READ_AHEAD
 
 
 def _check_shm(workers: int, prefetch: int, batch_bytes: int, shm_path: str) -> int | None:

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from gpufeed.pagecache.copy import set_copy_threads
+
 __all__ = [
     "BatchedStream",
     "EpochSync",
@@ -36,7 +38,8 @@ def seed_everything(s: int) -> None:
 
 
 class WorkerInit:
-    """Seeds python/numpy/torch in each worker, then runs the user's ``worker_init_fn``.
+    """Seeds python/numpy/torch in each worker, has it copy batches on one thread
+    (pagecache.copy), then runs the user's ``worker_init_fn``.
     A class rather than a closure so spawn can pickle it."""
 
     def __init__(self, seed, epoch_value, rank, user_fn):
@@ -44,6 +47,7 @@ class WorkerInit:
 
     def __call__(self, worker_id: int) -> None:
         seed_everything(worker_seed(self.seed, self.epoch_value.value, self.rank, worker_id))
+        set_copy_threads(1)  # the workers are the parallelism: each copies on its own thread
         if self.user_fn is not None:
             self.user_fn(worker_id)
 

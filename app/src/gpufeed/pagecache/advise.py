@@ -14,6 +14,18 @@ the blocks it copies, never the queue of blocks announced before them.
 Whether a range is cached is mincore's answer (:func:`looks_cached`), except for a file
 this process neither owns nor may write, where the readers ask the file instead
 (gpufeed.pagecache.probe). Every check here takes the reader's answer (``cached``).
+
+The public interface (what the formats call):
+
+- asking ahead (WILLNEED, returns at once): ``advise_willneed`` (ranges), ``ask`` and
+  ``ask_unless_cached`` (one range), ``advise_rows``, ``advise_samples``, ``advise_buffers``
+  (a batch's samples, when large and not cached);
+- reading in and mapping (MADV_POPULATE_READ, waited for): ``populate``, and
+  ``populate_ahead`` on a :class:`Background`'s threads;
+- blocks of an epoch's order a window ahead: :class:`BlocksAhead`;
+- what is cached: ``looks_cached``, ``rows_cached``, ``looks_warm``, ``map_looks_warm``;
+- ``address`` (a buffer's place in its map), ``is_run``, and the constants
+  ``READ_AHEAD_MIN_BYTES``, ``READ_AHEAD_THREADS``, ``WARM_PROBES``.
 """
 
 from __future__ import annotations
@@ -45,8 +57,6 @@ __all__ = [
     "advise_willneed",
     "ask",
     "ask_unless_cached",
-    "worth_reading",
-    "sample_range_spans",
     "is_run",
     "looks_cached",
     "looks_warm",
@@ -205,13 +215,13 @@ def _populate_job(
     work: Callable[[int, int], None] | None = None,
 ):
     """The job reading a range in on ``background``'s threads (``work``: :func:`populate`
-    by default), or None for a range not :func:`worth_reading`."""
-    if worth_reading(addr, length, cached):
+    by default), or None for a range not :func:`_worth_reading`."""
+    if _worth_reading(addr, length, cached):
         return background.submit(work or populate, addr, length)
     return None
 
 
-def worth_reading(addr: int, length: int, cached: Cached | None = None) -> bool:
+def _worth_reading(addr: int, length: int, cached: Cached | None = None) -> bool:
     """Whether a mapped range is worth reading in: not empty, and not looking cached
     (``cached``, :func:`looks_cached` by default)."""
     return length > 0 and not (cached or looks_cached)(addr, length)
@@ -226,7 +236,7 @@ def ask_unless_cached(addr: int, length: int, cached: Cached | None = None) -> N
     """:func:`ask`, unless the range looks cached (``cached``, :func:`looks_cached` by
     default): the advice walks every page it names, 50 us for a warm 3 MiB run, 6% of a
     warm tar stream (docs/benchmarks.md, "A warm epoch announces nothing")."""
-    if worth_reading(addr, length, cached):
+    if _worth_reading(addr, length, cached):
         ask(addr, length)
 
 
@@ -243,7 +253,7 @@ def advise_rows(data: np.ndarray, indices: np.ndarray, cached: Cached | None = N
     advise_willneed((base + int(i) * row, row) for i in np.sort(indices))
 
 
-def sample_range_spans(data: np.ndarray, offsets: np.ndarray | None, ranges):
+def _sample_range_spans(data: np.ndarray, offsets: np.ndarray | None, ranges):
     """(first index, address, length) of the samples of index ranges ``[start, stop)`` of a
     mapped array (stops past the end are clipped; empty ranges left out): rows of
     fixed-shape samples (``offsets`` None, C-contiguous arrays only), else the encoded bytes
@@ -377,7 +387,7 @@ class BlocksAhead:
     def announce_ranges(self, data: np.ndarray, offsets: np.ndarray | None, ranges) -> None:
         """:meth:`announce` for index ranges ``[start, stop)`` of a mapped array."""
         ranges = list(ranges)
-        self.announce_blocks(ranges, sample_range_spans(data, offsets, ranges))
+        self.announce_blocks(ranges, _sample_range_spans(data, offsets, ranges))
 
     def announce_blocks(self, ranges: list, spans: Iterable[tuple[int, int, int]]) -> None:
         """:meth:`announce` the spans of blocks ``ranges`` (index ranges ``[start, stop)``

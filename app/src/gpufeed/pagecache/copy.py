@@ -7,12 +7,17 @@ are split between up to ``COPY_THREADS`` threads of the loading process. The cal
 copies the rest alone: smaller rows, since handing a part to another thread costs more than
 copying it, and rows still on disk, which two faulting threads read 0.6-0.8x as fast as one
 (measured, mmap and HDF5). A DataLoader worker copies on its own thread: there the workers
-are the parallelism.
+are the parallelism. Whoever knows a process is a worker says so (:func:`set_copy_threads`:
+make_loader's worker init, and a gpufeed dataset read in a plain DataLoader's worker);
+this module does not look for torch.
+
+Public: ``take_rows``, ``copy_buffers``, ``copy_threads``, ``set_copy_threads``,
+``COPY_THREADS``, ``PARALLEL_COPY_MIN_BYTES``.
 """
 
 from __future__ import annotations
 
-import sys
+import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -25,6 +30,7 @@ __all__ = [
     "PARALLEL_COPY_MIN_BYTES",
     "copy_buffers",
     "copy_threads",
+    "set_copy_threads",
     "take_rows",
 ]
 
@@ -96,13 +102,20 @@ def _buffers_cached(buffers: Sequence) -> bool:
 
 
 def copy_threads() -> int:
-    """Threads a batch's copy may use in this process: 1 in a DataLoader worker, else the
-    loader's CPUs (sysinfo.process_loader_cpus), at most ``COPY_THREADS``."""
-    if _in_dataloader_worker():
-        return 1
+    """Threads a batch's copy may use in this process: what :func:`set_copy_threads` set
+    here (1 in a DataLoader worker), else the loader's CPUs (sysinfo.process_loader_cpus),
+    at most ``COPY_THREADS``."""
+    pid, threads = _SET
+    if threads is not None and pid == os.getpid():
+        return threads
     return max(1, min(COPY_THREADS, sysinfo.process_loader_cpus()))
 
 
-def _in_dataloader_worker() -> bool:
-    data = sys.modules.get("torch.utils.data")  # not imported: not in a worker
-    return data is not None and data.get_worker_info() is not None
+def set_copy_threads(threads: int | None) -> None:
+    """The copy threads of this process from now on (None: the default of
+    :func:`copy_threads`); a child forked later does not inherit it."""
+    global _SET
+    _SET = (os.getpid(), None if threads is None else max(1, int(threads)))
+
+
+_SET: tuple[int | None, int | None] = (None, None)  # (the process that set it, its threads)

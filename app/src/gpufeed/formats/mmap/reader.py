@@ -13,23 +13,16 @@ from gpufeed.formats.base import (
     Reader,
     check_offsets,
     index_array,
-    span_views,
 )
 from gpufeed.formats.checksums import crc32, row_crcs
+from gpufeed.formats.mapped import MappedSamples
 from gpufeed.formats.mmap import CONTAINERS, pt
 from gpufeed.formats.npy import NPY_HEADER_MAX, npy_header, read_npy_vector
-from gpufeed.pagecache.advise import (
-    BlocksAhead,
-    advise_buffers,
-    advise_rows,
-    advise_samples,
-    map_looks_warm,
-)
-from gpufeed.pagecache.copy import take_rows
+from gpufeed.pagecache.advise import BlocksAhead
 from gpufeed.pagecache.maps import kept_map
 
 
-class MmapReader(Reader):
+class MmapReader(MappedSamples, Reader):
     format_name = "mmap"
 
     def __init__(self, root, manifest):
@@ -173,18 +166,9 @@ class MmapReader(Reader):
     def location(self, index: int) -> str:
         return str(self.data_path)
 
-    def read_ahead(self, indices: np.ndarray) -> None:
-        if self._landed:  # while it downloads, the reads ahead are the download itself
-            advise_samples(self.handle, self.offsets, indices, self.cached)
-
-    reads_ranges_ahead = True
-
-    def looks_warm(self) -> bool:
-        return self._landed and map_looks_warm(self.handle, self.cached)
-
-    def read_ahead_ranges(self, ranges) -> None:
-        if self._landed:
-            self.ahead.announce_ranges(self.handle, self.offsets, ranges)
+    def mapped_samples(self) -> np.ndarray | None:
+        # while it downloads, the reads ahead are the download itself
+        return self.handle if self._landed else None
 
     def read_batch(self, indices: np.ndarray):
         if not self._landed:
@@ -192,13 +176,4 @@ class MmapReader(Reader):
             if early is not None:
                 return early
             self._land()
-        data = self.handle
-        self.ahead.ready(indices)  # its blocks resident: the copy faults nothing in
-        if self.spec.kind == "array":
-            advise_rows(data, indices, self.cached)
-            out = np.empty((len(indices), *self.spec.shape), dtype=self.spec.dtype)
-            take_rows(data, indices, out)
-            return out
-        views = span_views(data, self.offsets[indices], self.offsets[indices + 1])
-        advise_buffers(views, cached=self.cached)
-        return views
+        return self.read_mapped(self.handle, indices)
