@@ -165,3 +165,19 @@ def test_a_generator_of_paths_through_workers_names_its_inputs(tmp_path):
     assert m["skipped"][0]["path"].endswith("in33.txt")
     ds = gpufeed.open_dataset(tmp_path / "p", map_style=True)
     assert [ds[i]["text"] for i in (0, 32, 33)] == ["text 0", "text 32", "text 34"]
+
+
+def test_pack_samples_widens_a_size_that_varies_and_takes_a_partial_schema(tmp_path):
+    """In-process (pack_samples' default), samples go through Writer.add_item: tokens of
+    varying length become ragged; a schema naming one field declares it, the rest inferred."""
+    samples = [{"t": np.arange(n, dtype=np.int32), "c": f"s{n}"} for n in (3, 5, 2)]
+    gpufeed.pack_samples(samples, tmp_path / "a.lmdb", format="lmdb", quiet=True)
+    ds = gpufeed.open_dataset(tmp_path / "a.lmdb")
+    assert ds.reader.spec.schema.describe() == "t: int32[*], c: str"
+    assert [len(ds[i]["t"]) for i in range(3)] == [3, 5, 2]
+    gpufeed.pack_samples(
+        samples, tmp_path / "b.lmdb", format="lmdb", quiet=True, schema={"t": "int64[-1]"}
+    )
+    ds = gpufeed.open_dataset(tmp_path / "b.lmdb")
+    assert ds.reader.spec.schema.describe() == "t: int64[*], c: str"
+    assert ds.reader.manifest["options"]["inferred_fields"] == ["c"]

@@ -96,6 +96,18 @@ def _convert(fn, item, schema: Schema) -> tuple:
         return "error", f"{type(e).__name__}: {e}"
 
 
+def _add(w: Writer, i: int, fn, item, on_error: str) -> None:
+    """Input i converted in-process and encoded by the Writer, whose schema rules then hold
+    (taken from the first sample, a partial one completed, an inferred size that varies
+    made ragged); a failure of fn or of a sample's encoding is that input's error."""
+    try:
+        records = w.encode_samples(_samples(fn(item)))
+    except Exception as e:  # noqa: BLE001 - as _convert
+        _take(w, i, ("error", f"{type(e).__name__}: {e}"), w.item_names, on_error)
+        return
+    w.add_records(i, records)
+
+
 def _start_worker(fn, inputs: Sequence | None, schema, parent: int) -> None:
     die_with_parent(parent)
     _JOB.update(fn=fn, inputs=inputs, schema=schema)
@@ -235,6 +247,11 @@ def pack_function(
     with _writing(w, bar):
         sink = None if sized or names is not None else w.item_names
         items = _numbered(inputs, w.inputs_done, sink)
+        if workers <= 1:
+            for i, item in items:
+                _add(w, i, fn, item, on_error)
+                bar.update(1)
+            return w.close()
         if w.schema is None:  # the first sample says the schema
             for i, item in items:
                 _take(w, i, _first(fn, item), w.item_names, on_error)

@@ -292,13 +292,20 @@ class Writer:
         inputs[item]); a part is committed only between inputs, so a resume restarts at an
         input boundary."""
         self._check_open()
+        self.add_records(item, self.encode_samples(samples))
+
+    def encode_samples(self, samples: list) -> list[tuple[bytes, int, int]]:
+        """One input's samples encoded, (record, label, crc32) each, under this Writer's
+        schema rules (taken from the first sample, a partial one completed, an inferred
+        size that varies widened); a UsageError names the sample that does not fit."""
+        self._check_open()
         if samples and self._infers_from(samples[0]):
             declared = self.schema.to_json_dict() if self.schema is not None else None
             self.schema = infer_schema(samples[0], declared)
             self._inferred = inferred_names(self.schema, declared)
             self.state["inferred_fields"] = self._inferred
             self._save_state()
-        self.add_records(item, [self._encoded(s, k) for k, s in enumerate(samples)])
+        return [self._encoded(s, k) for k, s in enumerate(samples)]
 
     def _infers_from(self, sample: Any) -> bool:
         """Whether the schema is (partly) taken from this sample: none was given, or one
