@@ -80,9 +80,10 @@ def test_a_window_longer_than_documents_and_a_shuffled_batch(packs):
     order = [3, 0, 7, 3]
     assert np.array_equal(torch.stack(ds.__getitems__(order)).numpy(), want[order])
     from gpufeed.data.samplers import LookaheadBatch
+    from gpufeed.pagecache.plan import BatchReadAhead
 
     mapped = open_dataset(packs["mmap"], block_size=500)  # make_loader's batch naming the next
-    got = mapped.__getitems__(LookaheadBatch(order, ahead=[1, 2]))
+    got = mapped.__getitems__(LookaheadBatch(order, BatchReadAhead(ahead=[1, 2])))
     assert np.array_equal(torch.stack(got).numpy(), want[order])
 
 
