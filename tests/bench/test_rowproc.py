@@ -95,6 +95,7 @@ def test_a_failed_row_is_reported_and_the_others_go_on(turns, start):
     assert "b2+" not in log and log.count("a2-") == 1 and log.count("c2-") == 1
 
 
+@pytest.mark.slow
 def test_a_row_that_hangs_is_killed_after_the_timeout(turns):
     results, log = turns({"a": {"hang_at": 0}, "b": {}}, timeout=3.0)
     failed, why = results["a"]

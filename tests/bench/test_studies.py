@@ -62,6 +62,7 @@ def test_base_options_and_one_output_format(common, tmp_path, capsys):
     assert json.loads((tmp_path / "r.json").read_text()) == {"rates": {"new": 250.0}}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-CUDA path")
 def test_smoke_gpu_script_cpu_path(tmp_path, monkeypatch, capsys):
     import runpy

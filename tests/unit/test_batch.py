@@ -87,6 +87,7 @@ def test_readme_dataloader_line_on_mixed_sizes_says_what_to_do(mixed_size_pack, 
     _says_what_to_do(str(err.value), mixed_size_pack)
 
 
+@pytest.mark.slow
 def test_make_loader_on_mixed_sizes_raises_instead_of_lists(mixed_size_pack):
     ds = gpufeed.open_dataset(mixed_size_pack)
     with pytest.raises(UsageError) as err:

@@ -70,6 +70,7 @@ def test_verify_reports_flipped_byte_with_sample_and_source(tmp_path, make_array
     assert [p["index"] for p in report["problems"] if p["index"] is not None] == [7]
 
 
+@pytest.mark.slow
 def test_exit_codes_and_one_line_errors(tmp_path, python_env, make_images):
     r = run_cli(["pack", str(tmp_path), str(tmp_path / "o")], python_env)
     assert r.returncode == 2 and "--format" in r.stderr  # argparse usage error

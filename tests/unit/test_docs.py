@@ -91,6 +91,7 @@ def test_every_not_run_block_says_why():
     assert all(len(reason) > 5 for _, reason in skipped)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("page", RUN, ids=name)
 def test_the_pages_blocks_run(page, scratch, tmp_path, monkeypatch):

@@ -206,6 +206,7 @@ def long_functions(limit: int) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_modules_and_functions_are_small():
     """Past the soft caps a warning, a reason to look, not to split by line count; past the
     hard caps a failure."""

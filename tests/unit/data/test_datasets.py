@@ -50,6 +50,7 @@ class EveryFormat(torch.utils.data.Dataset):
         return self.datasets[ks.pop()].__getitems__([i % 1000 for i in indices])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_workers_every_format(packs, array_folder, context):
@@ -78,6 +79,7 @@ def test_dataloader_workers_every_format(packs, array_folder, context):
         assert labels.tolist() == [0] * 9 + [1] * 8
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_tar_stream_workers_read_each_sample_once(packs, array_folder, context):

@@ -186,6 +186,7 @@ def _counts_once_plus_padding(seen):
     assert sum(c - 1 for c in counts.values()) == total - N
 
 
+@pytest.mark.slow
 def test_ranks_are_sharded_by_torch_distributed(ranks):
     assert [r["rank"] for r in ranks] == [0, 1] and {r["world"] for r in ranks} == {2}
     assert {r["sampler"] for r in ranks} == {"DistributedBlockSampler"}

@@ -76,6 +76,7 @@ def test_collate_fields_stacks_pads_and_lists():
     assert gpufeed.collate(out) is out  # a FieldBatch passes through
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fmt", "workers", "context"),
     [("lmdb", 0, None), ("lmdb", 2, "fork"), ("lmdb", 2, "spawn"), ("tar", 0, None),
@@ -121,6 +122,7 @@ def test_ranks_share_the_samples_disjointly(packs, fmt):
     assert set(shares[0]) | set(shares[1]) == set(range(N))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_a_plain_dataloader_with_gpufeed_collate(packs, context):
     ds = gpufeed.open_dataset(packs["lmdb"])

@@ -133,6 +133,7 @@ def test_broken_links_and_folder_links_are_refused_as_pack_refuses_them(tmp_path
         gpufeed.open_dataset(root, index_dir=tmp_path / "idx2", follow_symlinks=True)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ROOT_USER and not __import__("shutil").which("setpriv"), reason="setpriv")
 def test_an_unreadable_class_folder_is_refused_naming_it(tmp_path, make_images):
     root = tmp_path / "imgs"

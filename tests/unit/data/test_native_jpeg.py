@@ -283,6 +283,7 @@ def test_thread_counts_give_identical_batches():
         assert failed == [] and np.array_equal(first, again), threads
 
 
+@pytest.mark.slow
 def test_the_portable_resize_gives_the_same_pixels(tmp_path):
     """x86-64 takes an SSSE3 horizontal pass; other CPUs (GPUFEED_JPEG_PORTABLE=1 forces it
     here) a portable one: both the same integer arithmetic, so the same bytes."""
@@ -341,6 +342,7 @@ def test_the_gil_is_released_while_it_decodes():
     assert busy > 0.02 * idle, (busy, idle)
 
 
+@pytest.mark.slow
 def test_repeated_calls_do_not_grow_memory():
     payloads = [CORPUS[k] for k in CORPUS] * 8
     sizes, _ = gj.image_sizes(payloads)

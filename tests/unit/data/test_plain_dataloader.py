@@ -80,6 +80,7 @@ def seeded() -> torch.Generator:
 CASES = [(f, 0, None) for f in sorted(FORMATS)] + [(f, 2, "fork") for f in sorted(FORMATS)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fmt", "workers", "context"), [*CASES, ("hdf5", 2, "spawn"), ("mmap", 2, "spawn")]
 )
@@ -98,6 +99,7 @@ def test_the_tutorial_line_takes_ragged_fields(packs, fmt, workers, context):
     assert sorted(i for b in got for i in b) == list(range(N)) and got[0] != list(range(B))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_a_streamed_tar_pack_through_a_plain_dataloader(packs, context):
     ds = gpufeed.open_dataset(packs / "tar", map_style=False)
@@ -176,6 +178,7 @@ def test_pin_memory_pins_ragged_lists_on_a_gpu_host(packs):
     assert all(t.is_pinned() for t in batch["tok"] + batch["box"]) and batch["x"].is_pinned()
 
 
+@pytest.mark.slow
 def test_a_spawned_process_registers_ragged_collation_when_it_unpickles_a_dataset(
     packs, python_env, tmp_path
 ):

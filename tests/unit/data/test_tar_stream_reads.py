@@ -230,6 +230,7 @@ def _stream_waiting_on_its_runs_ahead(tar_pack, monkeypatch):
     return ds, batches, gate
 
 
+@pytest.mark.slow
 def test_a_stream_stopped_early_forgets_its_runs_ahead(tar_pack, monkeypatch):
     ds, batches, gate = _stream_waiting_on_its_runs_ahead(tar_pack, monkeypatch)
     assert ds.reader.ahead.pending() > 0
@@ -240,6 +241,7 @@ def test_a_stream_stopped_early_forgets_its_runs_ahead(tar_pack, monkeypatch):
     assert ds.reader.ahead.background._pool is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
 def test_a_fork_mid_stream_drains_the_read_ahead(tar_pack, monkeypatch):
     ds, batches, gate = _stream_waiting_on_its_runs_ahead(tar_pack, monkeypatch)

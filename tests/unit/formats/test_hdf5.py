@@ -133,6 +133,7 @@ def test_labels_of_strings_are_refused_naming_the_dataset(array_pack):
         gpufeed.open_dataset(array_pack)
 
 
+@pytest.mark.slow
 def test_a_file_cut_short_with_its_manifest_entry_is_an_error_not_a_bus_error(array_pack):
     """The manifest's size lowered with the file (what a crafted pack can do): the mapped
     /samples would lie past the end of the file (HDF5's own end-of-file check holds, and

@@ -56,6 +56,7 @@ def _damage(path, how: str) -> None:
     path.write_bytes(data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how, says", [("invalid", "MDB_INVALID"), ("corrupted", "MDB_CORRUPTED")])
 def test_a_damaged_environment_is_an_error_naming_data_mdb(pack, how, says):
     _damage(pack / "data.mdb", how)

@@ -53,6 +53,7 @@ def _read_all(dest) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("crafted", ["negative", "backwards", "past_the_end"])
 def test_offsets_outside_the_data_are_refused_naming_the_first_bad_sample(encoded_pack, crafted):
     offsets = np.load(encoded_pack / "offsets.npy")
@@ -101,6 +102,7 @@ def test_samples_npy_must_be_what_the_manifest_says(array_pack, stored):
         gpufeed.open_dataset(array_pack)
 
 
+@pytest.mark.slow
 def test_a_data_file_cut_short_with_its_manifest_entry_is_an_error(array_pack):
     path = array_pack / "samples.npy"
     size = path.stat().st_size - 40

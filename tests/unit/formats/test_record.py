@@ -106,6 +106,7 @@ def gib_frame() -> bytes:
     return zeros_frame(GIB)  # 32 KiB declaring 1 GiB
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["tar", "hdf5", "lmdb", "mmap"])
 def test_a_zstd_bomb_in_a_pack_is_an_error_within_a_memory_limit(
     tmp_path, python_env, gib_frame, fmt

@@ -71,6 +71,7 @@ def _verify_then_read(dest) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fmt, name", [("lmdb", "data.mdb"), ("mmap", "samples.npy"), ("hdf5", "data.h5")]
 )

@@ -100,6 +100,7 @@ def _read_in_child(path, how: str, env) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["verify", "dataloader", "make_loader"])
 def test_negative_offsets_at_one_stride_are_an_error_not_a_segfault(
     tar_pack, tmp_path, python_env, how
@@ -207,6 +208,7 @@ def test_a_truncated_shard_is_still_a_per_sample_error(tar_pack, tmp_path):
         ds[6]
 
 
+@pytest.mark.slow
 def test_index_members_larger_than_the_count_allows_are_refused_before_reading(tar_pack, tmp_path):
     # a deflated member of 512 MiB of zeros, a few hundred KiB on disk: np.load read all of
     # it before the count was compared
@@ -251,6 +253,7 @@ def test_the_default_shard_size_rule():
     assert default_shard_size(10**8) == DEFAULT_SHARD_SIZE
 
 
+@pytest.mark.slow
 def test_a_small_pack_is_several_shards_by_default(small_samples, tmp_path):
     m = gpufeed.pack(small_samples, tmp_path / "p", format="tar", workers=1, quiet=True)
     counts = m["layout"]["shard_counts"]

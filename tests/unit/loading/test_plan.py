@@ -73,6 +73,7 @@ def test_watch_and_doctor_say_what_make_loader_measured():
     assert cpus.data["worker_plan"]["cpus"] == loader.plan.cpus
 
 
+@pytest.mark.slow
 def test_tune_settings_are_what_make_loader_watch_and_doctor_use(tmp_path, monkeypatch):
     result = tune.tune(CheapDataset(), batch_size=64, budget_s=2.0, batch_sizes=[64])
     path = tune.write_settings(result, tmp_path / "loader.json")

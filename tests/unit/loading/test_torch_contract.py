@@ -159,6 +159,7 @@ def test_plain_dataloader_forked_workers(contract_packs, reference, kind, worker
     assert sorted(epoch(loader, reference)) == sorted(reference)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_plain_dataloader_spawned_workers(contract_packs, reference):
     """Spawn is slow (each worker imports torch), so one loader reads all map-style types
@@ -286,6 +287,7 @@ def test_stateful_dataloader_resumes_with_exactly_the_rest(contract_packs, kind)
     assert sorted(before + after) == sorted(full)  # nothing twice, nothing lost
 
 
+@pytest.mark.slow
 def test_lightning_trains_on_a_gpufeed_dataset(contract_packs, reference, tmp_path):
     pl = pytest.importorskip("pytorch_lightning")
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 SHM = Path("/dev/shm")
 # DataLoader workers check their parent every 5 s (MP_STATUS_CHECK_INTERVAL); generous on top
 CLEANUP_DEADLINE_S = 20.0

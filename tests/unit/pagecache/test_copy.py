@@ -155,6 +155,7 @@ class _ThreadsSeen(torch.utils.data.Dataset):
         return copy_threads()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_make_loaders_workers_copy_on_their_own_thread(context, monkeypatch):
     monkeypatch.setattr(rowcopy.sysinfo, "process_loader_cpus", lambda: 2)  # this process: two
@@ -175,6 +176,7 @@ def _threads_seen(sample):
     return torch.tensor(copy_threads())
 
 
+@pytest.mark.slow
 def test_a_packs_dataset_in_a_plain_dataloaders_worker_copies_on_its_own_thread(
     tmp_path, monkeypatch
 ):

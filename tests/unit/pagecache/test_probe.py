@@ -225,6 +225,7 @@ def test_a_non_owner_reads_a_cold_pack_ahead(open_tmp, fmt):
     assert resident_share(path, offset, length) == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not hasattr(os, "fork") or os.geteuid() != 0, reason="needs root to become another user"
 )

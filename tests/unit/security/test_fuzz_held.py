@@ -12,6 +12,8 @@ from unit_sources import PYTHON_ENV
 import gpufeed
 from gpufeed.errors import GpufeedError
 
+pytestmark = pytest.mark.slow
+
 
 def test_170_random_byte_flips_never_crash_hang_or_leak(fuzz_packs, fuzz_expected, fuzz_root):
     cases = plan_cases(sorted(fuzz_packs), 170, seed=170, kinds=("flip",))

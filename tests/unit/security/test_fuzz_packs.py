@@ -8,9 +8,12 @@ GPUFEED_FUZZ_CASES=5000 (make fuzz-long) runs more before a release."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import fuzz_case_count
 from fuzzpack import FORMATS, KINDS, fuzz, pack_format, plan_cases, summary
 from unit_sources import PYTHON_ENV
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_default_run_covers_every_format_and_mutation_kind(fuzz_packs):

@@ -27,7 +27,7 @@ from gpufeed.storage.growing_file import Landing
 from gpufeed.storage.store import ObjectStore
 from gpufeed.write.pack import pack
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 SAMPLES = "samples.npy"
 

@@ -208,6 +208,7 @@ def test_a_map_style_reader_works_in_a_cache_smaller_than_the_pack(s3, eight_sha
     assert got == {i: local[i][0].numpy().tobytes() for i in range(len(local))}
 
 
+@pytest.mark.slow
 def test_two_processes_share_a_cache_of_80_percent_of_the_pack(
     s3, eight_shards, tmp_path, python_env
 ):

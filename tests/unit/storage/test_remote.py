@@ -27,7 +27,7 @@ from gpufeed.storage import (
     upload_pack,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 FAST_RETRY = RetryPolicy(retries=8, base_s=0.05, max_s=1.0)
 
 

@@ -9,7 +9,7 @@ import pytest
 import gpufeed
 from gpufeed.storage import upload_pack
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 @pytest.mark.parametrize("fmt", ["tar", "hdf5"])

@@ -20,7 +20,7 @@ from gpufeed.storage import upload_pack
 from gpufeed.tools.verify import inspect, verify
 from gpufeed.write.pack import pack
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def samples_of(dataset) -> dict[int, tuple[bytes, int]]:

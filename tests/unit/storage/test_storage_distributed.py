@@ -18,7 +18,7 @@ from gpufeed.data.open import open_dataset
 from gpufeed.loading.make import make_loader
 from gpufeed.storage import upload_pack
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 RANK = textwrap.dedent(
     """

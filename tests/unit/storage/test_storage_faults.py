@@ -15,7 +15,7 @@ from gpufeed.errors import CacheFullError, CredentialsError, ObjectNotFoundError
 from gpufeed.loading.make import make_loader
 from gpufeed.storage import upload_pack
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from gpufeed.errors import ObjectNotFoundError
 from gpufeed.storage import upload_pack
 from gpufeed.write.pack import pack
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 FORMATS = ("tar", "hdf5", "lmdb", "mmap")
 # (num_workers, multiprocessing_context): in-process, forked (Linux's default), spawned

@@ -15,6 +15,8 @@ from gpufeed.loading.make import make_loader
 from gpufeed.storage import upload_pack
 from gpufeed.tools.timing import stop_workers
 
+pytestmark = pytest.mark.slow
+
 
 def remote_loader(s3, tar_pack, tmp_path, context):
     upload_pack(tar_pack, f"{s3}/train")

@@ -24,6 +24,7 @@ def _child(code: str, python_env, tmp_path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_open_dataset_of_a_url_without_obstore_says_which_extra(python_env, tmp_path):
     out = _child(
         """

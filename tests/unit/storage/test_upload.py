@@ -17,7 +17,7 @@ from unit_sources import write_arrays
 from gpufeed.data.open import open_dataset
 from gpufeed.write.pack import pack
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 @pytest.fixture()

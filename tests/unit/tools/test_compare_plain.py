@@ -20,6 +20,7 @@ def mmap_pack(pack_factory):
     return pack_factory("mmap")
 
 
+@pytest.mark.slow
 def test_compare_plain_reads_both_loaders_side_by_side(mmap_pack, capsys):
     """The measuring harness behind README's ratio (the numbers themselves are not checked:
     speed is judged by running it, not by a test)."""

@@ -102,6 +102,7 @@ _REPLAYED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", _REPLAYED, ids=[sc.id for sc in _REPLAYED])
 def test_exit_status_agrees_with_preflight(sandbox, scenario):
     """The same environment gives the same verdict from the shell preflight and doctor."""
@@ -318,6 +319,7 @@ def test_dataset_recognises_a_pack(tmp_path, image_folder):
 # ------------------------------------------------------------------ CLI
 
 
+@pytest.mark.slow
 def test_cli_json_and_exit_status(sandbox, python_env, tmp_path):
     env = {**python_env, **sandbox.base_env(), "PATH": sandbox.base_env()["PATH"]}
     env["FAKE_NVIDIA_DRIVER"] = "470.82.01"
@@ -405,6 +407,7 @@ def test_native_install_hint_is_the_one_that_works_here(tmp_path):
     assert here.startswith(f"pip install {ROOT / 'app' / 'native'} ")
 
 
+@pytest.mark.slow
 def test_cli_host_and_require_gpu(sandbox, python_env):
     env = {**python_env, **sandbox.base_env(), "PATH": str(sandbox.root / "bin-no-smi")}
     env["GPUFEED_IN_CONTAINER"] = "0"

@@ -72,6 +72,7 @@ def test_pack_reads_it(tmp_path):
     assert tuple(ds[0][0].shape) == (3, 24, 24)
 
 
+@pytest.mark.slow
 def test_classes_are_learnable(tmp_path):
     """A tiny CNN trained for a few steps beats chance (0.1) on held-out images: the classes
     differ in what the pixels show, so the notebook's model has something to learn."""

@@ -40,6 +40,7 @@ class CheapDataset(Dataset):
         return gpufeed.Batch(self.data[idx], torch.zeros(len(idx), dtype=torch.int64))
 
 
+@pytest.mark.slow
 def test_tune_climbs_to_workers_for_io_bound_samples():
     # 6 s: on a loaded machine a worker's start-up is estimated long, and with 3 s the trial of
     # 2 workers did not fit the budget (best stayed at 1 worker: flaky under load)
@@ -53,6 +54,7 @@ def test_tune_climbs_to_workers_for_io_bound_samples():
     assert result.best.samples_per_s > 1.5 * single
 
 
+@pytest.mark.slow
 def test_tune_keeps_cheap_samples_in_process_and_compares():
     result = tune.tune(CheapDataset(), batch_size=256, budget_s=2.5, batch_sizes=[256], cpus=2)
     assert result.best.settings["num_workers"] == 0
@@ -60,6 +62,7 @@ def test_tune_keeps_cheap_samples_in_process_and_compares():
     assert result.ratios()["2x_cores"] > 1.0
 
 
+@pytest.mark.slow
 def test_tune_keeps_to_its_budget_with_worker_start_up():
     # every trial pays worker start-up and shutdown; the budget has to hold them too
     t = time.perf_counter()
@@ -164,6 +167,7 @@ def test_side_by_side_runs_the_others_at_the_requested_batch_size():
     assert result.chosen == "defaults" and result.best.batch_size == 256
 
 
+@pytest.mark.slow
 def test_tune_chooses_the_native_decoders_threads(tmp_path, jpeg_folder, monkeypatch):
     from gpufeed.data import native_jpeg
 

@@ -216,6 +216,7 @@ except ModuleNotFoundError as e:
 """
 
 
+@pytest.mark.slow
 def test_plot_without_matplotlib_keeps_the_verdict(tmp_path, python_env):
     """Issue 38 item 4: the README's watch(..., plot="steps.png") on a pip install without
     matplotlib raised ModuleNotFoundError after training and the verdict was lost."""

@@ -132,6 +132,7 @@ def slow_source(tmp_path, make_arrays):
     return tmp_path / "src"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_second_packer_into_the_same_dest_is_refused(slow_source, tmp_path):
     dest = tmp_path / "d"

@@ -54,6 +54,7 @@ for i in range(100000):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["hdf5", "tar"])
 def test_a_writer_killed_with_sigkill_is_refused_then_resumed(tmp_path, python_env, fmt):
     dest = tmp_path / "p"
@@ -250,6 +251,7 @@ def _pack_files(dest: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(dest.iterdir()) if p.name != "manifest.json"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["tar", "lmdb"])
 def test_a_fresh_pack_is_written_as_its_parts_are_committed(tmp_path, fmt):
     """The tar shards or LMDB file of a fresh pack are written while samples come
