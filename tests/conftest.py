@@ -54,6 +54,7 @@ SLOW_ELSEWHERE = {
     "tests/unit/test_deploy_pack_array.py::test_array_tasks_pack_their_slices_and_the_last_step_merges",
     "tests/unit/write/test_pack.py::test_kill_9_then_resume_equals_uninterrupted",
     "tests/unit/write/test_pack_samples.py::test_a_generator_of_large_samples_is_packed_in_bounded_memory",
+    "tests/unit/loading/test_loader.py::test_tar_stream_plan_measured_once_per_pack_not_per_seed",
 }
 
 

@@ -28,6 +28,7 @@ def test_version(python_env):
     assert r.returncode == 0 and r.stdout.strip() == f"gpufeed {__version__}"
 
 
+@pytest.mark.slow
 def test_pack_verify_inspect(array_folder, tmp_path, capsys):
     dest = tmp_path / "d"
     assert main(["pack", str(array_folder), str(dest), "-f", "hdf5", "-j", "1", "-q"]) == 0

@@ -15,6 +15,8 @@ from collections import Counter
 
 import pytest
 
+pytestmark = pytest.mark.slow  # torchrun starts real ranks
+
 N, BATCH, SHARDS = 103, 8, [f"shard-{i:03d}.tar" for i in range(10)]
 STOP_AFTER = {0: 3, 1: 5}  # batches each rank consumes before "crashing" in epoch 2
 UNEVEN, UNEVEN_SHARD, UNEVEN_BATCH = 1001, 100, 16  # 11 shards: whole ones gave 600 and 401
@@ -186,7 +188,6 @@ def _counts_once_plus_padding(seen):
     assert sum(c - 1 for c in counts.values()) == total - N
 
 
-@pytest.mark.slow
 def test_ranks_are_sharded_by_torch_distributed(ranks):
     assert [r["rank"] for r in ranks] == [0, 1] and {r["world"] for r in ranks} == {2}
     assert {r["sampler"] for r in ranks} == {"DistributedBlockSampler"}
