@@ -204,8 +204,9 @@ class SortedBatchSampler(Sampler[list[int]]):
             yield LookaheadBatch(window.popleft(), BatchReadAhead())
 
     def _with_ranges(self, plan: ReadAheadPlan) -> Iterator[LookaheadBatch]:
-        # the epoch at once in numpy (a set and np.unique per batch cost 15% of a warm pass
-        # of small samples): each block's first batch, announced `lookahead` batches before
+        # the epoch at once in numpy (a set and np.unique per batch slowed a warm pass of
+        # small samples: docs/performance/page-cache-read-ahead.md): each block's first
+        # batch, announced `lookahead` batches before
         b = plan.range_block
         batches = [np.asarray(a, dtype=np.int64) for a in self._batch_arrays()]
         if not batches:

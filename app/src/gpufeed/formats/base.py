@@ -242,11 +242,11 @@ class Reader:
 
     # whether read_ahead_ranges is worth calling (make_loader reads small samples ahead by
     # block only then): mmap, mapped HDF5 and LMDB measured faster cold, as fast warm
-    # (docs/benchmarks.md, "Issue 16 phase 4" and "phase 5")
+    # (docs/performance/page-cache-read-ahead.md, docs/performance/lmdb-reads.md)
     reads_ranges_ahead = False
     # whether that holds in storage order too, where the kernel's own readahead streams
-    # most files (mmap and HDF5 measured slower with blocks on top, warm 0.87x); LMDB's
-    # does not keep up (docs/benchmarks.md, "LMDB in storage order")
+    # most files (mmap and HDF5 measured slower with blocks on top); LMDB's does not keep up
+    # (docs/performance/lmdb-reads.md, "LMDB in storage order")
     reads_ranges_ahead_in_order = False
 
     def looks_warm(self) -> bool:

@@ -246,7 +246,7 @@ class HDF5Reader(MappedSamples, Reader):
                 self.pinned_identity(FILE_NAME),
                 (np.dtype(dtype).str, self.mmap_offset, shape),
                 # a plain ndarray over the map: np.memmap's slicing finalizes a memmap per
-                # sample (0.85 ms a JPEG batch of 256 against 0.11 ms, docs/benchmarks.md)
+                # sample (docs/performance/jpeg-decode.md, "The Python per batch")
                 lambda: np.memmap(
                     self.path, dtype=dtype, mode="r", offset=self.mmap_offset, shape=shape
                 ).view(np.ndarray),

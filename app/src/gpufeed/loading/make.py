@@ -100,65 +100,83 @@ def make_loader(
 
     ``DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4)`` and
     ``make_loader(dataset, 32, True, num_workers=4)`` read the same samples each epoch.
-    Where the two differ, and why:
+    Defaults that differ from DataLoader's: ``num_workers="auto"`` (DataLoader: 0),
+    ``pin_memory="auto"`` (False), ``persistent_workers=True`` (False); why, below.
 
-    - ``num_workers="auto"`` (DataLoader: 0): measures in-process loading against workers on
-      this dataset and batch size (about ``probe_budget_s`` seconds, once per dataset and
-      batch size per process; see :func:`~gpufeed.loading.plan.plan_workers`); for cheap
-      samples the worker IPC costs more than it saves. An int is used as given.
-    - ``pin_memory="auto"`` (DataLoader: False): pins when CUDA is available.
-    - ``persistent_workers=True`` (DataLoader: False): workers start once, not every epoch
-      (seconds each under spawn); only meaningful with workers.
-    - ``multiprocessing_context=None``: fork on Linux unless CUDA is initialised, then spawn
-      (:func:`~gpufeed.loading.plan.default_multiprocessing_context`); DataLoader leaves it
-      to Python.
-    - ``collate_fn=None``: the fast path. gpufeed datasets hand over a whole batch at once
-      (``get_batch``/``iter_batches``: one stacked tensor, one shared-memory segment per
-      batch from a worker); batches are :class:`~gpufeed.batch.Batch` ``(samples, labels)``
-      named tuples, which unpack as DataLoader's ``[samples, labels]`` do. Other datasets'
-      samples go through :func:`gpufeed.batch.collate`. A ``collate_fn`` of yours gets the
-      list of samples, as with DataLoader.
-    - ``shuffle`` (default None, as DataLoader: off) shuffles map-style datasets in blocks
-      (:class:`~gpufeed.data.samplers.BlockShuffleSampler`: random order read in long runs);
-      ``block_size=1`` is a uniform permutation. gpufeed's tar stream takes it as its own
-      option (False: storage order; None: as the dataset was opened); any other
-      IterableDataset with ``shuffle=True`` is an error, as in DataLoader.
-    - the order is a function of ``seed`` (default 0) and the epoch, the same on every rank
-      and after a restart (what resumption needs); ``generator`` (DataLoader: the source of
-      the random order), when given instead of ``seed``, draws the seed once.
-    - ``in_order=False`` hands out batches as workers finish them; resumption is then not
-      exact. ``pin_memory_device`` is passed on (deprecated by torch).
+    The tunable arguments (those of :class:`~gpufeed.loading.settings.LoaderSettings`) may
+    also come from ``settings``: an argument you pass wins, even one equal to its default.
 
-    gpufeed's own arguments (keyword only):
+    Args:
+        dataset: a map-style or iterable dataset; gpufeed datasets hand over a whole batch
+            at once (``get_batch``/``iter_batches``).
+        batch_size: samples per batch.
+        shuffle: None (as DataLoader: off) or True shuffles map-style datasets in blocks
+            (:class:`~gpufeed.data.samplers.BlockShuffleSampler`: random order read in long
+            runs; ``block_size=1`` is a uniform permutation). gpufeed's tar stream takes it
+            as its own option (False: storage order; None: as the dataset was opened); any
+            other IterableDataset with ``shuffle=True`` is an error, as in DataLoader.
+        sampler: yours replaces the block shuffle, and distributed sharding is then yours
+            too; gpufeed still sorts the indices inside each batch when
+            ``sorted_batches``.
+        batch_sampler: yours replaces the block shuffle and the sharding; its batches are
+            read as given (not sorted).
+        num_workers: ``"auto"`` measures in-process loading against workers on this dataset
+            and batch size (about ``probe_budget_s`` seconds, once per dataset and batch size
+            per process; see :func:`~gpufeed.loading.plan.plan_workers`): for cheap samples
+            the worker IPC costs more than it saves. An int is used as given.
+        collate_fn: None is the fast path: batches are :class:`~gpufeed.batch.Batch`
+            ``(samples, labels)`` named tuples (one stacked tensor, one shared-memory
+            segment per batch from a worker), which unpack as DataLoader's ``[samples,
+            labels]`` do; other datasets' samples go through :func:`gpufeed.batch.collate`.
+            A ``collate_fn`` of yours gets the list of samples, as with DataLoader.
+        pin_memory: ``"auto"`` pins when CUDA is available.
+        drop_last: as DataLoader's.
+        timeout: as DataLoader's.
+        worker_init_fn: runs in each worker after gpufeed seeds python, numpy and torch from
+            ``(seed, epoch, rank, worker id)``.
+        multiprocessing_context: None is fork on Linux unless CUDA is initialised, then
+            spawn (:func:`~gpufeed.loading.plan.default_multiprocessing_context`);
+            DataLoader leaves it to Python.
+        generator: DataLoader's source of the random order; given instead of ``seed``, it
+            draws the seed once.
+        prefetch_factor: batches in flight per worker; None gives torch's 2.
+        persistent_workers: True starts workers once, not every epoch (seconds each under
+            spawn); only meaningful with workers.
+        pin_memory_device: passed on (deprecated by torch).
+        in_order: False hands out batches as workers finish them; resumption is then not
+            exact.
+        seed: the order is a function of the seed (default 0) and the epoch, the same on
+            every rank and after a restart (what resumption needs).
+        block_size: the block shuffle's block (see :mod:`gpufeed.data.order`); ``"auto"``
+            takes the dataset's ``preferred_block_size`` attribute if it has one, else 256.
+        buffer_blocks: consecutive blocks the block shuffle shuffles together (see
+            :mod:`gpufeed.data.order`).
+        sorted_batches: sort indices inside each batch (cheaper HDF5/mmap reads); ``"auto"``
+            follows the dataset's ``prefers_sorted_reads`` attribute.
+        decoder_threads: threads per loading process for a dataset's batch decoder that runs
+            them (``RandomResizedCrop``'s native backend; its own ``threads=`` wins);
+            ``"auto"``: the loader's CPUs shared by its processes. The worker plan measures
+            in-process loading (all threads in one process) against workers with it.
+        distributed: ``"auto"`` shards by rank when the world size is above 1: map-style
+            datasets by :class:`~gpufeed.data.distributed.DistributedBlockSampler`, gpufeed's
+            tar stream by equal shares of its samples (every rank the same number of
+            batches); ``False`` reads everything on every rank; ``True`` shards always.
+        rank: this process's rank (None: ``torch.distributed``, else env ``RANK``).
+        world_size: the number of ranks (None: ``torch.distributed``, else env
+            ``WORLD_SIZE``).
+        settings: a dict or a JSON file with any of
+            :class:`~gpufeed.loading.settings.LoaderSettings`' fields (what ``gpufeed tune``
+            writes); None: the file named by env ``GPUFEED_LOADER_SETTINGS``, if any. A
+            setting applies where you left its argument out.
+        probe_budget_s: seconds the ``num_workers="auto"`` measurement may take.
+        shm_path: the shared-memory folder ``check_shm`` looks at.
+        check_shm: warn (:class:`~gpufeed.errors.ShmBudgetWarning`) when ``shm_path``
+            cannot hold workers x prefetch_factor batches.
 
-    - ``sampler``/``batch_sampler``: yours replace the block shuffle, and distributed
-      sharding is then yours too; gpufeed still sorts the indices inside each batch of your
-      ``sampler`` when ``sorted_batches`` (not those of your ``batch_sampler``).
-    - ``prefetch_factor``: batches in flight per worker; None gives torch's 2.
-    - ``block_size``/``buffer_blocks``: the block shuffle (see :mod:`gpufeed.data.order`);
-      ``"auto"`` takes the dataset's ``preferred_block_size`` attribute if it has one, else
-      256.
-    - ``sorted_batches``: sort indices inside each batch (cheaper HDF5/mmap reads);
-      ``"auto"`` follows the dataset's ``prefers_sorted_reads`` attribute.
-    - ``decoder_threads``: threads per loading process for a dataset's batch decoder that
-      runs them (``RandomResizedCrop``'s native backend; its own ``threads=`` wins);
-      ``"auto"``: the loader's CPUs shared by its processes. The worker plan measures
-      in-process loading (all threads in one process) against workers with it.
-    - ``distributed``, ``rank``, ``world_size``: ``"auto"`` shards by rank when the world
-      size (the explicit arguments, else ``torch.distributed``, else env ``RANK`` /
-      ``WORLD_SIZE``) is above 1: map-style datasets by
-      :class:`~gpufeed.data.distributed.DistributedBlockSampler`, gpufeed's tar stream by equal
-      shares of its samples (every rank the same number of batches); ``False`` reads
-      everything on every rank.
-    - ``settings``: a dict or a JSON file with any of
-      :class:`~gpufeed.loading.settings.LoaderSettings`' fields (what ``gpufeed tune``
-      writes), default the file named by env ``GPUFEED_LOADER_SETTINGS``. A setting applies
-      where you left its argument out; an argument you pass wins, even one equal to its
-      default.
-    - ``worker_init_fn``: runs in each worker after gpufeed seeds python, numpy and torch
-      from ``(seed, epoch, rank, worker id)``.
-    - ``check_shm``: warn (:class:`~gpufeed.errors.ShmBudgetWarning`) when ``/dev/shm`` cannot hold
-      workers x prefetch_factor batches.
+    Returns:
+        A :class:`GpufeedLoader`: iterate it as a DataLoader; ``set_epoch``,
+        ``state_dict``/``load_state_dict`` (mid-epoch resumption) and ``plan`` (the settings
+        it runs with, and why).
     """
     _check_dataset(dataset)
     _check_dataloader_args(batch_size, shuffle, sampler, batch_sampler, drop_last)
@@ -337,7 +355,7 @@ def _read_ahead_plan(dataset, batch_sampler, workers: int) -> ReadAheadPlan:
         return ReadAheadPlan(lookahead=max(1, workers))
     # shuffled epochs, and storage order only where the reader says so: there the kernel's
     # own readahead streams most files, and blocks announced on top measured slower
-    # (docs/benchmarks.md, "Issue 16 phase 4"), but not LMDB's
+    # (docs/performance/page-cache-read-ahead.md), but not LMDB's
     order = batch_sampler.sampler
     in_order = getattr(reader, "reads_ranges_ahead_in_order", False)
     block = getattr(order, "block_size", 0) if getattr(order, "shuffle", False) or in_order else 0

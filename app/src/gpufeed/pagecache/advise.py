@@ -67,8 +67,8 @@ __all__ = [
 ]
 
 READ_AHEAD_MIN_BYTES = 64 << 10
-# threads a reader populates blocks ahead on: two reads in flight measured 2.00-2.21 GB/s
-# against 0.95-1.09 from one (docs/benchmarks.md, "Issue 16 phase 5")
+# threads a reader populates blocks ahead on: two reads in flight read about twice as fast as
+# one (docs/performance/lmdb-reads.md, "Reads in flight: blocks on a line")
 READ_AHEAD_THREADS = 2
 _MADV_WILLNEED = 3
 
@@ -110,7 +110,8 @@ Cached = Callable[[int, int], bool]
 
 # pages looked at, spread over a reader's sample bytes, before an epoch read ahead by block
 # (Reader.looks_warm): all cached, the epoch announces no block (the checks that find each
-# block cached cost a warm pass 4-7%; docs/benchmarks.md, "A warm epoch announces nothing")
+# block cached cost warm passes: docs/performance/page-cache-read-ahead.md, "A warm epoch
+# announces nothing")
 WARM_PROBES = 64
 
 
@@ -234,16 +235,16 @@ def ask(addr: int, length: int) -> None:
 
 def ask_unless_cached(addr: int, length: int, cached: Cached | None = None) -> None:
     """:func:`ask`, unless the range looks cached (``cached``, :func:`looks_cached` by
-    default): the advice walks every page it names, 50 us for a warm 3 MiB run, 6% of a
-    warm tar stream (docs/benchmarks.md, "A warm epoch announces nothing")."""
+    default): the advice walks every page it names, a cost a warm tar stream felt
+    (docs/performance/tar-stream.md, "WILLNEED a run, only for cold runs")."""
     if _worth_reading(addr, length, cached):
         ask(addr, length)
 
 
 def advise_rows(data: np.ndarray, indices: np.ndarray, cached: Cached | None = None) -> None:
     """WILLNEED for rows ``indices`` of a C-contiguous mapped array, when rows are large and
-    not already cached (:func:`rows_cached`: the advice walks every page it names, 11% of a
-    warm batch's copy of 432 KiB rows)."""
+    not already cached (:func:`rows_cached`: the advice walks every page it names, a cost a
+    warm batch's copy of large rows felt: docs/performance/raw-copies.md)."""
     row = data.strides[0] if data.ndim else 0
     if row < READ_AHEAD_MIN_BYTES or not data.flags.c_contiguous or len(indices) < 2:
         return
@@ -357,8 +358,9 @@ class BlocksAhead:
     one is waited for. A job asks for its block (:func:`ask`, WILLNEED): the kernel keeps
     every announced block's reads in flight, and the pages are not mapped into the process
     until copied. Populating them on the threads instead (MADV_POPULATE_READ, up to
-    ``threads`` blocks in flight, mapped) read cold shuffled map-style passes 0.85-1.04x as
-    fast, and 0.54-0.67x under a memory limit smaller than the pack (docs/benchmarks.md);
+    ``threads`` blocks in flight, mapped) read cold shuffled map-style passes no faster, and
+    slower under a memory limit smaller than the pack
+    (docs/performance/page-cache-read-ahead.md, "Blocks asked for, not populated");
     a tar stream's runs are still populated (``announce(mapped=True)``). Blocks that look
     cached are skipped when announced (a warm pass wakes no thread). Drained with its pool
     (before every fork, and by the reader before it closes its map).
@@ -375,7 +377,7 @@ class BlocksAhead:
         """Start reading (first index, address, length) spans of blocks of equal size in:
         asked for (:func:`ask`), or populated when ``mapped`` (a stream's runs, read next
         and in order: pages asked for but not mapped were evicted before their run under a
-        memory limit, 0.76x; docs/benchmarks.md)."""
+        memory limit; docs/performance/page-cache-read-ahead.md)."""
         self._own_process()
         work = populate if mapped else ask
         for first, addr, length in spans:

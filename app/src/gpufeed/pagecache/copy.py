@@ -1,12 +1,12 @@
 """Copying a batch's rows out of an array (a mapped file, a pool of slots) into the batch.
 
-One thread copies out of a mapped file at about 8.8 GB/s on the bench machine, two at about
-16 (docs/benchmarks.md, "Issue 16: large rows copied on two threads"): memory bandwidth is
-not the bound of one copy. So rows of at least ``PARALLEL_COPY_MIN_BYTES`` in the page cache
-are split between up to ``COPY_THREADS`` threads of the loading process. The calling thread
+Two threads copy out of a mapped file nearly twice as fast as one
+(docs/performance/raw-copies.md, "Large rows copied on two threads"): memory bandwidth is not
+the bound of one copy. So rows of at least ``PARALLEL_COPY_MIN_BYTES`` in the page cache are
+split between up to ``COPY_THREADS`` threads of the loading process. The calling thread
 copies the rest alone: smaller rows, since handing a part to another thread costs more than
-copying it, and rows still on disk, which two faulting threads read 0.6-0.8x as fast as one
-(measured, mmap and HDF5). A DataLoader worker copies on its own thread: there the workers
+copying it, and rows still on disk, which two faulting threads read slower than one (mmap
+and HDF5). A DataLoader worker copies on its own thread: there the workers
 are the parallelism. Whoever knows a process is a worker says so (:func:`set_copy_threads`:
 make_loader's worker init, and a gpufeed dataset read in a plain DataLoader's worker);
 this module does not look for torch.
@@ -46,8 +46,8 @@ def take_rows(data: np.ndarray, indices: np.ndarray, out: np.ndarray) -> np.ndar
     cached.
 
     numpy's default mode="raise" copies through a buffer when given ``out`` (twice the
-    copying, see docs/benchmarks.md); the indices were range-checked by the dataset, so
-    "clip" never clips here. numpy releases the GIL while it copies, so the parts run at
+    copying, see docs/performance/raw-copies.md); the indices were range-checked by the
+    dataset, so "clip" never clips here. numpy releases the GIL while it copies, so the parts run at
     once."""
     n = len(indices)
     large = n > 1 and out.ndim and out[:1].nbytes >= PARALLEL_COPY_MIN_BYTES
