@@ -190,6 +190,18 @@ def test_a_packs_dataset_in_a_plain_dataloaders_worker_copies_on_its_own_thread(
     assert [x.tolist() for x, _ in loader] == [[1, 1], [1, 1]]
 
 
+@pytest.mark.slow
+def test_a_tar_stream_in_a_plain_dataloaders_worker_copies_on_its_own_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(rowcopy.sysinfo, "process_loader_cpus", lambda: 2)
+    write_arrays(tmp_path / "src", {"x": 2, "y": 2}, shape=(4,), seed=1)
+    gpufeed.pack(tmp_path / "src", tmp_path / "ds.tar", format="tar", workers=1, quiet=True)
+    ds = gpufeed.open_dataset(tmp_path / "ds.tar", map_style=False, transform=_threads_seen)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=2, num_workers=1, multiprocessing_context="fork"
+    )
+    assert [x.tolist() for x, _ in loader] == [[1, 1], [1, 1]]
+
+
 def test_copy_buffers_fills_rows_on_two_threads_when_large(copiers_of_buffers):
     values = [bytes(rows(1, ROW, seed=s)[0]) for s in range(5)]
     out = np.empty((5, ROW // 4), dtype=np.int32)  # the bytes land whatever the dtype

@@ -19,6 +19,7 @@ from gpufeed.data import distributed
 from gpufeed.data.reading import SampleReading
 from gpufeed.data.shuffle_buffer import SamplePool, make_pool
 from gpufeed.errors import ShardSplitWarning, UsageError
+from gpufeed.pagecache.copy import set_copy_threads
 from gpufeed.storage.packs import open_reader_at
 
 __all__ = ["SamplePool", "TarShardDataset"]  # SamplePool: gpufeed.data.shuffle_buffer
@@ -228,6 +229,8 @@ class TarShardDataset(SampleReading, IterableDataset):
         ranges = self._split()
         info = get_worker_info()
         worker = info.id if info is not None else 0
+        if info is not None:  # a plain DataLoader's worker: the workers are the parallelism
+            set_copy_threads(1)
         rng = np.random.default_rng([self.seed, self.epoch, worker, *(r[1] for r in ranges[:4])])
         shuffle = self.shuffle_buffer > 1
         keep_back = self.shuffle_buffer if shuffle else 0
