@@ -58,6 +58,29 @@ def test_a_checkpoint_with_n_ranks_resumes_with_m_ranks(dataset36, before, after
     assert sorted(seen + rest) == everything  # every sample exactly once
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_one_process_with_the_defaults_goes_on_from_a_two_rank_checkpoint(dataset36, drop_last):
+    """Issue 38 item 13: the default (distributed="auto", one process) resumes a checkpoint
+    of 2 ranks; it needed distributed=True."""
+    everything = sorted(s.numpy().tobytes() for s, _ in open_dataset(dataset36, map_style=True))
+    seen: list[bytes] = []
+    states = []
+    for rank in range(2):
+        first = loader(dataset36, rank, 2, drop_last=drop_last)
+        it = iter(first)
+        for _ in range(2):
+            seen += keys(next(it))
+        states.append(first.state_dict())
+    alone = make_loader(
+        open_dataset(dataset36, map_style=True), 3, shuffle=True, num_workers=0, seed=11,
+        block_size=4, drop_last=drop_last,
+    )  # fmt: skip
+    alone.load_state_dict(states[1])
+    rest = [k for batch in alone for k in keys(batch)]
+    assert alone.epoch == 1
+    assert sorted(seen + rest) == everything  # every sample exactly once (36 = 2 x 6 x 3)
+
+
 def test_an_iterable_dataset_cannot_change_world_size(dataset36, tmp_path):
     pack_dir = tmp_path / "tar"
     pack(dataset36.parent / "src", pack_dir, "tar", shard_size=6, quiet=True)

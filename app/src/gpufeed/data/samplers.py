@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Sized
 import numpy as np
 from torch.utils.data import Sampler
 
+from gpufeed.data.distributed import DistributedBlockSampler
 from gpufeed.data.order import DEFAULT_BLOCK_SIZE, DEFAULT_BUFFER_BLOCKS, block_shuffle_order
 from gpufeed.pagecache.plan import NO_READ_AHEAD, BatchReadAhead, ReadAheadPlan
 
@@ -48,12 +49,26 @@ class BlockShuffleSampler(Sampler[int]):
         self.seed = int(seed)
         self.epoch = int(epoch)
         self.shuffle = shuffle
+        self._elastic: tuple[int, np.ndarray] | None = None  # (epoch, what is left of it)
         self.order()  # validate arguments now, not at the first epoch
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
+    def resume_elastic(self, epoch: int, world: int, seen: int, drop_last: bool = False) -> None:
+        """Make ``epoch`` deliver what a run of ``world`` ranks had not handed out when each
+        had handed out ``seen`` samples: one process going on from a distributed checkpoint
+        (:meth:`DistributedBlockSampler.resume_elastic` with one rank)."""
+        one = DistributedBlockSampler(
+            self.n, 1, 0, self.block_size, self.seed, self.shuffle, drop_last,
+            self.buffer_blocks, epoch,
+        )  # fmt: skip
+        one.resume_elastic(epoch, world, seen)
+        self._elastic = (int(epoch), one.order())
+
     def order(self) -> np.ndarray:
+        if self._elastic is not None and self._elastic[0] == self.epoch:
+            return self._elastic[1]
         if not self.shuffle:
             return np.arange(self.n, dtype=np.int64)
         return block_shuffle_order(
@@ -71,7 +86,7 @@ class BlockShuffleSampler(Sampler[int]):
         return self.iter_from(0)
 
     def __len__(self) -> int:
-        return self.n
+        return len(self.order()) if self._elastic is not None else self.n
 
 
 class LookaheadBatch(list):

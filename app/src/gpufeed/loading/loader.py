@@ -12,7 +12,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 
 from gpufeed.batch import batch_len
-from gpufeed.data.samplers import SortedBatchSampler
+from gpufeed.data.samplers import BlockShuffleSampler, SortedBatchSampler
 from gpufeed.loading.plan import LoaderPlan
 from gpufeed.loading.workers import IterProxy, MapProxy, WorkerInit, loader_dataset
 
@@ -277,7 +277,7 @@ class GpufeedLoader:
                 f"loader state was saved with world_size={state['world_size']}, this loader has "
                 f"{mine['world_size']}: resuming with another world size needs a map-style "
                 "dataset in gpufeed's order (open_dataset's default for every format, not "
-                "map_style=False; no sampler of your own, distributed=True)"
+                "map_style=False; no sampler of your own)"
             )
         for key in ("seed", "dataset_len"):
             if state.get(key) != mine[key]:
@@ -285,7 +285,11 @@ class GpufeedLoader:
                     f"loader state was saved with {key}={state.get(key)!r} but this loader has "
                     f"{key}={mine[key]!r}: not the same dataset and order; cannot resume"
                 )
-        sampler.resume_elastic(int(state["epoch"]), int(state["world_size"]), state["samples_seen"])
+        epoch, world, seen = int(state["epoch"]), int(state["world_size"]), state["samples_seen"]
+        if isinstance(sampler, BlockShuffleSampler):  # one process going on from N ranks
+            sampler.resume_elastic(epoch, world, seen, drop_last=self.batch_sampler.drop_last)
+        else:
+            sampler.resume_elastic(epoch, world, seen)
         self.epoch = int(state["epoch"])
         self._samples_seen = self._batches_seen = 0
         self._resume = (0, 0)
