@@ -36,7 +36,7 @@ import numpy as np
 from torch.utils.data import Dataset, get_worker_info
 
 from gpufeed.batch import Batch, stack_images, to_batch, to_samples
-from gpufeed.data.reading import SampleReading, as_index_array, many_indices, one_index
+from gpufeed.data.reading import PythonIndexing, SampleReading, as_index_array
 from gpufeed.errors import UsageError
 from gpufeed.pagecache.copy import set_copy_threads
 from gpufeed.pagecache.plan import BatchReadAhead
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 
-class PackedDataset(SampleReading, Dataset):
+class PackedDataset(PythonIndexing, SampleReading, Dataset):
     """Map-style dataset over any packed format (chosen by the manifest). Indexing and
     ``__getitems__`` follow PyTorch's contract; ``get_batch`` is the fast path (see the module
     docstring).
@@ -150,13 +150,6 @@ class PackedDataset(SampleReading, Dataset):
         skipped sample is ``None``), read in one storage round trip."""
         samples, labels, kept = self._read_samples(indices)
         return to_samples(self._samples_of(samples), labels, kept, len(indices), self.path)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return self.__getitems__(range(*index.indices(len(self))))
-        if many_indices(index):
-            return self.__getitems__(index)
-        return self.__getitems__([one_index(index)])[0]
 
     def close(self) -> None:
         self.reader.close()

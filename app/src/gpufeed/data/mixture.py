@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from gpufeed.data.reading import as_index_array, many_indices, one_index
+from gpufeed.data.reading import PythonIndexing, as_index_array
 from gpufeed.errors import UsageError
 
 __all__ = ["Mixture", "mix", "split_counts"]
@@ -112,7 +112,7 @@ def split_counts(weights: np.ndarray, total: int) -> np.ndarray:
     return counts
 
 
-class Mixture(Dataset):
+class Mixture(PythonIndexing, Dataset):
     """The map-style dataset ``gpufeed.mix`` returns (module docstring)."""
 
     def __init__(self, names, sources, weights, samples_per_epoch, seed, source_field):
@@ -172,13 +172,6 @@ class Mixture(Dataset):
         if i not in self._walks:
             self._walks[i] = _Walk(self.seed, i, int(self.lengths[i]))
         return self._walks[i]
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return self.__getitems__(range(*index.indices(len(self))))
-        if many_indices(index):
-            return self.__getitems__(index)
-        return self.__getitems__([one_index(index)])[0]
 
     def __getitems__(self, indices) -> list:
         """The samples at ``indices``: one batched read per source."""

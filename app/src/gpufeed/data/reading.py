@@ -32,7 +32,15 @@ from gpufeed.errors import (
 from gpufeed.formats.base import Reader
 from gpufeed.formats.checksums import crc32, row_crcs
 
-__all__ = ["ON_ERROR", "SampleReading", "as_index_array", "describe", "many_indices", "one_index"]
+__all__ = [
+    "ON_ERROR",
+    "PythonIndexing",
+    "SampleReading",
+    "as_index_array",
+    "describe",
+    "many_indices",
+    "one_index",
+]
 
 ON_ERROR = ("raise", "skip")
 
@@ -63,6 +71,19 @@ def many_indices(index) -> bool:
     if isinstance(index, (list, tuple, range)):
         return True
     return isinstance(index, (np.ndarray, torch.Tensor)) and index.ndim == 1
+
+
+class PythonIndexing:
+    """``dataset[i]`` as Python indexes (an int, a negative one, a slice, a sequence of
+    ints), all through the class's ``__getitems__`` (one batched read): the one rule every
+    map-style gpufeed dataset follows."""
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.__getitems__(range(*index.indices(len(self))))
+        if many_indices(index):
+            return self.__getitems__(index)
+        return self.__getitems__([one_index(index)])[0]
 
 
 class SampleReading:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gpufeed.data.reading import as_index_array, many_indices, one_index
+from gpufeed.data.reading import PythonIndexing, as_index_array
 from gpufeed.errors import CorruptSampleError, UsageError
 from gpufeed.formats.inplace.webdataset import cached_index, in_place_identity, index_folder
 from gpufeed.formats.record import plain_bytes, split_records
@@ -85,7 +85,7 @@ def token_field(path, spec, field: str | None):
     return fit[0], fields[fit[0]]
 
 
-class TokenWindows(Dataset):
+class TokenWindows(PythonIndexing, Dataset):
     """Fixed windows of a token pack's stream (module docstring). Build it with
     ``gpufeed.open_dataset(path, block_size=B, field=None, eos=None, boundaries=False)``."""
 
@@ -137,13 +137,6 @@ class TokenWindows(Dataset):
         if self.boundaries:
             return len(self.doc_of)
         return self.total_tokens // self.block_size
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return self.__getitems__(range(*index.indices(len(self))))
-        if many_indices(index):
-            return self.__getitems__(index)
-        return self.__getitems__([one_index(index)])[0]
 
     def _spans(self, indices):
         """(stream start, stream end, first document, last document) of each window."""
