@@ -28,3 +28,21 @@ def test_the_batched_gpu_decode_path_gives_torchvisions_pixels(
         result = json.loads([line for line in logs.splitlines() if line.startswith("{")][-1])
         assert result["images"] == 24 and 0 < result["flipped"] < 24, result
         assert result["max_difference"] <= 1 and result["fallbacks"] == 0, result
+
+
+def test_boxes_through_the_crop_are_torchvisions(run_container, ssh_image):
+    """Issue 38 item 2's bar: RandomResizedCrop(boxes=...) against torchvision v2's own box
+    transform (tests/gpu/boxes_check.py), in the image that ships torchvision."""
+    running = run_container(
+        ssh_image,
+        command=["python", "tests/gpu/boxes_check.py"],
+        environment={**CPU_ENV, "GPUFEED_PREFLIGHT_QUIET": "1"},
+        working_dir="/src",
+        volumes={str(REPO): {"bind": "/src", "mode": "ro"}},
+    )
+    code = running.wait_exit(timeout=180)
+    logs = running.logs()
+    assert code == 0, logs
+    result = json.loads([line for line in logs.splitlines() if line.startswith("{")][-1])
+    assert result["ok"] and len(result["results"]) == 3, result
+    assert all(r["dropped"] > 0 and 0 < r["flipped"] < result["samples"] for r in result["results"])
