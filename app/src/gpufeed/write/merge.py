@@ -52,6 +52,7 @@ from gpufeed.formats.manifest import (
     read_manifest,
     write_manifest,
 )
+from gpufeed.formats.tar.members import KEY_FORMAT
 from gpufeed.formats.tar.writer import INDEX_NAME, SHARD_FORMAT, shard_pattern
 from gpufeed.storage.urls import require_local
 from gpufeed.write.assemble import swap_into_place
@@ -286,7 +287,7 @@ def _merge_tar(paths: list[Path], manifests: list[dict[str, Any]], out: Path) ->
         "pattern": shard_pattern(len(names)),
         "shards": names,
         "shard_counts": counts,
-        "key_format": layouts[0].get("key_format", "%09d"),
+        "key_format": layouts[0].get("key_format", KEY_FORMAT),
         "shard_size": max(int(lay.get("shard_size") or 0) for lay in layouts),
         "shard_bytes": max(int(lay.get("shard_bytes") or 0) for lay in layouts),
     }

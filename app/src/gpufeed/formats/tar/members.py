@@ -65,7 +65,8 @@ _HEADER = _header_template()
 _HEADER_SUM = sum(_HEADER)
 _HEADER_MID = _HEADER[135:148]
 _HEADER_END = _HEADER[156:]
-KEY_DIGITS = 9  # KEY_FORMAT's width
+KEY_DIGITS = 9  # a member's key: the sample index, zero-padded to this width
+KEY_FORMAT = f"%0{KEY_DIGITS}d"  # the same, as the manifest's layout.key_format says it
 MAX_SIZE = 8**11  # ustar's size field: 11 octal digits
 
 

@@ -16,7 +16,7 @@ from gpufeed.formats.npy import npy_bytes
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.formats.tar.fields import PartMembers
-from gpufeed.formats.tar.members import BLOCK
+from gpufeed.formats.tar.members import BLOCK, KEY_FORMAT
 
 INDEX_NAME = "index.npz"
 SHARD_FORMAT = "shard-{:06d}.tar"
@@ -32,7 +32,6 @@ DEFAULT_SHARD_BYTES = 64 << 20
 MIN_SHARDS = 16
 # ...of no fewer samples than this
 MIN_SHARD_SIZE = 64
-KEY_FORMAT = "{:09d}"
 
 
 def shard_pattern(n: int) -> str:
@@ -238,7 +237,7 @@ class TarWriter(Writer):
             "pattern": shard_pattern(len(self.names)),
             "shards": self.names,
             "shard_counts": counts,
-            "key_format": "%09d",
+            "key_format": KEY_FORMAT,
             "shard_size": self.max_count,
             "shard_bytes": self.max_bytes,
         }
