@@ -48,6 +48,7 @@ def test_every_manifest_is_valid():
         assert validate.validate(path, validate.K8S_VERSION) == [], path
 
 
+@pytest.mark.slow
 def test_a_typo_in_a_pod_spec_is_caught_in_both_recipes(tmp_path):
     job_docs = _docs("job.yaml")
     job = next(d for d in job_docs if d["kind"] == "Job")

@@ -44,6 +44,7 @@ def test_pack_verify_inspect(array_folder, tmp_path, capsys):
     assert "samples:     17" in text and "uint8 3x4x5" in text and "2 (x, y)" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["hdf5", "lmdb", "tar", "mmap"])
 def test_verify_reports_flipped_byte_with_sample_and_source(tmp_path, make_arrays, capsys, fmt):
     make_arrays(tmp_path / "src", {"c0": 5, "c1": 5}, shape=(48,), seed=2)

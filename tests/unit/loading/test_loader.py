@@ -535,6 +535,7 @@ def test_tar_stream_plan_measured_once_per_pack_not_per_seed(array_folder, tmp_p
     assert len(plan_mod._PLAN_CACHE) == measured
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", ["samples", "shards"])
 def test_probe_warns_nothing_of_its_own_workers_on_a_one_shard_tar(array_folder, tmp_path, split):
     """A small set packs into one tar shard: the probe's 2 workers outnumber its shards, and
@@ -614,6 +615,7 @@ def test_batch_sampler_generator_and_dataloaders_argument_rules():
         make_loader(ds, 8, seed=1, generator=g())
 
 
+@pytest.mark.slow
 def test_in_order_false_still_reads_every_sample_once():
     dl = make_loader(MemDataset(64), 8, True, num_workers=2, in_order=False)
     assert dl.dataloader.in_order is False
