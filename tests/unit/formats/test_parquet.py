@@ -397,3 +397,22 @@ def test_the_row_group_cache_is_bounded(shards):
     for lo in bounded.group_start[:-1]:
         bounded.read_batch(np.array([lo]))
     assert list(bounded.handle["groups"]) == [n - 2, n - 1]
+
+
+def test_pack_reads_blocks_not_rows(shards, tmp_path, monkeypatch):
+    """pack_in_place reads a block of rows (a row group at least) per read_batch, not one
+    row a call (40 calls for these 40 rows before)."""
+    import gpufeed
+
+    calls = []
+    read_batch = ParquetReader.read_batch
+
+    def counted(self, indices):
+        calls.append(len(indices))
+        return read_batch(self, indices)
+
+    monkeypatch.setattr(ParquetReader, "read_batch", counted)
+    gpufeed.pack(shards, tmp_path / "out.lmdb", format="lmdb", quiet=True)
+    assert calls == [ROWS]
+    packed = gpufeed.open_dataset(tmp_path / "out.lmdb")
+    assert [int(packed[i]["id"]) for i in range(ROWS)] == list(range(ROWS))

@@ -343,13 +343,27 @@ def pack_in_place(
     )  # fmt: skip
     w.item_names = [f"{reader.location(i)}#{i}" for i in range(reader.count)]
     bar = progress.progress_bar(reader.count, w.inputs_done, quiet, "pack")
+    # a reader's unit of I/O (a Parquet row group) read whole: one read a block, not a row
+    step = max(READ_BATCH, int(getattr(reader, "preferred_block_size", READ_BATCH)))
     with _writing(w, bar):
-        for lo in range(w.inputs_done, reader.count, READ_BATCH):
-            hi = min(lo + READ_BATCH, reader.count)
-            for i in range(lo, hi):
-                _take(w, i, _read_one(reader, i), w.item_names, on_error)
+        for lo in range(w.inputs_done, reader.count, step):
+            hi = min(lo + step, reader.count)
+            for i, result in _read_block(reader, lo, hi):
+                _take(w, i, result, w.item_names, on_error)
             bar.update(hi - lo)
         return w.close()
+
+
+def _read_block(reader, lo: int, hi: int):
+    """(i, result) for samples lo..hi-1, read in one read_batch; when that fails, one
+    sample at a time, so the error is the failing sample's and the others are kept."""
+    try:
+        records = reader.read_batch(np.arange(lo, hi, dtype=np.int64))
+    except Exception:  # noqa: BLE001 - told apart sample by sample below
+        yield from ((i, _read_one(reader, i)) for i in range(lo, hi))
+        return
+    for i, record in enumerate(records, lo):
+        yield i, ("ok", [(record, int(reader.labels[i]), crc32(record))])
 
 
 def _read_one(reader, i: int) -> tuple:
