@@ -313,12 +313,9 @@ def open_reader_at(
     if not isinstance(loc, RemoteURL):
         return open_reader(loc, **options)
     pack = remote_pack(loc, cache_dir, cache_limit)
-    if is_multipart(pack.manifest):
-        raise DataError(
-            f"{loc}: a merged {pack.manifest['format']} pack of parts (layout.parts); "
-            "reading one from object storage is not supported yet: copy it to a local "
-            "folder and open that, or merge tar parts (their merge is an ordinary tar pack)"
-        )
-    cls = reader_class(pack.manifest["format"])
+    if is_multipart(pack.manifest):  # a merged hdf5/lmdb/mmap pack (gpufeed.merge)
+        from gpufeed.storage.remote_parts import RemoteMultiPartReader as cls
+    else:
+        cls = reader_class(pack.manifest["format"])
     root = view_root(pack)
     return cls.with_source(RemoteFiles(pack, root), root, pack.manifest, **options)

@@ -141,6 +141,26 @@ class ObjectStore:
                 for m in batch
             }
 
+    def list_tagged(self, prefix: str = "") -> dict[str, tuple[int, str | None]]:
+        """name -> (size, ETag) of every object under `prefix` (the ETag: None when the store
+        gives none)."""
+        obstore = _obstore(self.url)
+
+        with _errors(self.url.child(prefix)):
+            return {
+                m["path"]: (int(m["size"]), m.get("e_tag") or None)
+                for batch in obstore.list(self.store, prefix or None)
+                for m in batch
+            }
+
+    def copy(self, src: str, dst: str) -> None:
+        """Object `src` copied to `dst` by the store itself (S3 CopyObject: no byte passes
+        through this process); an object at `dst` is replaced."""
+        obstore = _obstore(self.url)
+
+        with _errors(self.url.child(src)):
+            obstore.copy(self.store, src, dst, overwrite=True)
+
     def put_file(self, name: str, path: str | os.PathLike) -> None:
         """Upload a local file; multipart (in MULTIPART_CHUNK parts) above one part's size."""
         obstore = _obstore(self.url)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -54,7 +55,7 @@ from gpufeed.formats.manifest import (
 )
 from gpufeed.formats.tar.members import KEY_FORMAT
 from gpufeed.formats.tar.writer import INDEX_NAME, SHARD_FORMAT, shard_pattern
-from gpufeed.storage.urls import require_local
+from gpufeed.storage.urls import is_remote
 from gpufeed.write.assemble import swap_into_place
 from gpufeed.write.ownership import (
     OUT_DIR,
@@ -67,36 +68,50 @@ from gpufeed.write.ownership import (
 __all__ = ["merge"]
 
 PART_DIR = "parts/{:06d}"  # where a multi-part pack keeps part k
+INDEX_COPIED = ("offset", "size", "labels", "crc32")  # a tar part's index arrays, as they are
 # what every part must share with the first, as the manifest says it
 AGREE = ("format", "format_version", "sample", "classes", "created_by")
 
 
 def merge(
-    parts: Sequence[str | os.PathLike], dest: str | os.PathLike, *, overwrite: bool = False
+    parts: Sequence[str | os.PathLike],
+    dest: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    cache_limit: int | str | None = None,
 ) -> dict[str, Any]:
     """Merge finished packs ``parts`` (in this order) into one pack at ``dest``.
 
     Args:
         parts: the part packs' folders, each a complete pack of the same format, sample
-            spec, classes and gpufeed version (a part that differs is refused, named).
+            spec, classes and gpufeed version (a part that differs is refused, named);
+            or their URLs (s3://bucket/prefix), all in DEST's bucket.
         dest: the merged pack's folder; on the parts' file system for a merge without
-            copies (hard links), elsewhere the parts' files are copied.
+            copies (hard links), elsewhere the parts' files are copied. Or a URL in the
+            parts' bucket: the store copies their objects (gpufeed.write.merge_remote).
         overwrite: replace a pack at ``dest`` that is not this merge of these parts.
+        cache_dir, cache_limit: parts in object storage: the local cache their tar
+            indexes are read through (as open_dataset's); unused for local parts.
 
     Returns:
         The merged pack's manifest (that of the pack already at ``dest`` when it is this
         merge of these same parts: merging again changes nothing).
     """
-    for part in parts:
-        require_local(part, "merge local parts (object storage parts: not supported yet)")
-    require_local(dest, "merge into a local folder, then gpufeed.storage.upload_pack(it, URL)")
     if not parts:
         raise UsageError("merge: no parts given; pass the part packs to merge")
+    if _where(parts, dest) == "remote":
+        from gpufeed.write.merge_remote import merge_remote
+
+        return merge_remote(
+            [os.fspath(p) for p in parts], os.fspath(dest), overwrite=overwrite,
+            cache_dir=cache_dir, cache_limit=cache_limit,
+        )  # fmt: skip
     dest = Path(dest).absolute()
     paths = [Path(p).absolute() for p in parts]
     _check_distinct(paths)
     manifests = [_part_manifest(p, dest) for p in paths]
-    _check_agree(paths, manifests)
+    check_agree(paths, manifests)
     merged_from = [_record(p, m) for p, m in zip(paths, manifests, strict=True)]
     partial = dest.with_name(dest.name + PARTIAL_SUFFIX)
     done = _finished(dest, merged_from)
@@ -116,12 +131,29 @@ def merge(
         out.mkdir()
         build = _merge_tar if manifests[0]["format"] == "tar" else _merge_whole
         manifest = build(paths, manifests, out)
-        manifest.update(_common(manifests, merged_from))
+        manifest.update(common_fields(manifests, merged_from))
         write_manifest(out, manifest)
         fsync_dir(out)
         swap_into_place(out, dest, partial, None)
         remove_partial(partial, lock)
     return manifest
+
+
+def _where(parts: Sequence[str | os.PathLike], dest: str | os.PathLike) -> str:
+    """ "local" or "remote": the parts and DEST all one or the other, else a UsageError (a
+    merge moves no sample byte, so it cannot span a file system and a bucket)."""
+    remote = [is_remote(p) for p in [*parts, dest]]
+    if all(remote):
+        return "remote"
+    if not any(remote):
+        return "local"
+    first = next(str(p) for p, r in zip([*parts, dest], remote, strict=True) if r)
+    local = next(str(p) for p, r in zip([*parts, dest], remote, strict=True) if not r)
+    raise UsageError(
+        f"merge: {first} is in object storage and {local} is local; parts and DEST must be "
+        "all local or all in one bucket (upload the local ones with "
+        "gpufeed.storage.upload_pack, or merge locally and upload the merged pack)"
+    )
 
 
 def _check_distinct(paths: list[Path]) -> None:
@@ -151,7 +183,7 @@ def _part_manifest(path: Path, dest: Path) -> dict[str, Any]:
     return manifest
 
 
-def _check_agree(paths: list[Path], manifests: list[dict[str, Any]]) -> None:
+def check_agree(paths: Sequence[Any], manifests: list[dict[str, Any]]) -> None:
     """Every part as the first in format, layout version, sample spec, classes and the
     gpufeed version that wrote it: a UsageError naming the first part that differs."""
     first = manifests[0]
@@ -190,7 +222,7 @@ def _clean_up(dest: Path, partial: Path) -> None:
             remove_partial(partial, lock)
 
 
-def _common(manifests: list[dict[str, Any]], merged_from: list[dict[str, Any]]) -> dict:
+def common_fields(manifests: list[dict[str, Any]], merged_from: list[dict[str, Any]]) -> dict:
     """The merged manifest's fields every format shares."""
     first = manifests[0]
     skipped = [
@@ -255,43 +287,60 @@ def _open_checked(path: Path, manifest: dict[str, Any]):
 def _merge_tar(paths: list[Path], manifests: list[dict[str, Any]], out: Path) -> dict:
     """tar: the parts' shards linked in, numbered on; one index over them all."""
     files: dict[str, Any] = {}
-    names: list[str] = []
-    counts: list[int] = []
-    index: dict[str, list[np.ndarray]] = {k: [] for k in ("shard", "offset", "size")}
-    index.update(labels=[], crc32=[])
-    for path, manifest in zip(paths, manifests, strict=True):
-        reader = _open_checked(path, manifest)
-        index["shard"].append(reader.shard.astype(np.int64) + len(names))
-        for key in ("offset", "size", "labels", "crc32"):
-            index[key].append(getattr(reader, key))
+    readers = [_open_checked(p, m) for p, m in zip(paths, manifests, strict=True)]
+    names = renumbered_shards(readers)
+    for path, manifest, reader in zip(paths, manifests, readers, strict=True):
         for old in reader.shards:
-            new = SHARD_FORMAT.format(len(names))
+            new = names[len(files)]
             _link(path / old, out / new)
             entry = manifest["files"].get(old)
             files[new] = entry if isinstance(entry, dict) and "sha256" in entry else None
-            names.append(new)
-        counts.extend(int(c) for c in manifest["layout"]["shard_counts"])
-    arrays = {k: np.concatenate(v) for k, v in index.items()}
-    arrays["shard"] = arrays["shard"].astype(np.int32)
-    arrays["crc32"] = arrays["crc32"].astype(np.uint32)
     with open(out / INDEX_NAME, "wb") as f:
-        np.savez(f, **arrays)
+        f.write(index_bytes(readers))
         f.flush()
         os.fsync(f.fileno())
     files[INDEX_NAME] = None
     if _write_sources(paths, out):
         files[SOURCES_NAME] = None
     files = {n: e or file_entry(out, n) for n, e in sorted(files.items())}
+    return {"files": files, "layout": tar_layout(manifests, names)}
+
+
+def renumbered_shards(readers: list) -> list[str]:
+    """The merged tar pack's shard names: the parts' shards in order, numbered on."""
+    total = sum(len(r.shards) for r in readers)
+    return [SHARD_FORMAT.format(n) for n in range(total)]
+
+
+def index_bytes(readers: list) -> bytes:
+    """index.npz of the merged tar pack: each part's index (read and checked by its
+    TarReader) with its shard numbers shifted past the earlier parts' shards."""
+    index: dict[str, list[np.ndarray]] = {k: [] for k in ("shard", *INDEX_COPIED)}
+    shards = 0
+    for reader in readers:
+        index["shard"].append(reader.shard.astype(np.int64) + shards)
+        for key in INDEX_COPIED:
+            index[key].append(getattr(reader, key))
+        shards += len(reader.shards)
+    arrays = {k: np.concatenate(v) for k, v in index.items()}
+    arrays["shard"] = arrays["shard"].astype(np.int32)
+    arrays["crc32"] = arrays["crc32"].astype(np.uint32)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def tar_layout(manifests: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """The merged tar pack's layout: its shards, each one's count as its part said."""
     layouts = [m["layout"] for m in manifests]
-    layout = {
+    return {
         "pattern": shard_pattern(len(names)),
         "shards": names,
-        "shard_counts": counts,
+        "shard_counts": [int(c) for lay in layouts for c in lay["shard_counts"]],
         "key_format": layouts[0].get("key_format", KEY_FORMAT),
         "shard_size": max(int(lay.get("shard_size") or 0) for lay in layouts),
         "shard_bytes": max(int(lay.get("shard_bytes") or 0) for lay in layouts),
     }
-    return {"files": files, "layout": layout}
 
 
 def _write_sources(paths: Iterable[Path], out: Path) -> bool:

@@ -1,0 +1,107 @@
+"""A merged pack of parts (hdf5, lmdb, mmap: layout.parts) read from object storage.
+
+A merged pack in a bucket (gpufeed.write.merge_remote) is one prefix: its manifest lists
+every part's files under parts/NNNNNN/ (each part's manifest.json too, with its sha256).
+Each part is read by its format's own reader, as in a local merged pack (MultiPartReader),
+its files coming through the merged pack's cache (PartFiles: the part's names with its
+folder in front), so a file is fetched when a part first reads it, checked against the
+merged manifest's sha256, and shared by every process through the cache.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from gpufeed.errors import DataError
+from gpufeed.formats import reader_class
+from gpufeed.formats.base import Reader
+from gpufeed.formats.manifest import MANIFEST_NAME, check_manifest
+from gpufeed.formats.multipart import MultiPartReader, part_entries
+
+__all__ = ["PartFiles", "RemoteMultiPartReader"]
+
+
+class PartFiles:
+    """One part's files for its reader: a remote pack's files (packs.RemoteFiles) under the
+    part's folder, by the names the part's manifest gives them."""
+
+    def __init__(self, files, folder: str):
+        self.files = files
+        self.folder = folder
+
+    def _name(self, name: str) -> str:
+        return f"{self.folder}/{name}"
+
+    @property
+    def pack(self):
+        return self.files.pack
+
+    @property
+    def url(self):
+        return self.files.url
+
+    @property
+    def stats(self):
+        return self.files.stats
+
+    def manifest(self) -> dict[str, Any]:
+        """The part's manifest.json, fetched (so checked against the merged manifest's sha256)
+        and checked as any manifest."""
+        where = self.url.child(self._name(MANIFEST_NAME))
+        if self._name(MANIFEST_NAME) not in self.pack.entries:
+            raise DataError(f"{where}: not listed in the merged manifest's files; re-merge")
+        path = self.fetch(MANIFEST_NAME)
+        try:
+            return check_manifest(json.loads(path.read_bytes()), where)
+        except ValueError as e:
+            raise DataError(f"{where}: unreadable manifest: {e}") from None
+        finally:
+            self.release(MANIFEST_NAME)
+
+    def check_name(self, name: str) -> None:
+        self.files.check_name(self._name(name))
+
+    def fetch(self, name: str):
+        return self.files.fetch(self._name(name))
+
+    def release(self, name: str) -> None:
+        self.files.release(self._name(name))
+
+    def warm(self, names: list[str]) -> None:
+        self.files.warm([self._name(n) for n in names])
+
+    def landing(self, name: str):
+        return self.files.landing(self._name(name))
+
+    def pin_budget(self) -> int:
+        return self.files.pin_budget()
+
+    def fetch_ahead(self, names: list[str], *, workers: int, ahead: int):
+        return self.files.fetch_ahead([self._name(n) for n in names], workers=workers, ahead=ahead)
+
+    def close(self) -> None:
+        self.files.close()
+
+
+class RemoteMultiPartReader(MultiPartReader):
+    """MultiPartReader over a remote merged pack: made by ``with_source`` (a RemoteFiles of
+    the merged pack), each part's reader made with a PartFiles of it."""
+
+    def __init__(self, root, manifest, **options):
+        Reader.__init__(self, root, manifest)
+        self.format_name = manifest["format"]
+        cls = reader_class(self.format_name)
+        self.parts = []
+        for k, (path, count) in enumerate(part_entries(self.root, manifest)):
+            files = PartFiles(self.source, path)
+            part_manifest = files.manifest()
+            self._check_part(k, path, part_manifest, count)
+            self.parts.append(cls.with_source(files, self.root / path, part_manifest, **options))
+        counts = np.array([p.count for p in self.parts], dtype=np.int64)
+        self.check_count("the parts (layout.parts)", int(counts.sum()))
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.labels = self._joined("labels", np.int64)
+        self.crc32 = self._joined("crc32", np.uint32)
