@@ -208,3 +208,33 @@ def test_a_merge_killed_leaves_the_parts_or_a_complete_pack(tmp_path, python_env
     merge(parts, dest)  # again: finishes, or finds it finished
     assert labels_of(dest) == list(range(7))
     assert not (tmp_path / "m.partial").exists()
+
+
+def test_pack_resume_on_a_merged_pack_returns_it_as_it_is(tmp_path, make_images, capsys):
+    """`gpufeed pack SRC DEST --resume` where DEST is a finished merge of parts packed from
+    SRC's slices: the merged pack is returned as it is, with a message; never re-packed or
+    replaced without --overwrite."""
+    for k in range(2):
+        make_images(tmp_path / f"src-{k}", {"a": 2 + k, "b": 3})
+        gpufeed.pack(tmp_path / f"src-{k}", tmp_path / f"part-{k}", "tar", quiet=True)
+    make_images(tmp_path / "src", {"a": 5, "b": 6})
+    dest = tmp_path / "m"
+    merged = merge([tmp_path / "part-0", tmp_path / "part-1"], dest)
+    before = {p.name: os.stat(p).st_ino for p in dest.iterdir()}
+    mtime = (dest / MANIFEST_NAME).stat().st_mtime_ns
+    capsys.readouterr()
+    assert gpufeed.pack(tmp_path / "src", dest, "tar", resume=True) == merged
+    err = capsys.readouterr().err
+    assert f"{dest}: already complete, a merge of 2 parts (gpufeed merge)" in err
+    assert "pass --overwrite to re-pack it from SRC" in err
+    assert {p.name: os.stat(p).st_ino for p in dest.iterdir()} == before
+    assert (dest / MANIFEST_NAME).stat().st_mtime_ns == mtime
+    assert not (tmp_path / "m.partial").exists()
+    with pytest.raises(UsageError, match="already exists, packed from other sources"):
+        gpufeed.pack(tmp_path / "src", dest, "hdf5", resume=True, quiet=True)  # another format
+    with pytest.raises(UsageError, match="already exists; pass --overwrite"):
+        gpufeed.pack(tmp_path / "src", dest, "tar", quiet=True)  # no --resume
+    assert {p.name: os.stat(p).st_ino for p in dest.iterdir()} == before
+    # --overwrite re-packs it from SRC: an ordinary pack of SRC now
+    manifest = gpufeed.pack(tmp_path / "src", dest, "tar", overwrite=True, quiet=True)
+    assert manifest["count"] == 11 and "merged_from" not in manifest

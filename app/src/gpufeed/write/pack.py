@@ -488,12 +488,21 @@ def _exists_message(dest: Path) -> str:
 
 def _finished_pack(dest: Path, state: dict, resume: bool, overwrite: bool, say):
     """With --resume, a DEST finished by an earlier run of this very pack (the run was
-    stopped after its final rename): its manifest. Another DEST is refused."""
+    stopped after its final rename), or a finished merge of parts (gpufeed.merge) in the
+    same format, which cannot tell which source its parts came from: its manifest, the pack
+    left as it is. Another DEST is refused; none is replaced without --overwrite."""
     if overwrite or not occupied(dest):
         return None
     if not resume or not is_pack(dest):
         raise UsageError(_exists_message(dest))
     manifest = read_manifest(dest)
+    if _merged(manifest) and manifest.get("format") == state["format"]:
+        say(
+            f"{dest}: already complete, a merge of {len(manifest['merged_from'])} parts "
+            "(gpufeed merge): --resume leaves it as it is (a merged pack records its parts, "
+            "not the source they were packed from); pass --overwrite to re-pack it from SRC"
+        )
+        return manifest
     if not _made_by(manifest, state):
         raise UsageError(
             f"{dest}: already exists, packed from other sources or with other settings; "
@@ -501,6 +510,13 @@ def _finished_pack(dest: Path, state: dict, resume: bool, overwrite: bool, say):
         )
     say(f"{dest}: already complete (finished by an earlier run)")
     return manifest
+
+
+def _merged(manifest: dict) -> bool:
+    """Whether the manifest is gpufeed.merge's (its source a merge of the parts it lists)."""
+    source = manifest.get("source")
+    merged_from = manifest.get("merged_from")
+    return isinstance(source, dict) and source.get("kind") == "merge" and bool(merged_from)
 
 
 def _made_by(manifest: dict, state: dict) -> bool:
