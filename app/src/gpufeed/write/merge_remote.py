@@ -59,7 +59,7 @@ from gpufeed.storage.stats import StorageStats
 from gpufeed.storage.store import ObjectStore
 from gpufeed.storage.upload import check_destination
 from gpufeed.storage.urls import RemoteURL, parse_location
-from gpufeed.write.merge import (
+from gpufeed.write.merge_layout import (
     PART_DIR,
     check_agree,
     common_fields,
