@@ -5,6 +5,7 @@ every sample exactly once, in order."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -75,3 +76,44 @@ def test_a_retried_write_task_leaves_no_duplicate_or_missing_sample(cluster, tmp
     assert os.path.exists(flag)  # the first attempt did die
     ds = gpufeed.open_dataset(dest)
     assert [int(ds[i]["label"]) for i in range(len(ds))] == list(range(80))
+
+
+def test_gpufeed_ray_is_the_pack_sink(cluster, tmp_path):
+    import gpufeed.ray
+
+    assert gpufeed.ray.PackSink is PackSink and gpufeed.ray.__all__ == ["PackSink"]
+    dest = tmp_path / "pack"
+    dataset(12, 3).write_datasink(gpufeed.ray.PackSink(dest, format="mmap", schema=SCHEMA))
+    ds = gpufeed.open_dataset(dest)
+    assert [(int(ds[i]["label"]), ds[i]["x"].tolist()) for i in range(12)] == [
+        (i, [i] * 4) for i in range(12)
+    ]
+
+
+CHECK_IMPORTS = """
+import sys
+import gpufeed
+gpufeed.Writer, gpufeed.merge, gpufeed.open_dataset, gpufeed.make_loader
+import gpufeed.integrations
+assert not [m for m in sys.modules if m == "ray" or m.startswith("ray.")], "ray imported"
+sys.modules["ray"] = None  # as where Ray is not installed
+try:
+    import gpufeed.ray
+except ImportError as e:
+    print(e)
+else:
+    raise SystemExit("gpufeed.ray imported without ray")
+"""
+
+
+def test_import_gpufeed_never_imports_ray_and_gpufeed_ray_says_what_to_install(python_env):
+    run = subprocess.run(
+        [sys.executable, "-c", CHECK_IMPORTS],
+        env=python_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr + run.stdout
+    assert "gpufeed.ray (PackSink) needs Ray Data, which is not installed" in run.stdout
+    assert "pip install 'ray[data]'" in run.stdout

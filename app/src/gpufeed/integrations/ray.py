@@ -21,8 +21,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ray.data import Datasink
-from ray.data.block import BlockAccessor
+try:
+    from ray.data import Datasink
+    from ray.data.block import BlockAccessor
+except ImportError as e:  # said here, once, for gpufeed.ray and this module alike
+    raise ImportError(
+        f"gpufeed.ray (PackSink) needs Ray Data, which is not installed ({e}); "
+        "pip install 'ray[data]'",
+        name=e.name,
+    ) from e
 
 from gpufeed.write.merge import merge
 from gpufeed.write.ownership import remove_tree
