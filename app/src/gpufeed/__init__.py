@@ -3,6 +3,7 @@
     gpufeed.pack(source, dest, format="hdf5")       files -> packed format (+ manifest.json)
     gpufeed.pack_samples(samples, dest)             samples held in Python -> packed format
     gpufeed.pack_map(fn, inputs, dest, workers=8)   fn(input) in worker processes -> packed
+    gpufeed.pack_tokens(texts, dest, tokenize=enc)  texts -> token ids in worker processes
     gpufeed.Writer(dest, format, schema)            sample dicts -> packed format
     gpufeed.merge(parts, dest)                      packs written anywhere -> one pack
     gpufeed.verify(dest) / gpufeed.inspect(dest)    check / describe a pack
@@ -13,9 +14,9 @@
     gpufeed.watch(loader)                           data wait vs compute, per step
     gpufeed.diagnose()                              is this machine set up to feed a GPU?
 
-These are the names a training script writes (``gpufeed.__all__``, merge aside: a packing
-pipeline's last step, importable as gpufeed.merge but kept out of the small ``__all__``
-that tests/unit/test_layout.py caps); everything else is
+These are the names a training script writes (``gpufeed.__all__``, merge and pack_tokens
+aside: packing pipeline steps, importable as gpufeed.merge and gpufeed.pack_tokens but kept
+out of the small ``__all__`` that tests/unit/test_layout.py caps); everything else is
 reachable by its module path, one package per stage (docs/architecture.md): gpufeed.formats,
 gpufeed.storage, gpufeed.write, gpufeed.data, gpufeed.loading, gpufeed.system,
 gpufeed.tools; gpufeed.errors holds every error class.
@@ -52,7 +53,7 @@ _EXPORTS = {
     "CorruptSampleError": "gpufeed.errors",
 }
 # resolved as the names above, not in __all__ (see the module docstring)
-_PIPELINE = {"merge": "gpufeed.write.merge"}
+_PIPELINE = {"merge": "gpufeed.write.merge", "pack_tokens": "gpufeed.write.token_pack"}
 
 # Names gpufeed exported at the top level before 0.2, removed in 0.2 (CHANGELOG.md): asking
 # for one is an AttributeError that says where it lives.

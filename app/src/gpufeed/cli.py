@@ -1,6 +1,7 @@
 """The `gpufeed` command (also `python -m gpufeed`).
 
   gpufeed pack SOURCE DEST --format {hdf5,lmdb,tar,mmap} [options]
+  gpufeed pack TEXTS DEST --tokenize MODULE:FUNCTION [--vocab-size N] [--eos ID]  (token pack)
   gpufeed verify DEST [--decode]          (DEST a pack, or data read in place: an image
   gpufeed inspect DEST                     folder, WebDataset shards, an HDF5 file --datasets)
   gpufeed merge PART... DEST [--overwrite] (parts packed anywhere -> one pack: gpufeed.write.merge)
@@ -68,7 +69,12 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("source", metavar="SOURCE", type=cliargs.existing_path)
     p.add_argument("dest", metavar="DEST", help="a folder or a URL")
-    p.add_argument("--format", "-f", choices=FORMATS, required=True)
+    p.add_argument(
+        "--format",
+        "-f",
+        choices=FORMATS,
+        help="required, except with --tokenize (default mmap: windows are slices of one map)",
+    )
     p.add_argument(
         "--workers",
         "-j",
@@ -130,6 +136,46 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
         help="source items per committed part (crash-safety granularity, default 1024)",
     )
     _add_pack_sources_and_urls(p)
+    _add_pack_tokens(p)
+
+
+def _add_pack_tokens(p) -> None:
+    """--tokenize makes `gpufeed pack` write a token pack (gpufeed.write.token_pack): the
+    same command, as pack_tokens is one more way to make a pack (pack_map, pack_samples)."""
+    g = p.add_argument_group(
+        "token packs (--tokenize)",
+        "SOURCE holds texts: .jsonl (.gz, .zst), .txt files (one document each), Parquet, or "
+        "a folder or glob of them; each document's token ids become one sample, read as "
+        "windows by open_dataset(DEST, block_size=B)",
+    )
+    g.add_argument(
+        "--tokenize",
+        metavar="MODULE:FUNCTION",
+        type=cliargs.tokenize_spec,
+        help="a function of a text returning its token ids (e.g. mytok:encode, a module "
+        "of the current folder or installed)",
+    )
+    g.add_argument(
+        "--vocab-size",
+        type=cliargs.integer(1, 1 << 32, "--vocab-size"),
+        help="ids are below it; uint16 up to 65536, else uint32 (default: the tokenizer's, "
+        "else uint32)",
+    )
+    g.add_argument(
+        "--eos",
+        type=cliargs.integer(0, (1 << 32) - 1, "--eos"),
+        help="a token id appended after each document (recorded in the manifest)",
+    )
+    g.add_argument(
+        "--text-field",
+        default="text",
+        help="the JSONL key or Parquet column holding the text (default text)",
+    )
+    g.add_argument(
+        "--batched",
+        action="store_true",
+        help="the function takes a list of texts and returns a list of id lists",
+    )
 
 
 def _add_pack_sources_and_urls(p) -> None:
@@ -235,7 +281,7 @@ _TOOLS = {
 COMMANDS = {
     "pack": (
         "pack an image folder, .npy/.pt, .txt or .wav files, a list file, WebDataset shards "
-        "or HDF5",
+        "or HDF5; texts into token ids with --tokenize",
         _add_pack,
     ),
     "verify": ("re-read every sample and check checksums (or decode, in place)", _add_verify),
@@ -279,8 +325,16 @@ def command_in(argv: list[str]) -> str | None:
 
 
 def _cmd_pack(args) -> int:
+    from gpufeed.errors import UsageError
     from gpufeed.write.pack import pack
 
+    if args.tokenize is not None:
+        return _cmd_pack_tokens(args)
+    token_options = [o for o, (k, default) in _TOKEN_ONLY.items() if getattr(args, k) != default]
+    if token_options:
+        raise UsageError(f"{', '.join(token_options)}: for token packs; give --tokenize too")
+    if args.format is None:
+        raise UsageError("--format (-f) is required: hdf5, lmdb, tar or mmap")
     log = (lambda m: print(m, file=sys.stderr)) if args.verbose else None
     manifest = pack(
         args.source,
@@ -315,6 +369,63 @@ def _cmd_pack(args) -> int:
             line += " ..." if len(skipped) > 5 else ""
         # file names that are not UTF-8 (kept byte for byte) print as \x escapes
         print(line.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
+    return EXIT_OK
+
+
+# the options only a token pack takes, and those it does not (flag: its attribute, default)
+_TOKEN_ONLY = {
+    "--vocab-size": ("vocab_size", None),
+    "--eos": ("eos", None),
+    "--text-field": ("text_field", "text"),
+    "--batched": ("batched", False),
+}
+_NOT_FOR_TOKENS = {
+    "--encode": ("encode", "keep"),
+    "--resize": ("resize", None),
+    "--container": ("container", "npy"),
+    "--follow-symlinks": ("follow_symlinks", False),
+    "--schema": ("schema", None),
+    "--datasets": ("datasets", None),
+    "--staging-dir": ("staging_dir", None),
+    "--keep-staging": ("keep_staging", False),
+}
+
+
+def _cmd_pack_tokens(args) -> int:
+    from gpufeed.errors import UsageError
+    from gpufeed.write.token_pack import pack_tokens
+
+    given = [o for o, (k, default) in _NOT_FOR_TOKENS.items() if getattr(args, k) != default]
+    if given:
+        raise UsageError(f"{', '.join(given)}: not for token packs (--tokenize); leave them out")
+    manifest = pack_tokens(
+        args.source,
+        args.dest,
+        args.format or "mmap",
+        tokenize=args.tokenize,
+        vocab_size=args.vocab_size,
+        eos=args.eos,
+        text_field=args.text_field,
+        batched=args.batched,
+        workers=args.workers,
+        on_error=args.on_error,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        quiet=args.quiet or args.json,
+        compression=args.compression,
+        shard_size=args.shard_size,
+        shard_bytes=args.shard_bytes,
+        part_size=args.part_size,
+    )
+    if args.json:
+        print(json.dumps(manifest, indent=2, default=str))
+    elif not args.quiet:
+        tokens = manifest["tokens"]
+        eos = "" if tokens["eos"] is None else f", eos {tokens['eos']} after each"
+        print(
+            f"packed {manifest['count']} documents into {args.dest} ({manifest['format']}, "
+            f"{tokens['dtype']} ids{eos})"
+        )
     return EXIT_OK
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "resize",
     "seconds",
     "settings_file",
+    "tokenize_spec",
     "worker_limit",
     "workers",
     "workers_or_auto",
@@ -270,18 +271,37 @@ def cache_options(args: argparse.Namespace) -> dict:
 
 
 def existing_path(text: str) -> str:
-    """A path that exists, or a glob of Parquet files (data/train-*.parquet) that matches."""
-    if not os.path.lexists(text) and not _parquet_glob(text):
+    """A path that exists, or a glob of Parquet files (data/train-*.parquet) or of texts
+    (data/*.jsonl: gpufeed pack --tokenize) that matches."""
+    if not os.path.lexists(text) and not _source_glob(text):
         raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
     return text
 
 
-def _parquet_glob(text: str) -> bool:
+def _source_glob(text: str) -> bool:
     if not any(c in text for c in "*?["):
         return False
+    from gpufeed.errors import UsageError
     from gpufeed.formats.inplace.parquet import is_parquet
+    from gpufeed.write.text_sources import source_files
 
-    return is_parquet(text)
+    if is_parquet(text):
+        return True
+    try:
+        return bool(source_files(text))
+    except UsageError:
+        return False
+
+
+_TOKENIZE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def tokenize_spec(text: str) -> str:
+    """--tokenize MODULE:FUNCTION (attributes after the colon allowed: mytok:enc.encode);
+    imported when the pack starts (gpufeed.write.token_pack.resolve_tokenize)."""
+    if not _TOKENIZE.match(text):
+        raise Error(f"--tokenize {text!r}: expected MODULE:FUNCTION, e.g. mytokenizer:encode")
+    return text
 
 
 def pack_path(text: str) -> str:

@@ -60,6 +60,7 @@ def pack_tokens(
     field: str = "tokens",
     batched: bool = False,
     workers: int | None = None,
+    on_error: str = "stop",
     resume: bool = False,
     overwrite: bool = False,
     quiet: bool = False,
@@ -89,6 +90,9 @@ def pack_tokens(
         batched: ``tokenize`` takes a list of texts and returns a list of id sequences
             (a fast tokenizer's batch call).
         workers: processes tokenizing (None: default_workers(); 0 or 1: in-process).
+        on_error: "stop" raises naming the document; "skip" leaves out the run of
+            documents that holds it (up to DOCS_PER_INPUT lines, rows or files) and lists
+            it, with the error naming the document, in manifest["skipped"].
         resume: go on from a pack of DEST left unfinished, with the same settings.
         overwrite: replace DEST if it is a pack gpufeed made.
         quiet: no progress bar or note.
@@ -133,7 +137,7 @@ def pack_tokens(
     fn = TokenizeDocs(tokenize, field, dtype.name, limit, eos, batched)
     manifest = pack_map(
         fn, runs, dest, format, workers=workers, schema={field: f"{dtype.name}[-1]"},
-        resume=resume, overwrite=overwrite, quiet=quiet, compression=compression,
+        on_error=on_error, resume=resume, overwrite=overwrite, quiet=quiet, compression=compression,
         shard_size=shard_size, shard_bytes=shard_bytes, part_size=part_size,
     )  # fmt: skip
     # recorded once the pack is whole (the Writer writes its manifest): a crash between the
