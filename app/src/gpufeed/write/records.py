@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from gpufeed.errors import UsageError
 from gpufeed.formats.checksums import crc32
 from gpufeed.formats.record import encode_value, record_encoder
 from gpufeed.formats.schema import Schema
 
-__all__ = ["encoded", "label_of"]
+__all__ = ["batch_records", "encoded", "label_of", "sample_encoder"]
 
 
 def encoded(schema: Schema, sample: Mapping[str, Any]) -> tuple[bytes, int, int]:
@@ -61,3 +65,201 @@ def _has_label(schema: Schema) -> bool:
         return schema["label"].type == "int"
     except KeyError:
         return False
+
+
+# --------------------------------------------------------------------------- the fast paths
+def sample_encoder(schema: Schema):
+    """encoded() for one schema, made once, for Writer.write's loop: (record, label, crc32)
+    of a sample, the same bytes. A sample _plain_records takes costs one pass over its
+    fields; any other goes through the record encoder's checks; a refusal raises, and the
+    caller goes the general way, which names the field and the sample."""
+    general, has_label = _encoder(schema)
+    plain = _plain_records(schema)
+    checksum = zlib.crc32
+
+    def one(sample):
+        record = plain(sample) if plain is not None else None
+        if record is None:
+            record = general(sample)
+        label = int(sample["label"]) if has_label else -1
+        return record, label, checksum(record) & 0xFFFFFFFF
+
+    return one
+
+
+_ARRAY, _INT, _FLOAT, _BYTES, _STR = range(5)
+_INT64_RANGE = (-(1 << 63), 1 << 63)
+
+
+def _plain_records(schema: Schema):
+    """A record maker for samples that need no conversion: a plain dict of exactly the
+    schema's fields, each already what the record stores (a C-contiguous array of the
+    field's dtype and shape, an int in int64's range, a float, bytes, a str); None for a
+    sample that is anything else (the record encoder's checks decide it). None where a
+    field has no such form (compressed, ragged, image, json)."""
+    plan = []
+    for f in schema.fields:
+        if f.compression:
+            return None
+        if f.type == "array" and all(d >= 0 for d in f.shape):
+            plan.append((f.name, _ARRAY, np.dtype(f.dtype), tuple(f.shape)))
+        elif f.type in ("int", "float", "bytes", "str"):
+            kind = {"int": _INT, "float": _FLOAT, "bytes": _BYTES, "str": _STR}[f.type]
+            plan.append((f.name, kind, None, None))
+        else:
+            return None
+    n, head = len(plan), struct.Struct(f"<{len(plan)}q")
+    int64, float64 = struct.Struct("<q").pack, struct.Struct("<d").pack
+    lo, hi = _INT64_RANGE
+    ndarray = np.ndarray
+
+    def plain(sample) -> bytes | None:
+        if type(sample) is not dict or len(sample) != n:
+            return None
+        out, sizes = [b""], []
+        for name, kind, dtype, shape in plan:
+            v = sample.get(name)
+            if kind == _ARRAY:
+                if type(v) is not ndarray or v.dtype != dtype or v.shape != shape:
+                    return None
+                if not v.flags.c_contiguous:
+                    return None
+                sizes.append(v.nbytes)
+            elif kind == _INT:
+                if type(v) is not int or not lo <= v < hi:
+                    return None
+                v = int64(v)
+                sizes.append(8)
+            elif kind == _FLOAT:
+                if type(v) is not float:
+                    return None
+                v = float64(v)
+                sizes.append(8)
+            elif kind == _BYTES and type(v) is bytes:
+                sizes.append(len(v))
+            elif kind == _STR and type(v) is str:
+                try:
+                    v = v.encode("utf-8")
+                except UnicodeEncodeError:
+                    return None
+                sizes.append(len(v))
+            else:
+                return None
+            out.append(v)
+        out[0] = head.pack(*sizes)
+        return b"".join(out)
+
+    return plain
+
+
+def batch_records(schema: Schema, columns: Mapping[str, Any], count: int):
+    """A columnar batch's records at once with numpy: (payload uint8 [count * size], size,
+    labels int64 [count]), every record ``size`` bytes; None where a column is not already
+    what the fixed-size record holds (an uncompressed fixed-shape array of the field's dtype
+    [count, *shape], an int or float field as a 1-d integer or float array): the caller then
+    writes the batch a row at a time, through every check. The bytes are encode_record's."""
+    parts = []
+    for f in schema.fields:
+        col = columns[f.name]
+        if type(col) is not np.ndarray or f.compression or len(col) != count:
+            return None
+        kind = col.dtype.kind
+        if f.type == "array" and col.dtype == np.dtype(f.dtype) and col.shape[1:] == f.shape:
+            parts.append(np.ascontiguousarray(col).reshape(count, -1).view(np.uint8))
+        elif f.type == "int" and col.ndim == 1 and kind in "iu" and _fits_int64(col):
+            parts.append(col.astype(_INT64).reshape(count, 1).view(np.uint8))
+        elif f.type == "float" and col.ndim == 1 and kind == "f" and col.dtype.itemsize <= 8:
+            parts.append(col.astype(_FLOAT64).reshape(count, 1).view(np.uint8))
+        else:
+            return None
+    head = np.asarray([p.shape[1] for p in parts], _INT64).view(np.uint8)
+    size = len(head) + sum(p.shape[1] for p in parts)
+    out = np.empty((count, size), np.uint8)
+    out[:, : len(head)] = head
+    at = len(head)
+    for p in parts:
+        out[:, at : at + p.shape[1]] = p
+        at += p.shape[1]
+    labels = (
+        columns["label"].astype(np.int64) if _has_label(schema) else np.full(count, -1, np.int64)
+    )
+    return out.reshape(-1), size, labels
+
+
+def _fits_int64(col: np.ndarray) -> bool:
+    """An integer column every value of which an int field (int64) holds."""
+    return col.dtype != np.uint64 or not len(col) or int(col.max()) < (1 << 63)
+
+
+_INT64 = np.dtype("<i8")
+_FLOAT64 = np.dtype("<f8")
+
+
+class Pending:
+    """The samples written since the last committed part, in order: single samples as lists
+    (one append each), columnar batches as arrays (no object per sample)."""
+
+    def __init__(self):
+        self.blocks: list[tuple] = []  # (payload, sizes, labels, crcs, items), sealed
+        self.records: list[bytes] = []
+        self.labels: list[int] = []
+        self.crcs: list[int] = []
+        self.items: list[int] = []
+        self.count = 0
+        self.nbytes = 0
+
+    def add(self, item: int, record: bytes, label: int, crc: int) -> None:
+        self.records.append(record)
+        self.labels.append(label)
+        self.crcs.append(crc)
+        self.items.append(item)
+        self.count += 1
+        self.nbytes += len(record)
+
+    def add_block(self, payload, sizes, labels, crcs, items) -> None:
+        self._seal()
+        self.blocks.append((payload, sizes, labels, crcs, items))
+        self.count += len(sizes)
+        self.nbytes += len(payload)
+
+    def _seal(self) -> None:
+        """The single samples so far as one block."""
+        if not self.records:
+            return
+        recs = self.records
+        self.blocks.append(
+            (
+                np.frombuffer(b"".join(recs), np.uint8),
+                np.fromiter(map(len, recs), np.int64, len(recs)),
+                np.asarray(self.labels, np.int64),
+                np.asarray(self.crcs, np.uint32),
+                np.asarray(self.items, np.int64),
+            )
+        )
+        self.records, self.labels, self.crcs, self.items = [], [], [], []
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """(payload, sizes, labels, crcs, items) of every pending sample, in order."""
+        self._seal()
+        if len(self.blocks) != 1:
+            empty = (np.uint8, np.int64, np.int64, np.uint32, np.int64)
+            self.blocks = [
+                tuple(
+                    np.concatenate([b[k] for b in self.blocks]) if self.blocks else np.zeros(0, t)
+                    for k, t in enumerate(empty)
+                )
+            ]
+        return self.blocks[0]
+
+    def rows(self) -> list[tuple[int, memoryview, int, int]]:
+        """(item, record, label, crc32) of each pending sample (a schema widened: each one
+        encoded again)."""
+        payload, sizes, labels, crcs, items = self.arrays()
+        ends = np.cumsum(sizes).tolist()
+        view = memoryview(payload)
+        return [
+            (i, view[e - n : e], lab, c)
+            for i, e, n, lab, c in zip(
+                items.tolist(), ends, sizes.tolist(), labels.tolist(), crcs.tolist(), strict=True
+            )
+        ]

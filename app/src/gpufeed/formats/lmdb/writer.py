@@ -14,7 +14,7 @@ from gpufeed.formats.files import is_disk_full
 from gpufeed.formats.lmdb.envs import (
     DATA_FILE,
 )
-from gpufeed.formats.lmdb.keys import CRC_KEY, LABELS_KEY, LOCK_FILE, META_KEY, key, keys
+from gpufeed.formats.lmdb.keys import CRC_KEY, LABELS_KEY, LOCK_FILE, META_KEY, keys
 from gpufeed.formats.lmdb.values import (
     SNAPSHOT,
     VALUES_FILE,
@@ -95,13 +95,26 @@ class LMDBWriter(Writer):
         make_room(self, ("labels", "crcs"), self.n + len(part))
         self.labels[self.n : self.n + len(part)] = part.labels
         self.crcs[self.n : self.n + len(part)] = part.crc32
+        offsets = part.offsets
+        names = keys(np.arange(self.n, self.n + len(part)))
         view = memoryview(part.payload)
-        offsets = part.offsets.tolist()
-        for j in range(len(part)):
-            value = view[offsets[j] : offsets[j + 1]]
-            self.pending.append((key(self.n), value))
-            self.pending_bytes += len(value)
-            self.n += 1
+        j, n = 0, len(part)
+        while j < n:
+            # the records up to the one that fills the transaction (TXN_RECORDS, TXN_BYTES),
+            # as adding them one at a time and flushing when full would cut it
+            room = TXN_RECORDS - len(self.pending)
+            filled = np.searchsorted(
+                offsets[j + 1 : n + 1] - offsets[j], TXN_BYTES - self.pending_bytes
+            )
+            k = min(n, j + room, j + int(filled) + 1)
+            ends = offsets[j : k + 1].tolist()
+            self.pending += [
+                (names[i], view[a:b])
+                for i, a, b in zip(range(j, k), ends[:-1], ends[1:], strict=True)
+            ]
+            self.pending_bytes += ends[-1] - ends[0]
+            self.n += k - j
+            j = k
             if len(self.pending) >= TXN_RECORDS or self.pending_bytes >= TXN_BYTES:
                 self._flush()
 
