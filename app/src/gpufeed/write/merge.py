@@ -17,6 +17,11 @@ How, by format (docs/packing-at-scale.md):
                   in whole as parts/NNNNNN/ (a complete pack) and the manifest lists them
                   (layout.parts); gpufeed.formats.multipart reads it as one pack.
 
+Parts and DEST in object storage (s3://..., one bucket): gpufeed.write.merge_remote, the
+same layout made by the store's server-side copies, the manifest written last (why copies
+there: its docstring and docs/object-storage.md). Local parts with a URL, or the reverse, are
+a UsageError.
+
 Crash safety as for a pack: under the pack lock everything is built in DEST.partial/out/,
 the manifest written last, then out/ is renamed to DEST. A merge stopped at any point
 leaves the parts as they were and either no DEST or the complete one; merging the same
