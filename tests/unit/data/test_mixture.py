@@ -220,3 +220,63 @@ def test_a_mixture_of_image_packs_and_a_folder_read_in_place(tmp_path):
     batches = list(make_loader(m, 6, num_workers=2, shuffle=True, seed=0))
     assert sum(len(b.labels) for b in batches) == 18
     assert all(b.samples.shape[1:] == (3, 8, 8) for b in batches)
+
+
+def _docs_pack(path, fmt, docs):
+    with gpufeed.Writer(path, fmt, schema={"tokens": "uint16[-1]"}) as w:
+        for d in docs:
+            w.write({"tokens": d})
+    return path
+
+
+@pytest.mark.parametrize("boundaries", [False, True])
+def test_token_windows_are_gathered_once_per_source_into_one_batch(tmp_path, boundaries):
+    rng = np.random.default_rng(4)
+    docs = [[rng.integers(0, 60000, n).astype(np.uint16) for n in rng.integers(1, 90, k)]
+            for k in (40, 25)]  # fmt: skip
+    packs = [
+        _docs_pack(tmp_path / "a", "mmap", docs[0]),
+        _docs_pack(tmp_path / "b", "lmdb", docs[1]),
+    ]
+    opts = {"block_size": 16, "eos": 3, "boundaries": boundaries, "pad_id": 9}
+    sources = {
+        "a": gpufeed.open_dataset(packs[0], **opts),
+        "b": gpufeed.open_dataset(packs[1], **opts),
+    }
+    field = "source" if boundaries else None  # tensor rows cannot be tagged
+    m = mix(sources, {"a": 0.6, "b": 0.4}, samples_per_epoch=50, seed=1, source_field=field)
+    assert m.windows
+    calls = Counter()
+    for name, s in sources.items():
+        for method in ("plan", "fill"):
+            real = getattr(s, method)
+            setattr(
+                s,
+                method,
+                lambda *a, _r=real, _k=(name, method), **k: calls.update([_k]) or _r(*a, **k),
+            )
+    order = [7, 3, 49, 0, 3, 21, 22]
+    got = m[order]
+    assert calls == {("a", "plan"): 1, ("a", "fill"): 1, ("b", "plan"): 1, ("b", "fill"): 1}
+    src, local = m.locate(order)
+    for g, i, j in zip(got, src.tolist(), local.tolist(), strict=True):
+        want = sources[m.names[i]][j]
+        if boundaries:
+            assert g["source"] == m.names[i]
+            assert torch.equal(g["tokens"], want["tokens"]) and torch.equal(g["mask"], want["mask"])
+        else:
+            assert g.dtype == torch.uint16 and torch.equal(g, want)
+
+
+def test_windows_of_different_shapes_mix_sample_by_sample(tmp_path):
+    a = gpufeed.open_dataset(_docs_pack(tmp_path / "a", "mmap", [np.arange(64, dtype=np.uint16)]),
+                             block_size=8)  # fmt: skip
+    b = gpufeed.open_dataset(_docs_pack(tmp_path / "b", "mmap", [np.arange(64, dtype=np.uint16)]),
+                             block_size=4)  # fmt: skip
+    m = mix([a, b], [0.5, 0.5])
+    assert not m.windows
+    got = m[list(range(len(m)))]
+    assert sorted(len(x) for x in got) == [4] * 12 + [8] * 12  # 24 draws, half each
+    src, local = m.locate(list(range(len(m))))
+    for g, i, j in zip(got, src.tolist(), local.tolist(), strict=True):
+        assert torch.equal(g, [a, b][i][j])

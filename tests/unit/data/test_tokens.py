@@ -227,3 +227,75 @@ def test_lengths_read_from_the_documents_are_cached_for_those_files(tmp_path, mo
     assert np.array_equal(
         torch.stack(got[:]).numpy(), stream[: len(stream) // 8 * 8].reshape(-1, 8)
     )
+
+
+@pytest.fixture(scope="module")
+def h5_packs(tmp_path_factory):
+    """HDF5 token packs read through h5py: chunked (lzf) and contiguous (use_mmap=False)."""
+    root = tmp_path_factory.mktemp("h5")
+    lzf = root / "lzf"
+    with gpufeed.Writer(lzf, "hdf5", schema={"tokens": "uint16[-1]"}, compression="lzf") as w:
+        for d in DOCS:
+            w.write({"tokens": d})
+    return {"lzf": (lzf, {}), "plain": (_write(root / "plain", "hdf5"), {"use_mmap": False})}
+
+
+@pytest.mark.parametrize("which", ["lzf", "plain"])
+@pytest.mark.parametrize("eos", [None, EOS])
+def test_hdf5_through_h5py_reads_a_batch_in_one_read(h5_packs, which, eos, monkeypatch):
+    from gpufeed.data import tokens
+
+    path, options = h5_packs[which]
+    ds = open_dataset(path, block_size=32, eos=eos, **options)
+    assert ds.mode == tokens.H5_SPANS
+    calls = []
+
+    def counted(*args):
+        calls.append(args[1])
+        return read_spans(*args)
+
+    read_spans = tokens.read_h5_spans
+    monkeypatch.setattr(tokens, "read_h5_spans", counted)
+    want = _windows(32, eos)
+    order = [9, 0, len(ds) - 1, 9, 4, 5]  # a repeat, neighbours, the last window
+    assert np.array_equal(torch.stack(ds[order]).numpy(), want[order])
+    assert len(calls) == 1  # the whole batch: one read of its byte spans
+    assert np.array_equal(torch.stack(ds[:]).numpy(), want)
+    windowed = open_dataset(path, block_size=40, eos=eos, boundaries=True, **options)
+    mapped = open_dataset(h5_packs["plain"][0], block_size=40, eos=eos, boundaries=True)
+    assert mapped.mode == tokens.MAPPED and len(windowed) == len(mapped)
+    for a, b in zip(windowed[:], mapped[:], strict=True):
+        assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["mask"], b["mask"])
+
+
+def test_read_h5_spans_merges_overlaps_and_gives_each_position(tmp_path):
+    import h5py
+
+    from gpufeed.data.token_reads import read_h5_spans
+
+    data = np.arange(1000, dtype=np.int64).astype(np.uint8)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f.create_dataset("d", data=data, chunks=(64,), compression="lzf")
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        starts, sizes = np.array([500, 10, 20, 30, 999, 0]), np.array([40, 15, 5, 0, 1, 3])
+        buf, spans = read_h5_spans(f["d"], starts, sizes, tmp_path / "x.h5")
+        # [0, 3), [10, 25), [500, 540), [999, 1000): 3 + 15 + 40 + 1 bytes
+        assert len(buf) == 59
+        for a, n in zip(starts.tolist(), sizes.tolist(), strict=True):
+            at = int(spans.locate(np.array([a]))[0])
+            assert np.array_equal(buf[at : at + n], data[a : a + n])
+
+
+def test_a_damaged_record_head_through_h5py_is_an_error_naming_file_and_sample(tmp_path):
+    import h5py
+
+    pack = tmp_path / "bad"
+    with gpufeed.Writer(pack, "hdf5", schema={"tokens": "uint16[-1]"}, compression="lzf") as w:
+        for _ in range(3):
+            w.write({"tokens": np.arange(10, dtype=np.uint16)})
+    with h5py.File(pack / "data.h5", "r+") as f:
+        at = int(f["offsets"][1]) + 8  # sample 1's length, after its field size
+        f["encoded"][at : at + 8] = np.frombuffer(np.int64(11).tobytes(), np.uint8)
+    ds = open_dataset(pack, block_size=4, verify_crc=False)
+    with pytest.raises(CorruptSampleError, match=rf"{pack}.*sample 1: field 'tokens'.*11"):
+        ds[:]

@@ -42,6 +42,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from gpufeed.data.reading import PythonIndexing, as_index_array
+from gpufeed.data.tokens import TokenWindows
 from gpufeed.errors import UsageError
 
 __all__ = ["Mixture", "mix", "split_counts"]
@@ -130,6 +131,7 @@ class Mixture(PythonIndexing, Dataset):
         self.source_of, self.draw_of = _interleave(self.draws)
         self.epoch = 0
         self._walks: dict[int, _Walk] = {}
+        self.windows = _same_windows(sources)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose draws the indices name (make_loader calls it in every worker)."""
@@ -154,10 +156,20 @@ class Mixture(PythonIndexing, Dataset):
         idx = as_index_array(indices, len(self), "mixture")
         src = self.source_of[idx].astype(np.int64)
         local = np.empty(len(idx), dtype=np.int64)
-        for i in np.unique(src).tolist():
-            at = src == i
-            local[at] = self._sample(i, self.draw_of[idx[at]])
+        for _, at, samples in self._groups(idx):
+            local[at] = samples
         return src, local
+
+    def _groups(self, idx: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """Per source drawn by the (checked) indices ``idx``: (source, positions in idx,
+        its samples there, in this epoch)."""
+        src = self.source_of[idx]
+        drawn = np.flatnonzero(np.bincount(src, minlength=len(self.sources)))
+        groups = []
+        for i in drawn.tolist():
+            at = np.flatnonzero(src == i)
+            groups.append((i, at, self._sample(i, self.draw_of[idx[at]])))
+        return groups
 
     def _sample(self, i: int, k: np.ndarray) -> np.ndarray:
         L, n = int(self.lengths[i]), int(self.draws[i])
@@ -174,19 +186,45 @@ class Mixture(PythonIndexing, Dataset):
         return self._walks[i]
 
     def __getitems__(self, indices) -> list:
-        """The samples at ``indices``: one batched read per source."""
-        src, local = self.locate(indices)
-        out: list = [None] * len(src)
-        for i in np.unique(src).tolist():  # every source's reads started before any waits
+        """The samples at ``indices``: one batched read per source, every source's reads
+        started before any is waited on; token windows of one shape copied into one array
+        (_gather_windows)."""
+        groups = self._groups(as_index_array(indices, len(self), "mixture"))
+        count = sum(len(at) for _, at, _ in groups)
+        if self.windows:
+            return self._gather_windows(groups, count)
+        for i, _, samples in groups:  # every source's reads started before any waits
             read_ahead = getattr(self.sources[i], "read_ahead", None)
             if callable(read_ahead):
-                read_ahead(local[src == i].tolist())
-        for i in np.unique(src).tolist():
-            at = np.flatnonzero(src == i)
-            got = _fetch(self.sources[i], local[at].tolist())
+                read_ahead(samples.tolist())
+        out: list = [None] * count
+        for i, at, samples in groups:
+            got = _fetch(self.sources[i], samples.tolist())
             for j, sample in zip(at.tolist(), got, strict=True):
                 out[j] = self._tagged(sample, i)
         return out
+
+    def _gather_windows(self, groups, count: int) -> list:
+        """Sources that are all TokenWindows of one shape: each source's windows planned and
+        their reads started, then copied into one [W, B] array (one gather per source, no
+        per-sample reassembly), whose rows are the items."""
+        plans = []
+        for i, at, samples in groups:
+            plan = self.sources[i].plan(samples, checked=True)
+            self.sources[i].start(plan)
+            plans.append((self.sources[i], at, plan))
+        out = self.sources[0].new_rows(count)
+        spans = np.empty(count, dtype=np.int64)  # tokens in each window
+        for source, at, plan in plans:
+            source.fill(plan, out, at)
+            spans[at] = plan.hi - plan.lo
+        items = self.sources[0].as_items(out, spans)
+        if self.source_field is None:
+            return items
+        src = np.empty(count, dtype=np.int64)
+        for i, at, _ in groups:
+            src[at] = i
+        return [self._tagged(x, i) for x, i in zip(items, src.tolist(), strict=True)]
 
     def _tagged(self, sample, i: int):
         if self.source_field is None:
@@ -214,6 +252,15 @@ class Mixture(PythonIndexing, Dataset):
     def __repr__(self) -> str:
         parts = ", ".join(f"{n}: {d}" for n, d in zip(self.names, self.draws.tolist(), strict=True))
         return f"Mixture({len(self)} samples an epoch: {parts}; seed {self.seed})"
+
+
+def _same_windows(sources) -> bool:
+    """Whether every source is token windows of one shape, dtype, kind and padding (their
+    windows can share one array: Mixture._gather_windows)."""
+    if not sources or not all(isinstance(s, TokenWindows) for s in sources):
+        return False
+    shape = {(s.block_size, s.dtype, s.boundaries, s.pad_id) for s in sources}
+    return len(shape) == 1
 
 
 def _fetch(dataset, indices: list[int]) -> list:

@@ -22,15 +22,20 @@ several fields, zstd), cached in the index folder of data read in place
 Pickled to workers, the lengths go with the dataset (numpy arrays: no copy-on-read growth).
 
 ``__getitems__`` (what the DataLoader and make_loader call with a batch of window indices)
-reads every document the batch touches in one ``read_batch`` and slices the windows out.
+reads a batch as one gather: its windows are copied into one [W, B] array whose rows it
+hands out (a list, as PyTorch's contract says; default_collate stacks them). Where the pack
+is one uncompressed token field (mmap, HDF5), each window is a slice of the pack's bytes:
+of the map (mmap, contiguous HDF5: one slice copy per piece of a document a window holds),
+or, through h5py (chunked or compressed HDF5), of one read of the batch's byte spans; other
+packs (LMDB, tar, several fields, zstd) read every document the batch touches in one
+``read_batch``. A batch is planned first (:meth:`TokenWindows.plan`), its reads started,
+then copied (:meth:`TokenWindows.fill`): a mixture of token windows starts every source's
+reads before it waits on any and fills one array from all of them (gpufeed.data.mixture).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,17 +43,21 @@ import torch
 from torch.utils.data import Dataset
 
 from gpufeed.data.reading import PythonIndexing, as_index_array
+from gpufeed.data.token_reads import (
+    HEAD_BYTES,
+    document_lengths,
+    document_tokens,
+    read_h5_spans,
+)
 from gpufeed.errors import CorruptSampleError, UsageError
-from gpufeed.formats.inplace.webdataset import cached_index, in_place_identity, index_folder
-from gpufeed.formats.record import plain_bytes, split_records
 from gpufeed.pagecache.advise import advise_willneed, looks_cached
 from gpufeed.storage.packs import open_reader_at
 
-__all__ = ["TokenWindows", "token_field"]
+__all__ = ["TokenWindows", "WindowPlan", "token_field"]
 
-# documents read per round trip while measuring lengths
-LENGTH_BATCH = 4096
-_SHAPE_BYTES = 8  # a ragged 1-D field's bytes start with its int64 length
+# how a pack's windows are read (TokenWindows._read_mode): slices of its map, slices of one
+# h5py read of the batch's byte spans, or from the documents a read_batch returns
+MAPPED, H5_SPANS, RECORDS = "mapped", "h5 spans", "records"
 
 
 def token_field(path, spec, field: str | None):
@@ -85,6 +94,21 @@ def token_field(path, spec, field: str | None):
     return fit[0], fields[fit[0]]
 
 
+class WindowPlan:
+    """One batch of windows of a TokenWindows, planned (:meth:`TokenWindows.plan`): each
+    window's stream span ``[lo, hi)`` and the documents ``first..last`` it touches; where the
+    pack's bytes are sliced (MAPPED, H5_SPANS), its pieces, one a document a window holds
+    (TokenWindows._pieces)."""
+
+    __slots__ = ("first", "hi", "last", "lo", "pieces")
+
+    def __init__(self, lo, hi, first, last, pieces):
+        self.lo, self.hi, self.first, self.last, self.pieces = lo, hi, first, last, pieces
+
+    def __len__(self) -> int:
+        return len(self.lo)
+
+
 class TokenWindows(PythonIndexing, Dataset):
     """Fixed windows of a token pack's stream (module docstring). Build it with
     ``gpufeed.open_dataset(path, block_size=B, field=None, eos=None, boundaries=False)``."""
@@ -111,9 +135,9 @@ class TokenWindows(PythonIndexing, Dataset):
         lengths = document_lengths(self.reader, self.field_index, self.field)
         self.stored = lengths  # tokens stored per document (no eos)
         self._map = None
-        self._maps = self._mappable()
-        if self._maps:  # where each document's tokens start, counted in tokens
-            self.token_at = (self.reader.offsets[:-1] + 16) // self.dtype.itemsize
+        self.mode = self._read_mode()
+        if self.mode != RECORDS:  # where each document's tokens start, counted in tokens
+            self.token_at = (self.reader.offsets[:-1] + HEAD_BYTES) // self.dtype.itemsize
         self.lengths = lengths + (0 if self.eos is None else 1)  # tokens per document
         self.starts = np.concatenate(([0], np.cumsum(self.lengths)))  # [N + 1] in the stream
         self.total_tokens = int(self.starts[-1])
@@ -138,9 +162,29 @@ class TokenWindows(PythonIndexing, Dataset):
             return len(self.doc_of)
         return self.total_tokens // self.block_size
 
-    def _spans(self, indices):
-        """(stream start, stream end, first document, last document) of each window."""
-        idx = as_index_array(indices, len(self), self.path)
+    def _read_mode(self) -> str:
+        """MAPPED or H5_SPANS where every record is the one uncompressed native-order field
+        and starts at a multiple of the token size (its tokens are then slices of the pack's
+        bytes): mmap and contiguous HDF5 packs are mapped, other HDF5 ones read through h5py.
+        RECORDS otherwise."""
+        reader, offsets = self.reader, getattr(self.reader, "offsets", None)
+        plain = (
+            len(reader.spec.schema.fields) == 1
+            and not self.field.compression
+            and np.dtype(self.field.dtype).isnative
+            and isinstance(offsets, np.ndarray)
+            and bool((offsets % self.dtype.itemsize == 0).all())
+        )
+        if plain and reader.format_name == "mmap":
+            return MAPPED
+        if plain and reader.format_name == "hdf5":
+            return MAPPED if reader.mmap_offset is not None else H5_SPANS
+        return RECORDS
+
+    def plan(self, indices, *, checked: bool = False) -> WindowPlan:
+        """The windows at ``indices`` (checked as Python checks them unless ``checked``: an
+        int64 array in range already), planned."""
+        idx = indices if checked else as_index_array(indices, len(self), self.path)
         if self.boundaries:
             docs = self.doc_of[idx]
             lo = self.starts[docs] + self.first[idx]
@@ -150,44 +194,69 @@ class TokenWindows(PythonIndexing, Dataset):
             hi = lo + self.block_size
         first = np.searchsorted(self.starts, lo, side="right") - 1
         last = np.searchsorted(self.starts, np.maximum(hi - 1, lo), side="right") - 1
-        return lo, hi, first, last
+        pieces = None if self.mode == RECORDS else self._pieces(lo, hi, first, last)
+        return WindowPlan(lo, hi, first, last, pieces)
 
     def read_ahead(self, indices) -> None:
         """Start reading the windows at ``indices`` into the page cache without waiting (a
-        hint: a mixture asks each of its sources before it reads any)."""
-        lo, hi, first, last = self._spans(indices)
-        flat = self._mapped()
-        if flat is not None:
-            self._read_ahead(flat, *self._pieces(lo, hi, first, last)[1:4])
-        elif callable(getattr(self.reader, "read_ahead", None)):
-            self.reader.read_ahead(_ranges(first, last))
+        hint)."""
+        self.start(self.plan(indices))
 
-    def __getitems__(self, indices) -> list:
-        """The windows at ``indices``: every document they touch read in one read_batch,
-        copied once into a [len(indices), B] array whose rows are handed out. make_loader's
-        batches name the batch after them (``ahead``): its reads start now."""
-        ahead = getattr(indices, "ahead", None)
-        if ahead:
-            self.read_ahead(ahead)
-        lo, hi, first, last = self._spans(indices)
-        B = self.block_size
-        flat = self._mapped()
-        if flat is not None:
-            out = self._gather_mapped(flat, lo, hi, first, last)
+    def start(self, plan: WindowPlan) -> None:
+        """Start the reads of a planned batch, not waiting for them: the page cache is asked
+        for every piece of a mapped pack at once, a reader that reads ahead for the
+        documents. A mixture starts each of its sources before it fills from any."""
+        if self.mode == MAPPED:
+            _, doc, src, n, _, _ = plan.pieces
+            self._read_ahead(self._mapped(), doc, src, n)
+        elif self.mode == RECORDS and callable(getattr(self.reader, "read_ahead", None)):
+            self.reader.read_ahead(_ranges(plan.first, plan.last))
+
+    def new_rows(self, count: int) -> np.ndarray:
+        """An array for ``count`` windows, [count, B], the padding already in."""
+        return np.full((count, self.block_size), self.pad_id, dtype=self.dtype)
+
+    def fill(self, plan: WindowPlan, out: np.ndarray, rows: np.ndarray | None = None) -> None:
+        """Copy the planned windows into rows ``rows`` of ``out`` (from new_rows; default
+        its first rows, in order)."""
+        rows = np.arange(len(plan)) if rows is None else np.asarray(rows, dtype=np.int64)
+        if self.mode == RECORDS:
+            self._fill_records(plan, out, rows)
         else:
-            docs = _ranges(first, last)
-            tokens = self._read(docs)
-            out = np.full((len(lo), B), self.pad_id, dtype=self.dtype)
-            # per document touched: its tokens, where it starts in the stream, its length
-            stream = (tokens, self.starts[docs].tolist(), self.lengths[docs].tolist())
-            at = np.searchsorted(docs, first).tolist()
-            for w, (a, b, j) in enumerate(zip(lo.tolist(), hi.tolist(), at, strict=True)):
-                self._fill(out[w], a, b, j, stream)
+            self._fill_pieces(plan.pieces, out.reshape(-1), rows)
+
+    def as_items(self, out: np.ndarray, spans: np.ndarray) -> list:
+        """The items of filled windows: the rows of ``out`` (tensors sharing its memory),
+        or with boundaries ``{"tokens", "mask"}`` dicts (``spans``: each window's tokens)."""
         rows = list(torch.from_numpy(out))
         if not self.boundaries:
             return rows
-        mask = torch.from_numpy(np.arange(B) < (hi - lo)[:, None])
+        mask = torch.from_numpy(np.arange(self.block_size) < spans[:, None])
         return [{"tokens": t, "mask": m} for t, m in zip(rows, mask, strict=True)]
+
+    def __getitems__(self, indices) -> list:
+        """The windows at ``indices``, one gather (module docstring). make_loader's batches
+        name the batch after them (``ahead``): its reads start now."""
+        ahead = getattr(indices, "ahead", None)
+        if ahead:
+            self.read_ahead(ahead)
+        plan = self.plan(indices)
+        self.start(plan)
+        out = self.new_rows(len(plan))
+        self.fill(plan, out)
+        return self.as_items(out, plan.hi - plan.lo)
+
+    def _fill_records(self, plan: WindowPlan, out: np.ndarray, rows: np.ndarray) -> None:
+        """RECORDS: every document the windows touch read in one read_batch, each window's
+        part of each copied."""
+        docs = _ranges(plan.first, plan.last)
+        tokens = self._read(docs)
+        # per document touched: its tokens, where it starts in the stream, its length
+        stream = (tokens, self.starts[docs].tolist(), self.lengths[docs].tolist())
+        at = np.searchsorted(docs, plan.first).tolist()
+        spans = zip(plan.lo.tolist(), plan.hi.tolist(), at, rows.tolist(), strict=True)
+        for a, b, j, r in spans:
+            self._fill(out[r], a, b, j, stream)
 
     def _fill(self, row: np.ndarray, a: int, b: int, j: int, stream) -> None:
         """Stream tokens [a, b), starting in the j-th document read, into ``row``."""
@@ -210,24 +279,9 @@ class TokenWindows(PythonIndexing, Dataset):
         self._check_lengths(parts, docs)
         return parts
 
-    def _mappable(self) -> bool:
-        """An mmap pack of one uncompressed native-order field whose records all start at a
-        multiple of the token size: its windows are slices of the map (_gather_mapped)."""
-        offsets = getattr(self.reader, "offsets", None)
-        return (
-            self.reader.format_name == "mmap"
-            and len(self.reader.spec.schema.fields) == 1
-            and not self.field.compression
-            and np.dtype(self.field.dtype).isnative
-            and isinstance(offsets, np.ndarray)
-            and bool((offsets % self.dtype.itemsize == 0).all())
-        )
-
-    def _mapped(self) -> np.ndarray | None:
-        """The mmap pack's record bytes as one plain uint8 array (slicing a np.memmap costs
-        more than the copy of a window), or None where the records are no such map."""
-        if not self._maps:
-            return None
+    def _mapped(self) -> np.ndarray:
+        """The pack's record bytes as one plain uint8 array (slicing a np.memmap costs more
+        than the copy of a window), of the map the reader opened in this process."""
         handle = self.reader.handle  # opened (again) in this process, checked by the reader
         if self._map is None or self._map[0] is not handle:
             self._map = (handle, np.asarray(handle).reshape(-1).view(np.uint8))
@@ -247,39 +301,50 @@ class TokenWindows(PythonIndexing, Dataset):
         n = np.maximum(np.minimum(b, self.stored[doc]) - a, 0)
         return win, doc, self.token_at[doc] + a, n, b > self.stored[doc], start - lo[win]
 
-    def _gather_mapped(self, flat, lo, hi, first, last) -> np.ndarray:
-        """The windows of an mmap pack, [W, B]: each piece one slice copy out of the map."""
-        B = self.block_size
-        win, doc, src, n, eos, at = self._pieces(lo, hi, first, last)
-        self._read_ahead(flat, doc, src, n)
-        self._check_heads(flat, doc)
-        dst = win * B + at
-        out = np.full(len(lo) * B, self.pad_id, dtype=self.dtype)
-        tokens = flat.view(self.dtype)
+    def _fill_pieces(self, pieces, out: np.ndarray, rows: np.ndarray) -> None:
+        """MAPPED, H5_SPANS: each piece one slice copy into the flat ``out`` (rows of B),
+        out of the map or out of one read of the batch's byte spans (with every document's
+        head, checked)."""
+        win, doc, src, n, eos, at = pieces
+        itemsize, heads = self.dtype.itemsize, self.reader.offsets[doc]
+        if self.mode == MAPPED:
+            data = self._mapped()
+        else:  # the pieces' bytes and the heads, one h5py read; positions in its buffer
+            starts = np.concatenate((src * itemsize, heads))
+            sizes = np.concatenate((n * itemsize, np.full(len(heads), HEAD_BYTES)))
+            data, spans = read_h5_spans(self.reader.handle, starts, sizes, self.reader.path)
+            src = spans.locate(src * itemsize) // itemsize
+            heads = spans.locate(heads)
+        self._check_heads(data, doc, heads)
+        dst = rows[win] * self.block_size + at
+        tokens = data.view(self.dtype)
         for d, a, k in zip(dst.tolist(), src.tolist(), n.tolist(), strict=True):
             out[d : d + k] = tokens[a : a + k]
         if self.eos is not None:
             out[(dst + n)[eos]] = self.eos
-        return out.reshape(len(lo), B)
 
     def _read_ahead(self, flat, doc, src, n) -> None:
         """WILLNEED for every piece's bytes and its document's head, unless the first
         piece looks cached: the reads then run together, not one page fault after another."""
         itemsize, base = self.dtype.itemsize, flat.ctypes.data
-        if not len(src) or looks_cached(base + int(src[0]) * itemsize, int(n[0]) * itemsize):
+        cached = self.reader.cached or looks_cached  # mincore, or the file where it cannot
+        if not len(src) or cached(base + int(src[0]) * itemsize, int(n[0]) * itemsize):
             return
         head = self.reader.offsets[doc]
         starts = np.concatenate((head, src * itemsize)).tolist()
-        sizes = np.concatenate((np.full(len(head), 16), n * itemsize)).tolist()
+        sizes = np.concatenate((np.full(len(head), HEAD_BYTES), n * itemsize)).tolist()
         advise_willneed((base + a, k) for a, k in zip(starts, sizes, strict=True) if k)
 
-    def _check_heads(self, flat: np.ndarray, docs: np.ndarray) -> None:
-        """Every record's two int64 heads (the field size, the length) checked at once
-        against the lengths counted at open: a record that disagrees is an error."""
-        begin = self.reader.offsets[docs]
-        heads = flat[begin[:, None] + np.arange(16)].view("<i8").reshape(-1, 2)
+    def _check_heads(self, data: np.ndarray, docs: np.ndarray, at: np.ndarray) -> None:
+        """Every record's two int64 heads (the field size, the length; at ``at`` in
+        ``data``) checked at once against the lengths counted at open: a record that
+        disagrees is an error."""
+        k = self.dtype.itemsize  # the heads gathered as tokens (records start at a multiple)
+        words = data.view(self.dtype)[(at // k)[:, None] + np.arange(HEAD_BYTES // k)]
+        heads = words.view("<i8").reshape(-1, 2)
         n = self.stored[docs]
-        bad = (heads[:, 0] != self.reader.offsets[docs + 1] - begin - 8) | (heads[:, 1] != n)
+        size = self.reader.offsets[docs + 1] - self.reader.offsets[docs] - 8
+        bad = (heads[:, 0] != size) | (heads[:, 1] != n)
         if bad.any():
             j = int(np.argmax(bad))
             doc = int(docs[j])
@@ -333,114 +398,3 @@ def _ranges(first: np.ndarray, last: np.ndarray) -> np.ndarray:
     counts = last - first + 1
     starts = np.repeat(first - np.concatenate(([0], np.cumsum(counts)))[:-1], counts)
     return np.unique(starts + np.arange(int(counts.sum())))
-
-
-def document_tokens(reader, k: int, field, records, docs: np.ndarray) -> list[np.ndarray]:
-    """The token arrays of ``records`` (field ``k``; ``docs``: their sample numbers, for
-    errors): views of the read bytes where uncompressed; a CorruptSampleError naming the
-    file and sample where a record does not split or its stored length disagrees."""
-    dtype = np.dtype(field.dtype)
-    if len(reader.spec.schema.fields) == 1 and not field.compression:
-        # the record is the field's size, then the field: no split needed, no copy
-        return [
-            _tokens_of(reader, int(doc), field, _one_field(reader, int(doc), rec), dtype)
-            for doc, rec in zip(docs.tolist(), records, strict=True)
-        ]
-    split = split_records(reader.spec.schema, records)
-    if split.bad:
-        j, why = next(iter(split.bad.items()))
-        raise CorruptSampleError(reader.location(int(docs[j])), int(docs[j]), why)
-    col = split.column(k)
-    out = []
-    for j, (a, n) in enumerate(zip(col.starts.tolist(), col.sizes.tolist(), strict=True)):
-        data = col.buf[a : a + n]
-        if field.compression:
-            try:
-                data = np.frombuffer(plain_bytes(field, data), np.uint8)
-            except ValueError as e:
-                doc = int(docs[j])
-                raise CorruptSampleError(reader.location(doc), doc, str(e)) from None
-        out.append(_tokens_of(reader, int(docs[j]), field, data, dtype))
-    return out
-
-
-def _one_field(reader, doc: int, record) -> np.ndarray:
-    """A one-field record's field bytes (uint8, a view): after its int64 size, which must
-    be the rest of the record."""
-    rec = np.frombuffer(record, np.uint8)
-    size = int(rec[:8].view("<i8")[0]) if len(rec) >= 8 else -1
-    if size != len(rec) - 8:
-        raise CorruptSampleError(
-            reader.location(doc), doc, f"record of {len(rec)} bytes says its field holds {size}"
-        )
-    return rec[8:]
-
-
-def _tokens_of(reader, doc: int, field, data: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    body = len(data) - _SHAPE_BYTES
-    n = int(data[:_SHAPE_BYTES].view("<i8")[0]) if body >= 0 else -1
-    if body < 0 or n < 0 or n * dtype.itemsize != body:
-        raise CorruptSampleError(
-            reader.location(doc),
-            doc,
-            f"field {field.name!r}: {len(data)} stored bytes do not hold a {dtype.name} "
-            f"document of the length they record ({n}); re-pack it",
-        )
-    tokens = data[_SHAPE_BYTES:].view(dtype)
-    return tokens if dtype.isnative else tokens.astype(dtype.newbyteorder("="))
-
-
-def document_lengths(reader, k: int, field) -> np.ndarray:
-    """Tokens in each document of the pack, int64 [count]: from the record spans where the
-    index has them, else read once and cached (lengths_cache)."""
-    spans = getattr(reader, "offsets", None)
-    only = len(reader.spec.schema.fields) == 1 and not field.compression
-    if only and isinstance(spans, np.ndarray) and len(spans) == reader.count + 1:
-        # a record is its field size (int64), the length (int64), then the tokens
-        body = np.diff(spans) - 8 - _SHAPE_BYTES
-        itemsize = np.dtype(field.dtype).itemsize
-        if (body >= 0).all() and (body % itemsize == 0).all():
-            return body // itemsize
-    path, identity = lengths_cache(reader, field)
-
-    def fresh(cached) -> bool:
-        lengths = cached["lengths"]
-        return (
-            str(cached["identity"]) == identity
-            and lengths.dtype == np.int64
-            and lengths.shape == (reader.count,)
-            and bool((lengths >= 0).all())
-        )
-
-    def build() -> dict[str, np.ndarray]:
-        return {"identity": np.array(identity), "lengths": read_lengths(reader, k, field)}
-
-    return cached_index(path, fresh, build)["lengths"]
-
-
-def lengths_cache(reader, field) -> tuple[Path, str]:
-    """Where a pack's document lengths are cached (index_folder(), as the indexes of data
-    read in place) and what they are valid for: the pack's manifest (its files' sizes and
-    sha256) and, for a local pack, each data file's identity (in_place_identity). A cache
-    that lies is caught when read: every document read is checked against its length."""
-    manifest = json.dumps(reader.manifest, sort_keys=True, default=str)
-    parts = [hashlib.sha256(manifest.encode()).hexdigest(), field.name]
-    if reader.source is None:
-        for name in reader.data_files():
-            try:
-                parts.append(f"{name}:{in_place_identity(os.stat(reader.root / name))}")
-            except OSError:
-                parts.append(f"{name}:missing")
-    where = os.path.realpath(reader.root).encode("utf-8", "surrogateescape")
-    key = hashlib.sha256(where + b"\0" + field.name.encode()).hexdigest()[:24]
-    return index_folder() / f"tokens-{key}.npz", "\n".join(parts)
-
-
-def read_lengths(reader, k: int, field) -> np.ndarray:
-    """Every document read once, a batch at a time: its token count."""
-    lengths = np.empty(reader.count, dtype=np.int64)
-    for lo in range(0, reader.count, LENGTH_BATCH):
-        docs = np.arange(lo, min(lo + LENGTH_BATCH, reader.count), dtype=np.int64)
-        parts = document_tokens(reader, k, field, reader.read_batch(docs), docs)
-        lengths[lo : lo + len(docs)] = [len(p) for p in parts]
-    return lengths
