@@ -282,3 +282,37 @@ def test_a_foreign_prefix_is_not_written(s3, tmp_path):
     with pytest.raises(UsageError, match="no manifest.json: not a gpufeed pack"):
         gpufeed.merge(parts, f"{s3}/run/m", overwrite=True)
     assert listing(f"{s3}/run/m") == {"notes.txt": 4}
+
+
+def test_a_merged_remote_pack_read_by_forked_workers(s3, tmp_path):
+    parts = upload_parts(tmp_path, f"{s3}/run", "lmdb", sizes=(9, 7))
+    gpufeed.merge(parts, f"{s3}/run/m")
+    loader = gpufeed.make_loader(
+        gpufeed.open_dataset(f"{s3}/run/m"), batch_size=3, shuffle=True, num_workers=2
+    )
+    got = [
+        (int(y), np.asarray(x).tolist())
+        for b in loader
+        for x, y in zip(b["x"], b["label"], strict=True)
+    ]
+    assert sorted(got) == expected(16)
+
+
+def test_a_crafted_merged_remote_pack_is_refused(s3, tmp_path):
+    parts = upload_parts(tmp_path, f"{s3}/run", "mmap", sizes=(2, 3))
+    dest = f"{s3}/run/m"
+    gpufeed.merge(parts, dest)
+    store = ObjectStore(parse_location(dest))
+    raw = json.loads(store.read_bytes(MANIFEST_NAME))
+    crafted = json.loads(json.dumps(raw))
+    crafted["layout"]["parts"][1]["path"] = "../p0"
+    store.put_bytes(MANIFEST_NAME, json.dumps(crafted).encode())
+    with pytest.raises(UnsafePathError, match="leads outside the pack"):
+        gpufeed.open_dataset(dest, cache_dir=tmp_path / "c1")
+    # a part's manifest changed in the bucket: the merged manifest's sha256 catches it
+    store.put_bytes(MANIFEST_NAME, json.dumps(raw).encode())
+    part = json.loads(store.read_bytes(f"parts/000001/{MANIFEST_NAME}"))
+    part["count"] = 2
+    store.put_bytes(f"parts/000001/{MANIFEST_NAME}", json.dumps(part).encode())
+    with pytest.raises(DataError, match=f"parts/000001/{MANIFEST_NAME}"):
+        gpufeed.open_dataset(dest, cache_dir=tmp_path / "c2")
