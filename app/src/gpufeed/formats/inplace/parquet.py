@@ -29,7 +29,7 @@ import json
 import os
 import re
 from collections import OrderedDict
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import numpy as np
 
@@ -91,14 +91,24 @@ def _hf_files(folder: Path) -> list[Path] | None:
             f"{folder / (splits[0] if splits else 'train')}"
         )
     try:
-        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-        names = [str(d["filename"]) for d in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        text = (folder / "state.json").read_bytes()
+    except OSError:
+        return None
+    names = state_names(text, folder / "state.json")
+    return None if names is None else [folder / name for name in names]
+
+
+def state_names(text: bytes, where) -> list[str] | None:
+    """The file names a save_to_disk folder's state.json (`text`, read from `where`) lists,
+    each a plain name in the folder (else a DataError naming `where`); None: not such a file."""
+    try:
+        names = [str(d["filename"]) for d in json.loads(text)["_data_files"]]
+    except (ValueError, KeyError, TypeError):
         return None
     for name in names:
         if not name or "/" in name or "\\" in name or name in (".", ".."):
-            raise DataError(f"{folder / 'state.json'}: lists {name!r}, not a file in the folder")
-    return [folder / name for name in names]
+            raise DataError(f"{where}: lists {name!r}, not a file in the folder")
+    return names
 
 
 def parquet_files(path: str | os.PathLike) -> list[Path] | None:
@@ -118,9 +128,9 @@ def parquet_files(path: str | os.PathLike) -> list[Path] | None:
         listed = _hf_files(p)
         if listed is not None:
             return listed
-    files = sorted(f for f in p.rglob("*.parquet") if f.is_file() and not _hidden(f.relative_to(p)))
+    files = sorted(f for f in p.rglob("*.parquet") if f.is_file() and not hidden(f.relative_to(p)))
     if files:
-        _one_split(p, files)
+        one_split(p, files)
     return files or None
 
 
@@ -132,20 +142,20 @@ def _has_magic(p: Path) -> bool:
         return False
 
 
-def _hidden(rel: Path) -> bool:
+def hidden(rel: PurePath) -> bool:
     return any(part.startswith((".", "_")) for part in rel.parts)
 
 
-def _one_split(folder: Path, files: list[Path]) -> None:
+def one_split(folder, files: list[PurePath], prefix: str = "") -> None:
     """A folder holding several splits (train-*, test-*; or train/, test/) is refused: read
-    together they would mix them."""
+    together they would mix them. `prefix` + each file is what open_dataset takes."""
     splits: dict[str, str] = {}
     for f in files:
         m = HUB_SHARD.fullmatch(f.stem)
         if m:
-            splits.setdefault(m.group(1), str(f.parent / f"{m.group(1)}-*.parquet"))
+            splits.setdefault(m.group(1), prefix + str(f.parent / f"{m.group(1)}-*.parquet"))
         elif f.parent.name in SPLIT_FOLDERS:
-            splits.setdefault(f.parent.name, str(f.parent / "*.parquet"))
+            splits.setdefault(f.parent.name, prefix + str(f.parent / "*.parquet"))
     if len(splits) > 1:
         raise UsageError(
             f"{folder}: holds the splits {', '.join(sorted(splits))}; read one, e.g. "
@@ -161,21 +171,29 @@ def is_parquet(path: str | os.PathLike) -> bool:
 
 
 class _File:
-    """One file as this process reads it: Parquet row groups, or an Arrow file's batches."""
+    """One file as this process reads it: Parquet row groups, or an Arrow file's batches.
+    `path` is what messages name; `local` the file read (default `path`: an object in
+    storage is read from its copy in the cache); `remote` an object in storage read by
+    ranges (gpufeed.storage.parquet_remote.RangedObject: a file object whose row groups'
+    bytes are fetched, by `holding`, before they are read)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path, *, local: Path | None = None, remote=None):
         pa, pq = _pyarrow()
         self.path = path
         self.parquet = None
         self.batches = None
-        if _has_magic(path):
+        self.remote = remote
+        local = Path(path) if local is None else local
+        if remote is not None or _has_magic(local):
             # read, not mapped: a file of theirs truncated while mapped would be a SIGBUS
-            self.parquet = pq.ParquetFile(path, memory_map=False)
+            self.parquet = pq.ParquetFile(
+                remote if remote is not None else local, memory_map=False, pre_buffer=False
+            )
             self.schema = self.parquet.schema_arrow
             meta = self.parquet.metadata
             self.rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
             return
-        source = pa.memory_map(str(path))
+        source = pa.memory_map(str(local))
         head = source.read(6)
         source.seek(0)
         if head == b"ARROW1":
@@ -191,6 +209,9 @@ class _File:
     def group(self, g: int, columns: list[str]):
         """Row group g, only `columns` (a Table)."""
         pa, _ = _pyarrow()
+        if self.remote is not None:
+            with self.remote.holding(self.parquet.metadata, g, columns):
+                return self.parquet.read_row_group(g, columns=columns, use_threads=False)
         if self.parquet is not None:
             return self.parquet.read_row_group(g, columns=columns, use_threads=False)
         table = pa.Table.from_batches([self.batches[g]]).select(columns)
@@ -200,11 +221,12 @@ class _File:
         return table
 
 
-def _opened(path: Path) -> _File:
-    """A file opened, any failure of pyarrow's a DataError naming it."""
+def open_file(path, **where) -> _File:
+    """A file opened (`where`: _File's local= or remote=), any failure of pyarrow's a
+    DataError naming it."""
     pa, _ = _pyarrow()
     try:
-        return _File(path)
+        return _File(path, **where)
     except (pa.ArrowException, OSError, ValueError, MemoryError) as e:
         raise DataError(
             f"{path}: not a readable Parquet or Arrow file ({type(e).__name__}: {e}); "
@@ -227,10 +249,21 @@ class ParquetReader(Reader):
     """Rows of Parquet files or a ``datasets`` folder as multi-field samples (module
     docstring). ``columns``: the columns to read (default all); ``cache_row_groups``: how
     many decoded row groups each process keeps at least; ``cache_bytes``: more while they
-    hold under that many bytes."""
+    hold under that many bytes. Files in object storage are read through a `source`
+    (:meth:`from_source`; gpufeed.storage.parquet_remote makes it)."""
 
     format_name = "parquet"
     checksums = False  # Parquet's page checksums are pyarrow's to check, not per sample
+
+    @classmethod
+    def from_source(cls, source, **options) -> ParquetReader:
+        """The reader of files that `source` lists and opens: ``source.files`` (the names
+        messages give), ``source.open(k)`` (file k, a _File made by open_file),
+        ``source.identity(k)`` and ``source.size(k)``; ``source.url`` is the path."""
+        reader = cls.__new__(cls)
+        reader.source = source
+        reader.__init__(source.url, **options)
+        return reader
 
     def __init__(
         self,
@@ -240,18 +273,15 @@ class ParquetReader(Reader):
         cache_row_groups: int = CACHE_ROW_GROUPS,
         cache_bytes: int = CACHE_BYTES,
     ):
-        files = parquet_files(path)
-        if not files:
-            raise DataError(f"{path}: no Parquet or Arrow files there")
         if int(cache_row_groups) < 1:
             raise UsageError(f"cache_row_groups={cache_row_groups!r}: at least 1")
-        self.files = [str(f) for f in files]
+        self.files = self._listed(path)
         self.cache_row_groups = int(cache_row_groups)
         self.cache_bytes = int(cache_bytes)
-        first = _opened(files[0])
+        first = self._open_file(0)
         names = self._columns(path, first.schema, columns)
         self.columns = names
-        opened = [first] + [_opened(f) for f in files[1:]]
+        opened = [first] + [self._open_file(k) for k in range(1, len(self.files))]
         schema, classes = self._schema(first, names)
         self._check_same(opened, first.schema, names)
         self._index(opened)
@@ -264,14 +294,30 @@ class ParquetReader(Reader):
             "files": {},
             "layout": {"files": self.files, "row_groups": len(self.group_file)},
         }
-        super().__init__(files[0].parent, manifest)
-        self.identity = [file_identity(os.stat(f)) for f in files]
+        super().__init__(Path(self.files[0]).parent, manifest)
+        self.identity = [self._identity(k) for k in range(len(self.files))]
         self.labels = self._labels(opened, schema)
         self.crc32 = np.broadcast_to(np.uint32(0), (self.count,))
         sizes = np.diff(self.group_start)
         self.preferred_block_size = int(np.median(sizes)) if len(sizes) else 1
 
     # -- opening -------------------------------------------------------------------------
+    def _listed(self, path) -> list[str]:
+        files = self.source.files if self.source is not None else parquet_files(path)
+        if not files:
+            raise DataError(f"{path}: no Parquet or Arrow files there")
+        return [str(f) for f in files]
+
+    def _open_file(self, k: int) -> _File:
+        if self.source is not None:
+            return self.source.open(k)
+        return open_file(Path(self.files[k]))
+
+    def _identity(self, k: int):
+        if self.source is not None:
+            return self.source.identity(k)
+        return file_identity(os.stat(self.files[k]))
+
     def _columns(self, path, schema, columns) -> list[str]:
         have = list(schema.names)
         if columns is None:
@@ -371,17 +417,20 @@ class ParquetReader(Reader):
     def _file(self, k: int) -> _File:
         files = self.handle["files"]
         if k not in files:
-            path = Path(self.files[k])
-            try:
-                now = file_identity(os.stat(path))
-            except FileNotFoundError:
-                now = None
-            if now != self.identity[k]:
-                raise StalePackError(
-                    f"{path}: replaced or changed since this dataset was opened; open it again"
-                )
-            files[k] = _opened(path)
+            if self.source is None:  # an object's identity is checked by each of its reads
+                self._check_identity(k)
+            files[k] = self._open_file(k)
         return files[k]
+
+    def _check_identity(self, k: int) -> None:
+        try:
+            now = file_identity(os.stat(self.files[k]))
+        except FileNotFoundError:
+            now = None
+        if now != self.identity[k]:
+            raise StalePackError(
+                f"{self.files[k]}: replaced or changed since this dataset was opened; open it again"
+            )
 
     def _group(self, g: int):
         """Row group g (global number) as a Table, from this process's cache."""
@@ -415,7 +464,10 @@ class ParquetReader(Reader):
         return list(self.files)
 
     def mean_sample_bytes(self) -> float:
-        total = sum(os.path.getsize(f) for f in self.files if os.path.exists(f))
+        if self.source is not None:
+            total = sum(self.source.size(k) for k in range(len(self.files)))
+        else:
+            total = sum(os.path.getsize(f) for f in self.files if os.path.exists(f))
         return total / max(1, self.count)
 
     def read_batch(self, indices: np.ndarray):
