@@ -265,3 +265,26 @@ def test_the_cache_bound_holds(s3_ranged, local_files, tmp_path):
     assert cache.usage() <= 300_000 and cache.stats.evictions > 0
     _check_rows(reader, list(range(0, ROWS, 97)))
     assert os.path.isdir(tmp_path / "c" / "ranges")
+
+
+def test_pack_and_inspect_objects_in_storage(s3_ranged, local_files, tmp_path, monkeypatch):
+    """pack_in_place and inspect take the URL (the default cache: $GPUFEED_CACHE_DIR)."""
+    import gpufeed
+    from gpufeed.tools.in_place import describe, open_in_place_reader
+    from gpufeed.write.convert import pack_in_place
+
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "c"))
+    _hub(s3_ranged, local_files)
+    url = f"{s3_ranged}/data/train-*.parquet"
+    pack_in_place(url, tmp_path / "out.lmdb", "lmdb", quiet=True)
+    packed = gpufeed.open_dataset(tmp_path / "out.lmdb")
+    assert len(packed) == ROWS
+    assert [(int(packed[i]["id"]), packed[i]["text"]) for i in (0, 777, 1199)] == [
+        (0, "row 0"),
+        (777, "row 777"),
+        (1199, "row 1199"),
+    ]
+    reader, index = open_in_place_reader(url)
+    info = describe(reader, index)
+    assert info["count"] == ROWS and info["files"] == FILES
+    assert info["size_bytes"] == sum(p.stat().st_size for p in local_files)

@@ -14,6 +14,8 @@ from gpufeed.formats.base import Reader
 from gpufeed.formats.inplace import webdataset as wds
 from gpufeed.formats.inplace.imagefolder import ImageFolderReader, is_image_folder, listing_path
 from gpufeed.formats.inplace.parquet import ParquetReader, is_parquet
+from gpufeed.storage.parquet_remote import open_parquet_at
+from gpufeed.storage.urls import is_remote
 
 __all__ = [
     "IN_PLACE_CHECKS",
@@ -64,6 +66,8 @@ def open_in_place_reader(
         from gpufeed.formats.inplace.hdf5_file import HDF5FileReader  # h5py, imported when needed
 
         return HDF5FileReader(path, datasets=datasets), None
+    if is_remote(path):  # Parquet or Arrow objects in storage (no manifest there)
+        return open_parquet_at(path), None
     if is_parquet(path):  # before the image folder: a DatasetDict's splits are no classes
         return ParquetReader(path), None
     where = wds.index_folder(index_dir)
@@ -120,6 +124,9 @@ def describe(reader: Reader, index: dict[str, str] | None) -> dict[str, Any]:
     classes = reader.manifest.get("classes")
     files = data_files(reader)
     content, allocated = files_size(files)
+    source = getattr(reader, "source", None)
+    if source is not None and hasattr(source, "size"):  # objects in storage: as listed
+        content = sum(source.size(k) for k in range(len(files)))
     has_labels = bool(len(reader.labels)) and bool((reader.labels >= 0).any())
     info: dict[str, Any] = {
         "format": reader.format_name,

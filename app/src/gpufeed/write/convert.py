@@ -34,6 +34,7 @@ import numpy as np
 from gpufeed.errors import PackWorkerError, SourceError, UsageError
 from gpufeed.formats.checksums import crc32
 from gpufeed.formats.schema import Schema, infer_schema, sniff_image
+from gpufeed.storage.urls import is_remote
 from gpufeed.write import progress
 from gpufeed.write.options import ON_ERROR, positive_int
 from gpufeed.write.pool import chunk_inputs, default_workers, die_with_parent
@@ -332,7 +333,12 @@ def pack_in_place(
         raise UsageError(
             "--encode raw and --resize apply to image folders, not to shards, HDF5 or Parquet"
         )
-    reader = open_in_place(source, datasets=datasets, index_dir=index_dir)
+    if is_remote(source):  # Parquet or Arrow objects in storage, through the cache
+        from gpufeed.storage.parquet_remote import open_parquet_at
+
+        reader = open_parquet_at(source)
+    else:
+        reader = open_in_place(source, datasets=datasets, index_dir=index_dir)
     if reader is None:
         raise UsageError(
             f"{source}: not WebDataset shards or Parquet (pass datasets= for an HDF5 file)"
