@@ -271,16 +271,19 @@ def test_hdf5_through_h5py_reads_a_batch_in_one_read(h5_packs, which, eos, monke
 def test_read_h5_spans_merges_overlaps_and_gives_each_position(tmp_path):
     import h5py
 
-    from gpufeed.data.token_reads import read_h5_spans
+    from gpufeed.data.token_reads import SPAN_GAP, read_h5_spans
 
-    data = np.arange(1000, dtype=np.int64).astype(np.uint8)
+    data = np.arange(20000, dtype=np.int64).astype(np.uint8)
     with h5py.File(tmp_path / "x.h5", "w") as f:
         f.create_dataset("d", data=data, chunks=(64,), compression="lzf")
+    assert SPAN_GAP == 4096
     with h5py.File(tmp_path / "x.h5", "r") as f:
-        starts, sizes = np.array([500, 10, 20, 30, 999, 0]), np.array([40, 15, 5, 0, 1, 3])
+        starts = np.array([500, 10, 20, 30, 19999, 0, 9000])
+        sizes = np.array([40, 15, 5, 0, 1, 3, 10])
         buf, spans = read_h5_spans(f["d"], starts, sizes, tmp_path / "x.h5")
-        # [0, 3), [10, 25), [500, 540), [999, 1000): 3 + 15 + 40 + 1 bytes
-        assert len(buf) == 59
+        # merged: [0, 540) (gaps under SPAN_GAP read through), [9000, 9010), [19999, 20000)
+        assert len(buf) == 540 + 10 + 1
+        assert spans.starts.tolist() == [0, 9000, 19999] and spans.at.tolist() == [0, 540, 550]
         for a, n in zip(starts.tolist(), sizes.tolist(), strict=True):
             at = int(spans.locate(np.array([a]))[0])
             assert np.array_equal(buf[at : at + n], data[a : a + n])
