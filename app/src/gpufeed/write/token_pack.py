@@ -188,7 +188,7 @@ class TokenizeDocs:
 
     def _ids(self, out: Any, docs: Docs, k: int) -> np.ndarray:
         """The document's ids, checked, in the pack's dtype, eos appended."""
-        ids = np.asarray(out)
+        ids = np.asarray(out)  # numpy's type discovery: a float or str among ids is refused
         if ids.size == 0:
             ids = np.zeros(0, dtype=np.int64)
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
