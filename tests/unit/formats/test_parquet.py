@@ -416,3 +416,78 @@ def test_pack_reads_blocks_not_rows(shards, tmp_path, monkeypatch):
     assert calls == [ROWS]
     packed = gpufeed.open_dataset(tmp_path / "out.lmdb")
     assert [int(packed[i]["id"]) for i in range(ROWS)] == list(range(ROWS))
+
+
+# -- nulls="mask" -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def with_nulls(tmp_path_factory):
+    """Row 1 null in every nullable column; row 2's tokens hold a null element."""
+    path = tmp_path_factory.mktemp("nulls") / "nulls.parquet"
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            ("n", pa.int32()),
+            ("x", pa.float64()),
+            ("text", pa.string()),
+            ("image", pa.binary()),
+            ("tokens", pa.list_(pa.int32())),
+            ("vec", pa.list_(pa.float32(), 2)),
+            ("tags", pa.list_(pa.string())),
+        ]
+    )
+    table = pa.table(
+        {
+            "id": [0, 1, 2],
+            "n": [5, None, 7],
+            "x": [0.5, None, 2.5],
+            "text": ["a", None, "c"],
+            "image": [_jpeg(10), None, _jpeg(30)],
+            "tokens": [[1, 2], None, [3, None]],
+            "vec": [[1, 2], None, [5, 6]],
+            "tags": [["p"], None, []],
+        },
+        schema=schema,
+    )
+    pq.write_table(table, path)
+    return path
+
+
+def test_nulls_mask_gives_empty_values_and_valid_fields(with_nulls):
+    ds = PackedDataset(with_nulls, reader=ParquetReader, nulls="mask")
+    names = ds.reader.spec.schema.names
+    assert names == [
+        "id", "n", "n_valid", "x", "x_valid", "text", "text_valid", "image", "image_valid",
+        "tokens", "tokens_valid", "vec", "vec_valid", "tags", "tags_valid",
+    ]  # fmt: skip
+    ok, null, inner = ds[[0, 1, 2]]
+    assert (ok["n"], ok["x"], ok["text"], ok["tags"]) == (5, 0.5, "a", ["p"])
+    assert ok["image"].shape == (3, 12, 10) and ok["tokens"].tolist() == [1, 2]
+    assert all(bool(ok[f"{c}_valid"]) for c in ("n", "x", "text", "image", "tokens", "vec"))
+    assert (null["id"], null["n"], null["x"], null["text"], null["tags"]) == (1, 0, 0.0, "", None)
+    assert null["tokens"].tolist() == [] and null["vec"].tolist() == [0.0, 0.0]
+    assert null["image"].shape == (3, 1, 1) and int(null["image"].sum()) == 0
+    valid = {c: bool(null[f"{c}_valid"]) for c in ("n", "x", "text", "image", "tokens", "vec")}
+    assert not any(valid.values()), valid
+    # a null element makes the row's list invalid (its value empty); the rest of it stays
+    assert inner["tokens"].tolist() == [] and not bool(inner["tokens_valid"])
+    assert inner["text"] == "c" and bool(inner["text_valid"]) and bool(inner["tags_valid"])
+    batch = ds.get_batch([0, 1, 2])
+    assert batch["n_valid"].dtype == torch.bool and batch["n_valid"].tolist() == [True, False, True]
+    assert batch["n"].tolist() == [5, 0, 7]
+
+
+def test_nulls_error_names_the_mask_option(with_nulls):
+    ds = PackedDataset(with_nulls, reader=ParquetReader)
+    assert ds.reader.spec.schema.names[:3] == ["id", "n", "x"]  # no _valid fields
+    with pytest.raises(CorruptSampleError, match="column 'n' is null.*nulls='mask'"):
+        ds[1]
+    with pytest.raises(UsageError, match="nulls='drop'"):
+        ParquetReader(with_nulls, nulls="drop")
+
+
+def test_nulls_mask_name_clash(tmp_path):
+    path = tmp_path / "clash.parquet"
+    pq.write_table(pa.table({"a": [1, None], "a_valid": [True, False]}), path)
+    with pytest.raises(UsageError, match="adds a field 'a_valid'"):
+        ParquetReader(path, nulls="mask")
+    assert ParquetReader(path, nulls="mask", columns=["a"]).spec.schema.names == ["a", "a_valid"]

@@ -16,7 +16,9 @@ them as it decodes a multi-field pack's.
   anything else (list<string>, struct...)     json
 
 Nulls are no value gpufeed stores: a null is an error naming the row and column
-(:func:`null_problem`), which ``on_error="skip"`` turns into a skipped sample.
+(:func:`null_problem`), which ``on_error="skip"`` turns into a skipped sample; or, with
+``nulls="mask"``, the type's empty value (:func:`empty_value`) and a ``<column>_valid`` field
+(:func:`valid_field`, a bool) that says so.
 pyarrow is imported by the functions that need it (importing gpufeed costs no pyarrow).
 """
 
@@ -29,7 +31,16 @@ import numpy as np
 
 from gpufeed.formats.schema import Field, parse_schema, sniff_image
 
-__all__ = ["column_field", "hub_features", "null_problem", "stored_column"]
+__all__ = [
+    "column_field",
+    "empty_value",
+    "hub_features",
+    "null_problem",
+    "null_rows",
+    "stored_column",
+    "stored_masked",
+    "valid_field",
+]
 
 _INT64 = np.dtype("<i8")
 # the Hub's feature types whose Arrow column is struct<bytes, path>
@@ -134,10 +145,9 @@ def first_bytes(column) -> bytes | None:
     return None
 
 
-def null_problem(field: Field, column) -> int | None:
-    """The position of the first null value of `column` (an Array) that `field` cannot store
-    (for an image, a row with no bytes), or None."""
-    import pyarrow as pa
+def null_rows(field: Field, column) -> np.ndarray | None:
+    """Per row of `column` (an Array), whether it holds a null that `field` cannot store (a
+    null value; for an image, no bytes; for a list, a null element); None when none does."""
     import pyarrow.compute as pc
 
     struct = _is_file_struct(column.type)
@@ -149,9 +159,66 @@ def null_problem(field: Field, column) -> int | None:
         nulls = pc.or_(nulls, column.field("bytes").is_null())
     if field.type in ("array", "ragged") and len(column):
         nulls = pc.or_(nulls, _inner_nulls(column))
-    if not pc.any(nulls).as_py():
-        return None
-    return int(pc.index(nulls, pa.scalar(True)).as_py())
+    rows = np.asarray(nulls.to_numpy(zero_copy_only=False), dtype=bool)
+    return rows if rows.any() else None
+
+
+def null_problem(field: Field, column) -> int | None:
+    """The position of the first row of `column` that null_rows reports, or None."""
+    rows = null_rows(field, column)
+    return None if rows is None else int(np.argmax(rows))
+
+
+def valid_field(name: str) -> Field:
+    """The field that says, per row, whether column `name` held a value (nulls="mask")."""
+    return _field(f"{name}_valid", {"type": "array", "dtype": "|b1", "shape": []})
+
+
+def stored_masked(field: Field, column, nulls: np.ndarray | None) -> list:
+    """stored_column with each row that `nulls` marks stored as `field`'s empty value."""
+    import pyarrow as pa
+
+    if nulls is None:
+        return stored_column(field, column)
+    out = [empty_value(field)] * len(column)
+    keep = np.flatnonzero(~nulls)
+    if len(keep):
+        kept = stored_column(field, column.take(pa.array(keep)))
+        for j, value in zip(keep.tolist(), kept, strict=True):
+            out[j] = value
+    return out
+
+
+def empty_value(field: Field) -> bytes:
+    """The stored bytes of a null under nulls="mask": zero, empty, or a 1x1 black image of
+    the field's format (an image field's values must decode)."""
+    kind = field.type
+    if kind in ("int", "float"):
+        return bytes(8)
+    if kind == "json":
+        return b"null"
+    if kind == "image":
+        return _blank_image(field.format or "png")
+    if kind == "array":
+        return bytes(int(np.prod(field.shape, dtype=np.int64)) * np.dtype(field.dtype).itemsize)
+    if kind == "ragged":
+        return np.asarray([0, *field.shape[1:]], dtype=_INT64).tobytes()
+    return b""  # str, bytes
+
+
+_BLANK: dict[str, bytes] = {}
+
+
+def _blank_image(fmt: str) -> bytes:
+    if fmt not in _BLANK:
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (1, 1)).save(buf, format={"jpeg": "JPEG", "webp": "WEBP"}.get(fmt, "PNG"))
+        _BLANK[fmt] = buf.getvalue()
+    return _BLANK[fmt]
 
 
 def _inner_nulls(column):

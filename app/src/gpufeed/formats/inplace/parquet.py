@@ -46,8 +46,9 @@ from gpufeed.formats.inplace.arrow_columns import (
     column_field,
     first_bytes,
     hub_features,
-    null_problem,
-    stored_column,
+    null_rows,
+    stored_masked,
+    valid_field,
 )
 from gpufeed.formats.record import join_record
 from gpufeed.formats.schema import Schema
@@ -64,6 +65,9 @@ MAX_ROWS = 1 << 40
 CACHE_ROW_GROUPS = 16
 # more row groups are kept while they hold under this many bytes (per process)
 CACHE_BYTES = 256 << 20
+# nulls=: "error" (a null is a CorruptSampleError), "mask" (an empty value and <col>_valid)
+NULLS = ("error", "mask")
+VALID = {True: b"\x01", False: b"\x00"}  # a <col>_valid value as stored (a bool array)
 INSTALL = "install pyarrow: pip install 'gpufeed[parquet]'"
 
 
@@ -272,7 +276,11 @@ class ParquetReader(Reader):
         columns: list[str] | None = None,
         cache_row_groups: int = CACHE_ROW_GROUPS,
         cache_bytes: int = CACHE_BYTES,
+        nulls: str = "error",
     ):
+        if nulls not in NULLS:
+            raise UsageError(f"nulls={nulls!r}: one of {', '.join(map(repr, NULLS))}")
+        self.nulls = nulls
         if int(cache_row_groups) < 1:
             raise UsageError(f"cache_row_groups={cache_row_groups!r}: at least 1")
         self.files = self._listed(path)
@@ -345,7 +353,28 @@ class ParquetReader(Reader):
         label = features.get("label")
         classes = label.get("names") if isinstance(label, dict) else None
         ok = isinstance(classes, list) and all(isinstance(c, str) for c in classes)
-        return Schema(tuple(fields)), (classes if ok else None)
+        return Schema(tuple(self._with_valid(first, fields))), (classes if ok else None)
+
+    def _with_valid(self, first: _File, fields: list) -> list:
+        """`fields`, each nullable column followed by its <col>_valid field with
+        nulls="mask" (the columns masked: self.masked)."""
+        self.masked: set[str] = set()
+        if self.nulls != "mask":
+            return fields
+        out = []
+        for f in fields:
+            out.append(f)
+            if not first.schema.field(f.name).nullable:
+                continue
+            valid = valid_field(f.name)
+            if valid.name in self.columns:
+                raise UsageError(
+                    f"{first.path}: nulls='mask' adds a field {valid.name!r}, and a column of "
+                    f"that name is read too; leave one out with columns=[...]"
+                )
+            out.append(valid)
+            self.masked.add(f.name)
+        return out
 
     def _check_same(self, opened: list[_File], schema, names: list[str]) -> None:
         for f in opened[1:]:
@@ -486,27 +515,31 @@ class ParquetReader(Reader):
         pa, _ = _pyarrow()
         rows = self._group(g).take(pa.array(local))
         columns = []
-        for field in self.spec.schema.fields:
-            col = rows.column(field.name).combine_chunks()
-            self._check_nulls(g, local, field, col)
+        for name in self.columns:
+            field = self.spec.schema[name]
+            col = rows.column(name).combine_chunks()
+            nulls = null_rows(field, col)
+            if nulls is not None and name not in self.masked:
+                self._null_error(g, local, field, int(np.argmax(nulls)))
             try:
-                columns.append(stored_column(field, col))
+                columns.append(stored_masked(field, col, nulls))
             except (pa.ArrowException, ValueError, TypeError) as e:
                 i = int(self.group_start[g] + local[0])
                 raise CorruptSampleError(
                     self.location(i), i, f"column {field.name!r}: {e}"
                 ) from None
+            if name in self.masked:
+                valid = np.ones(len(local), bool) if nulls is None else ~nulls
+                columns.append([VALID[v] for v in valid.tolist()])
         return [join_record(list(values)) for values in zip(*columns, strict=True)]
 
-    def _check_nulls(self, g: int, local: np.ndarray, field, col) -> None:
-        j = null_problem(field, col)
-        if j is None:
-            return
+    def _null_error(self, g: int, local: np.ndarray, field, j: int) -> None:
         i = int(self.group_start[g] + local[j])
         raise CorruptSampleError(
             self.location(i),
             i,
             f"column {field.name!r} is null in this row (row {int(local[j])} of row group "
-            f"{int(self.group_index[g])}); gpufeed stores no nulls: leave the column out "
-            "(columns=[...]), fill it, or pass on_error='skip' to leave such rows out",
+            f"{int(self.group_index[g])}); gpufeed stores no nulls: pass nulls='mask' (a "
+            f"{field.name}_valid field), leave the column out (columns=[...]), fill it, or "
+            "pass on_error='skip' to leave such rows out",
         )
