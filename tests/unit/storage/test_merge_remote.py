@@ -316,3 +316,23 @@ def test_a_crafted_merged_remote_pack_is_refused(s3, tmp_path):
     store.put_bytes(f"parts/000001/{MANIFEST_NAME}", json.dumps(part).encode())
     with pytest.raises(DataError, match=f"parts/000001/{MANIFEST_NAME}"):
         gpufeed.open_dataset(dest, cache_dir=tmp_path / "c2")
+
+
+def test_a_local_merge_uploaded_whole_reads_from_its_url(s3, tmp_path):
+    """A merged hdf5 pack made locally (hard links) and uploaded with upload_pack: read and
+    verified by URL; so is one merged before its manifest listed the parts' manifests."""
+    parts = [tmp_path / "a", tmp_path / "b"]
+    for k, part in enumerate(parts):
+        with gpufeed.Writer(part, format="hdf5", schema=SCHEMA) as w:
+            for i in range(4 * k, 4 * k + 4):
+                w.write({"x": np.full(4, i, np.uint8), "label": i})
+    manifest = gpufeed.merge(parts, tmp_path / "m")
+    assert f"parts/000001/{MANIFEST_NAME}" in manifest["files"]
+    upload_pack(tmp_path / "m", f"{s3}/m")
+    assert samples_of(f"{s3}/m") == expected(8)
+    assert gpufeed.verify(f"{s3}/m").ok
+    for k in range(2):
+        del manifest["files"][f"parts/{k:06d}/{MANIFEST_NAME}"]
+    (tmp_path / "m" / MANIFEST_NAME).write_text(json.dumps(manifest))
+    upload_pack(tmp_path / "m", f"{s3}/older")
+    assert samples_of(f"{s3}/older") == expected(8)

@@ -20,6 +20,7 @@ from gpufeed.formats import reader_class
 from gpufeed.formats.base import Reader
 from gpufeed.formats.manifest import MANIFEST_NAME, check_manifest
 from gpufeed.formats.multipart import MultiPartReader, part_entries
+from gpufeed.storage.retry import with_retries
 
 __all__ = ["PartFiles", "RemoteMultiPartReader"]
 
@@ -48,18 +49,26 @@ class PartFiles:
         return self.files.stats
 
     def manifest(self) -> dict[str, Any]:
-        """The part's manifest.json, fetched (so checked against the merged manifest's sha256)
-        and checked as any manifest."""
-        where = self.url.child(self._name(MANIFEST_NAME))
-        if self._name(MANIFEST_NAME) not in self.pack.entries:
-            raise DataError(f"{where}: not listed in the merged manifest's files; re-merge")
-        path = self.fetch(MANIFEST_NAME)
+        """The part's manifest.json, checked as any manifest: fetched through the cache, so
+        checked against the merged manifest's sha256, when that lists it (a merge made in
+        the bucket); read from the store when it does not (a local merge uploaded whole,
+        whose manifest lists the parts' data files only: the reader checks the part against
+        the merged manifest, as for a local merged pack)."""
+        name = self._name(MANIFEST_NAME)
+        where = self.url.child(name)
+        if name in self.pack.entries:
+            path = self.fetch(MANIFEST_NAME)
+            try:
+                raw = path.read_bytes()
+            finally:
+                self.release(MANIFEST_NAME)
+        else:
+            store, pack = self.pack.store, self.pack
+            raw = with_retries(lambda: store.read_bytes(name), pack.retry, pack.stats)
         try:
-            return check_manifest(json.loads(path.read_bytes()), where)
+            return check_manifest(json.loads(raw), where)
         except ValueError as e:
             raise DataError(f"{where}: unreadable manifest: {e}") from None
-        finally:
-            self.release(MANIFEST_NAME)
 
     def check_name(self, name: str) -> None:
         self.files.check_name(self._name(name))

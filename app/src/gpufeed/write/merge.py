@@ -232,6 +232,9 @@ def _merge_whole(paths: list[Path], manifests: list[dict[str, Any]], out: Path) 
             _link(pack_file(path, name), out / where / name)
             files[f"{where}/{name}"] = entry
         _link(path / MANIFEST_NAME, out / where / MANIFEST_NAME)
+        # listed too: verify checks it, and a reader of the pack uploaded to a URL fetches
+        # it through the cache against this sha256 (storage/remote_parts.py)
+        files[f"{where}/{MANIFEST_NAME}"] = file_entry(out, f"{where}/{MANIFEST_NAME}")
         entries.append({"path": where, "count": manifest["count"]})
     return {"files": files, "layout": {PARTS_LAYOUT: entries}}
 
