@@ -38,7 +38,7 @@ LAYERS = (
     {"batch"},
     {"data"},
     {"loading"},
-    {"tools", "integrations", "cli", "cliargs", "__init__", "__main__"},
+    {"tools", "integrations", "ray", "cli", "cliargs", "__init__", "__main__"},
 )
 
 

@@ -226,10 +226,9 @@ def test_two_processes_share_a_cache_of_80_percent_of_the_pack(
         assert out.decode().strip() == "read 40"
 
 
-def test_a_merged_pack_of_parts_in_object_storage_is_refused_naming_it(s3, tmp_path):
-    # a merged mmap pack reads each part through its own reader: not yet through the cache
+def test_a_merged_pack_of_parts_uploaded_to_object_storage_reads(s3, tmp_path):
+    # a merged mmap pack reads each part through its own reader, fetched through the cache
     import gpufeed
-    from gpufeed.errors import DataError
     from gpufeed.write.merge import merge
 
     parts = []
@@ -241,6 +240,5 @@ def test_a_merged_pack_of_parts_in_object_storage_is_refused_naming_it(s3, tmp_p
     url = f"{s3}/merged"
     upload_pack(tmp_path / "merged", url)
     cache = tmp_path / "cache"
-    for opening in (open_dataset, verify):
-        with pytest.raises(DataError, match=f"{url}: a merged mmap pack of parts"):
-            opening(url, cache_dir=cache)
+    assert [int(open_dataset(url, cache_dir=cache)[i]["label"]) for i in range(2)] == [0, 1]
+    assert verify(url, cache_dir=cache).ok
