@@ -84,6 +84,7 @@ def evict(paths: list[Path]) -> None:
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
+            os.fsync(fd)  # dirty pages (a copy written in this run) are not dropped
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)

@@ -18,6 +18,7 @@ the lengths of its documents): the same tokens as gpufeed's pack.
 
 from __future__ import annotations
 
+import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +65,9 @@ def write_litdata(out: Path, flat: Path, starts: np.ndarray, workers: int = 2) -
         num_workers=workers,
         verbose=False,
     )
+    # optimize sets the start method for everyone (spawn); the rows' DataLoaders fork, as
+    # Linux's default
+    multiprocessing.set_start_method("fork", force=True)
 
 
 def litdata_loader(out: Path, block: int, batch: int, workers: int, seed: int):
@@ -91,15 +95,35 @@ def write_mds(out: Path, flat: Path, block: int) -> None:
 
 
 def mds_loader(out: Path, batch: int, workers: int, seed: int):
-    import streaming
     import torch
     from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()
-
-    class Windows(streaming.StreamingDataset):
-        def __getitem__(self, index):
-            return torch.from_numpy(super().__getitem__(index)["tokens"].copy())
-
-    ds = Windows(local=str(out), shuffle=True, shuffle_seed=seed + 1, batch_size=batch)
+    ds = _mds_windows()(local=str(out), shuffle=True, shuffle_seed=seed + 1, batch_size=batch)
     return torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=workers)
+
+
+_WINDOWS = None
+
+
+def _mds_windows():
+    """The MDS dataset class whose item is a window tensor, made once (module level, so
+    workers can unpickle it; streaming imported only where it is installed)."""
+    global _WINDOWS
+    if _WINDOWS is None:
+        import streaming
+        import torch
+
+        class Windows(streaming.StreamingDataset):
+            def __getitem__(self, index):
+                return torch.from_numpy(super().__getitem__(index)["tokens"].copy())
+
+        Windows.__qualname__ = Windows.__name__ = "MDSWindows"
+        _WINDOWS = Windows
+    return _WINDOWS
+
+
+def __getattr__(name: str):
+    if name == "MDSWindows":  # what a spawned worker unpickles
+        return _mds_windows()
+    raise AttributeError(name)
