@@ -21,12 +21,13 @@ Every row is read once a pass, in a shuffled order, batches of 256, with each of
   dataset (a uniform shuffle: nearly every batch touches every row group);
 - ``HF datasets, DataLoader``: datasets.Dataset.from_parquet on the files (it converts them
   once to its Arrow cache, outside the timing), the image column cast to Image(),
-  with_format("torch"), DataLoader(shuffle=True): what its users write;
+  with_format("torch") (its Image feature decodes with PIL), DataLoader(shuffle=True): what
+  its users write;
 - ``LitData ParquetLoader``: litdata.index_parquet_dataset on the folder (once, outside the
   timing), StreamingDataset(folder, item_loader=ParquetLoader(), shuffle=True,
   transform=decode) + StreamingDataLoader (workers spawned: it refuses fork); its rows are
-  Python values, so the transform decodes the JPEG with PIL (as HF's Image feature does)
-  and makes the token tensor;
+  Python values, so the transform decodes the JPEG (torchvision's decode_jpeg, as gpufeed
+  does where torchvision imports; else PIL) and makes the token tensor;
 - ``pyarrow iter_batches (no decode)``: the files read front to back, nothing decoded: the
   read bound, not a loader;
 - ``gpufeed lmdb pack`` / ``gpufeed tar pack``, make_loader: the same rows after
@@ -39,7 +40,7 @@ installed (HF datasets, LitData + polars) reads "not run" with the reason. Round
 interleaved (bench/studies/common.py), the best pass counts; ratios against HF datasets.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 - common first: it puts gpufeed on the path
 
 import shutil
 import tempfile
@@ -47,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-import gpufeed  # noqa: E402, I001 - after common, which puts gpufeed's sources on the path
 from bench.studies import common
+import gpufeed
 from bench.studies.fields_read import jpeg
 
 BATCH = 256
@@ -141,19 +142,31 @@ def litdata_index(folder: Path) -> None:
 
 
 def litdata_row(row: dict) -> dict:
-    """What a LitData user's transform does: the JPEG decoded (PIL, as HF's Image feature),
-    the token list made a tensor."""
-    import io
-
+    """What a LitData user's transform does: the JPEG decoded (torchvision's decode_jpeg where
+    it imports, as gpufeed's own decode; else PIL, as HF's Image feature), the token list
+    made a tensor."""
     import torch
-    from PIL import Image
 
     if "image" in row:
-        pixels = np.array(Image.open(io.BytesIO(row["image"])).convert("RGB"))
-        row["image"] = torch.from_numpy(pixels).permute(2, 0, 1)
+        row["image"] = _decode_jpeg(row["image"])
     if "tokens" in row:
         row["tokens"] = torch.tensor(row["tokens"], dtype=torch.int32)
     return row
+
+
+def _decode_jpeg(data: bytes):
+    import torch
+
+    try:
+        from torchvision.io import ImageReadMode, decode_jpeg
+    except ImportError:
+        import io
+
+        from PIL import Image
+
+        pixels = np.array(Image.open(io.BytesIO(data)).convert("RGB"))
+        return torch.from_numpy(pixels).permute(2, 0, 1)
+    return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.RGB)
 
 
 # ---------------------------------------------------------------------------- the passes

@@ -56,7 +56,7 @@ def test_tokens_set_has_text_and_int32_token_lists_of_32_to_512(study, tmp_path)
     assert all(12 <= len(t.split()) < 60 and set(t.split()) <= words for t in texts)
 
 
-def test_litdata_transform_decodes_as_pil_and_makes_int32_tokens(study):
+def test_litdata_transform_decodes_the_jpeg_and_makes_int32_tokens(study):
     from PIL import Image
 
     from bench.studies.fields_read import jpeg
@@ -64,7 +64,9 @@ def test_litdata_transform_decodes_as_pil_and_makes_int32_tokens(study):
     row = study.litdata_row({"image": jpeg(3), "tokens": [5, 6, 7], "caption": "c"})
     want = np.array(Image.open(io.BytesIO(jpeg(3))).convert("RGB")).transpose(2, 0, 1)
     assert row["image"].dtype == torch.uint8 and row["image"].shape == (3, 64, 64)
-    assert np.array_equal(row["image"].numpy(), want)
+    # torchvision's decode_jpeg where it imports, else PIL: both libjpeg(-turbo), within 2
+    diff = np.abs(row["image"].numpy().astype(np.int16) - want.astype(np.int16))
+    assert diff.max() <= 2 and diff.mean() < 0.5
     assert row["tokens"].dtype == torch.int32 and row["tokens"].tolist() == [5, 6, 7]
     assert row["caption"] == "c"
 
