@@ -488,6 +488,126 @@ def test_nulls_error_names_the_mask_option(with_nulls):
 def test_nulls_mask_name_clash(tmp_path):
     path = tmp_path / "clash.parquet"
     pq.write_table(pa.table({"a": [1, None], "a_valid": [True, False]}), path)
-    with pytest.raises(UsageError, match="adds a field 'a_valid'"):
+    with pytest.raises(UsageError, match="a field 'a_valid' is added"):
         ParquetReader(path, nulls="mask")
     assert ParquetReader(path, nulls="mask", columns=["a"]).spec.schema.names == ["a", "a_valid"]
+
+
+# -- the Hub's Audio feature --------------------------------------------------------------
+def _wav(samples: np.ndarray, rate: int, width: int = 2) -> bytes:
+    """A PCM WAV file of int samples [frames, channels] of `width` bytes each."""
+    import wave
+
+    frames, channels = samples.shape
+    if width == 3:
+        raw = samples.astype("<i4").view(np.uint8).reshape(frames, channels, 4)[..., :3].tobytes()
+    else:
+        raw = samples.astype({1: "u1", 2: "<i2", 4: "<i4"}[width]).tobytes()
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(raw)
+    return buf.getvalue()
+
+
+AUDIO_ROWS = [  # (int samples [frames, channels], rate, width, full scale)
+    (np.array([[0], [16384], [-32768], [32767]]), 16000, 2, 32768),
+    (np.array([[1, -1], [4194304, -8388608], [8388607, 0]]), 48000, 3, 8388608),
+    (np.array([[0], [64], [128], [255]]), 8000, 1, None),
+    (np.array([[1 << 30, -(1 << 31)]]), 22050, 4, 1 << 31),
+]
+
+
+def _expected(samples, width, scale) -> np.ndarray:
+    if width == 1:
+        return ((samples.astype(np.float32) - 128) / 128).T
+    return (samples.astype(np.float64) / scale).astype(np.float32).T
+
+
+@pytest.fixture(scope="module")
+def audio_set(tmp_path_factory):
+    datasets = pytest.importorskip("datasets")
+    root = tmp_path_factory.mktemp("audio")
+    files = [_wav(s, rate, width) for s, rate, width, _ in AUDIO_ROWS]
+    rows = {"audio": [{"bytes": b, "path": f"{k}.wav"} for k, b in enumerate(files)]}
+    rows["id"] = list(range(len(files)))
+    ds = datasets.Dataset.from_dict(rows).cast_column("audio", datasets.Audio())
+    ds.to_parquet(str(root / "audio.parquet"))
+    ds.save_to_disk(str(root / "saved"))
+    return root
+
+
+@pytest.mark.parametrize("name", ["audio.parquet", "saved"])
+def test_hub_audio_decodes_to_waveform_and_rate(audio_set, name):
+    ds = PackedDataset(audio_set / name, reader=ParquetReader)
+    schema = ds.reader.spec.schema
+    assert schema.names == ["audio", "audio_rate", "id"]
+    assert (schema["audio"].type, schema["audio"].dtype) == ("ragged", "<f4")
+    for k, (samples, rate, width, scale) in enumerate(AUDIO_ROWS):
+        s = ds[k]
+        assert s["audio"].dtype == torch.float32 and s["audio_rate"] == rate
+        assert s["audio"].shape == (samples.shape[1], samples.shape[0])
+        assert torch.equal(s["audio"], torch.from_numpy(_expected(samples, width, scale)))
+    batch = ds.get_batch([0, 2])  # one channel each, 4 samples each
+    assert batch["audio_rate"].tolist() == [16000, 8000]
+
+
+def test_audio_as_bytes_when_asked(audio_set):
+    ds = PackedDataset(audio_set / "audio.parquet", reader=ParquetReader, audio="bytes")
+    assert ds.reader.spec.schema.names == ["audio", "id"]
+    assert ds[1]["audio"][:4] == b"RIFF"
+
+
+def test_audio_that_does_not_decode_names_sample_and_column(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    good = _wav(np.zeros((4, 1)), 16000)
+    flac = b"fLaC" + bytes(60)  # not WAV: soundfile's, or an error naming it
+    huge = bytearray(_wav(np.zeros((4, 1)), 16000))
+    huge[40:44] = (0xFFFFFFF0).to_bytes(4, "little")  # the data chunk claims 4 GiB
+    rows = {"audio": [{"bytes": b, "path": None} for b in (good, flac, bytes(huge))]}
+    ds = datasets.Dataset.from_dict(rows).cast_column("audio", datasets.Audio())
+    ds.to_parquet(str(tmp_path / "a.parquet"))
+    read = PackedDataset(tmp_path / "a.parquet", reader=ParquetReader)
+    assert read[0]["audio"].shape == (1, 4)
+    try:
+        import soundfile  # noqa: F401
+
+        problem = "not an audio file soundfile reads"
+    except ImportError:
+        problem = "needs the soundfile package: pip install soundfile"
+    with pytest.raises(CorruptSampleError, match=problem) as e:
+        read[1]
+    assert e.value.index == 1 and "column 'audio'" in str(e.value)
+    assert str(tmp_path / "a.parquet") in str(e.value)
+    with pytest.raises(CorruptSampleError, match="over the 1024 MiB a decoded file may take"):
+        read[2]
+
+
+def test_audio_null_masked(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = {"audio": [{"bytes": _wav(np.ones((3, 2)), 8000), "path": None}, None]}
+    ds = datasets.Dataset.from_dict(rows).cast_column("audio", datasets.Audio())
+    ds.to_parquet(str(tmp_path / "a.parquet"))
+    read = PackedDataset(tmp_path / "a.parquet", reader=ParquetReader, nulls="mask")
+    assert read.reader.spec.schema.names == ["audio", "audio_rate", "audio_valid"]
+    ok, null = read[[0, 1]]
+    assert ok["audio"].shape == (2, 3) and ok["audio_rate"] == 8000 and bool(ok["audio_valid"])
+    assert null["audio"].shape == (0, 0) and null["audio_rate"] == 0
+    assert not bool(null["audio_valid"])
+
+
+def test_audio_flac_through_soundfile(tmp_path):
+    """FLAC (and OGG, MP3) decode through soundfile where it is installed."""
+    sf = pytest.importorskip("soundfile")
+    datasets = pytest.importorskip("datasets")
+    samples = np.array([[0, 100], [-16384, 16384], [32767, -32768]], np.int16)
+    buf = io.BytesIO()
+    sf.write(buf, samples, 44100, format="FLAC", subtype="PCM_16")
+    rows = {"audio": [{"bytes": buf.getvalue(), "path": "a.flac"}]}
+    ds = datasets.Dataset.from_dict(rows).cast_column("audio", datasets.Audio())
+    ds.to_parquet(str(tmp_path / "a.parquet"))
+    s = PackedDataset(tmp_path / "a.parquet", reader=ParquetReader)[0]
+    assert s["audio_rate"] == 44100
+    assert torch.equal(s["audio"], torch.from_numpy(samples.T.astype(np.float32) / 32768))

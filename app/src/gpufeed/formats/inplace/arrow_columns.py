@@ -8,7 +8,7 @@ them as it decodes a multi-field pack's.
   string, large_string                        str
   binary (image bytes by their magic)         image (jpeg, png, webp) or bytes
   struct<bytes, path> (the Hub's Image)       image, from its bytes
-  struct<bytes, path> (the Hub's Audio)       bytes: the encoded audio file
+  struct<bytes, path> (the Hub's Audio)       bytes: the encoded file (decoded by arrow_rows)
   fixed_size_list<...> of numbers             array, e.g. float32[3, 4]
   list<...> of numbers (outer size varies)    ragged, e.g. int32[-1], float32[-1, 4]
   dictionary<T>                               as T
@@ -37,6 +37,7 @@ __all__ = [
     "hub_features",
     "null_problem",
     "null_rows",
+    "parse_field",
     "stored_column",
     "stored_masked",
     "valid_field",
@@ -95,26 +96,27 @@ def column_field(name: str, t, feature: Any, first: bytes | None) -> Field:
         t = t.value_type
     hub = feature.get("_type") if isinstance(feature, dict) else None
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
-        return _field(name, "int")
+        return parse_field(name, "int")
     if pa.types.is_floating(t):
-        return _field(name, "float")
+        return parse_field(name, "float")
     if pa.types.is_string(t) or pa.types.is_large_string(t) or _as_text(t):
-        return _field(name, "str")
+        return parse_field(name, "str")
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-        return _field(name, sniff_image(first or b"") or "bytes")
+        return parse_field(name, sniff_image(first or b"") or "bytes")
     if _is_file_struct(t) and hub in (None, "Image"):
-        return _field(name, sniff_image(first or b"") or "bytes")
+        return parse_field(name, sniff_image(first or b"") or "bytes")
     if _is_file_struct(t):
-        return _field(name, "bytes")  # Audio, Video, Pdf: the file's encoded bytes
+        return parse_field(name, "bytes")  # Audio, Video, Pdf: the file's encoded bytes
     dims, inner = _array_dims(t)
     if dims and _numeric(inner) and -1 not in dims[1:]:
         dtype = np.dtype(inner.to_pandas_dtype()).str
         kind = "ragged" if -1 in dims else "array"
-        return _field(name, {"type": kind, "dtype": dtype, "shape": dims})
-    return _field(name, "json")
+        return parse_field(name, {"type": kind, "dtype": dtype, "shape": dims})
+    return parse_field(name, "json")
 
 
-def _field(name: str, spec: Any) -> Field:
+def parse_field(name: str, spec: Any) -> Field:
+    """One field, as parse_schema reads `spec` (a type name or a dict)."""
     return parse_schema({name: spec}).fields[0]
 
 
@@ -171,7 +173,7 @@ def null_problem(field: Field, column) -> int | None:
 
 def valid_field(name: str) -> Field:
     """The field that says, per row, whether column `name` held a value (nulls="mask")."""
-    return _field(f"{name}_valid", {"type": "array", "dtype": "|b1", "shape": []})
+    return parse_field(f"{name}_valid", {"type": "array", "dtype": "|b1", "shape": []})
 
 
 def stored_masked(field: Field, column, nulls: np.ndarray | None) -> list:
@@ -202,7 +204,7 @@ def empty_value(field: Field) -> bytes:
     if kind == "array":
         return bytes(int(np.prod(field.shape, dtype=np.int64)) * np.dtype(field.dtype).itemsize)
     if kind == "ragged":
-        return np.asarray([0, *field.shape[1:]], dtype=_INT64).tobytes()
+        return np.asarray([0, *(max(d, 0) for d in field.shape[1:])], dtype=_INT64).tobytes()
     return b""  # str, bytes
 
 

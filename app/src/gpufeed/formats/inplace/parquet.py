@@ -46,10 +46,8 @@ from gpufeed.formats.inplace.arrow_columns import (
     column_field,
     first_bytes,
     hub_features,
-    null_rows,
-    stored_masked,
-    valid_field,
 )
+from gpufeed.formats.inplace.arrow_rows import AUDIO, ColumnRows, RowError, audio_feature
 from gpufeed.formats.record import join_record
 from gpufeed.formats.schema import Schema
 
@@ -67,7 +65,6 @@ CACHE_ROW_GROUPS = 16
 CACHE_BYTES = 256 << 20
 # nulls=: "error" (a null is a CorruptSampleError), "mask" (an empty value and <col>_valid)
 NULLS = ("error", "mask")
-VALID = {True: b"\x01", False: b"\x00"}  # a <col>_valid value as stored (a bool array)
 INSTALL = "install pyarrow: pip install 'gpufeed[parquet]'"
 
 
@@ -277,10 +274,12 @@ class ParquetReader(Reader):
         cache_row_groups: int = CACHE_ROW_GROUPS,
         cache_bytes: int = CACHE_BYTES,
         nulls: str = "error",
+        audio: str = "decode",
     ):
-        if nulls not in NULLS:
-            raise UsageError(f"nulls={nulls!r}: one of {', '.join(map(repr, NULLS))}")
-        self.nulls = nulls
+        for option, value, choices in (("nulls", nulls, NULLS), ("audio", audio, AUDIO)):
+            if value not in choices:
+                raise UsageError(f"{option}={value!r}: one of {', '.join(map(repr, choices))}")
+        self.nulls, self.audio = nulls, audio
         if int(cache_row_groups) < 1:
             raise UsageError(f"cache_row_groups={cache_row_groups!r}: at least 1")
         self.files = self._listed(path)
@@ -340,41 +339,32 @@ class ParquetReader(Reader):
     def _schema(self, first: _File, names: list[str]) -> tuple[Schema, list[str] | None]:
         features = hub_features(first.schema)
         sample = _first_group(first, names)
-        fields = []
-        for name in names:
-            col = sample.column(name) if sample is not None else None
-            head = first_bytes(col) if col is not None else None
-            try:
-                fields.append(
-                    column_field(name, first.schema.field(name).type, features.get(name), head)
-                )
-            except UsageError as e:
-                raise DataError(f"{first.path}: column {name!r}: {e}") from None
+        self.plans = [self._plan(first, name, features.get(name), sample) for name in names]
+        fields = [f for plan in self.plans for f in plan.fields()]
+        added = [f.name for plan in self.plans for f in plan.fields()[1:]]
+        clash = [n for n in added if n in names or added.count(n) > 1]
+        if clash:
+            raise UsageError(
+                f"{first.path}: a field {clash[0]!r} is added (nulls='mask' adds <col>_valid, "
+                "a decoded Audio column <col>_rate) and a column of that name is read too; "
+                "leave one out with columns=[...]"
+            )
         label = features.get("label")
         classes = label.get("names") if isinstance(label, dict) else None
         ok = isinstance(classes, list) and all(isinstance(c, str) for c in classes)
-        return Schema(tuple(self._with_valid(first, fields))), (classes if ok else None)
+        return Schema(tuple(fields)), (classes if ok else None)
 
-    def _with_valid(self, first: _File, fields: list) -> list:
-        """`fields`, each nullable column followed by its <col>_valid field with
-        nulls="mask" (the columns masked: self.masked)."""
-        self.masked: set[str] = set()
-        if self.nulls != "mask":
-            return fields
-        out = []
-        for f in fields:
-            out.append(f)
-            if not first.schema.field(f.name).nullable:
-                continue
-            valid = valid_field(f.name)
-            if valid.name in self.columns:
-                raise UsageError(
-                    f"{first.path}: nulls='mask' adds a field {valid.name!r}, and a column of "
-                    f"that name is read too; leave one out with columns=[...]"
-                )
-            out.append(valid)
-            self.masked.add(f.name)
-        return out
+    def _plan(self, first: _File, name: str, feature, sample) -> ColumnRows:
+        """How column `name` is read (arrow_rows.ColumnRows)."""
+        col = sample.column(name) if sample is not None else None
+        head = first_bytes(col) if col is not None else None
+        arrow = first.schema.field(name)
+        try:
+            field = column_field(name, arrow.type, feature, head)
+        except UsageError as e:
+            raise DataError(f"{first.path}: column {name!r}: {e}") from None
+        audio = self.audio == "decode" and audio_feature(feature) and field.type == "bytes"
+        return ColumnRows(field, audio=audio, masked=self.nulls == "mask" and arrow.nullable)
 
     def _check_same(self, opened: list[_File], schema, names: list[str]) -> None:
         for f in opened[1:]:
@@ -515,22 +505,21 @@ class ParquetReader(Reader):
         pa, _ = _pyarrow()
         rows = self._group(g).take(pa.array(local))
         columns = []
-        for name in self.columns:
-            field = self.spec.schema[name]
-            col = rows.column(name).combine_chunks()
-            nulls = null_rows(field, col)
-            if nulls is not None and name not in self.masked:
-                self._null_error(g, local, field, int(np.argmax(nulls)))
+        for plan in self.plans:
+            col = rows.column(plan.name).combine_chunks()
+            nulls = plan.nulls(col)
+            if nulls is not None and not plan.masked:
+                self._null_error(g, local, plan.field, int(np.argmax(nulls)))
             try:
-                columns.append(stored_masked(field, col, nulls))
+                columns += plan.values(col, nulls)
+            except RowError as e:
+                i = int(self.group_start[g] + local[e.row])
+                raise CorruptSampleError(self.location(i), i, str(e)) from None
             except (pa.ArrowException, ValueError, TypeError) as e:
                 i = int(self.group_start[g] + local[0])
                 raise CorruptSampleError(
-                    self.location(i), i, f"column {field.name!r}: {e}"
+                    self.location(i), i, f"column {plan.name!r}: {e}"
                 ) from None
-            if name in self.masked:
-                valid = np.ones(len(local), bool) if nulls is None else ~nulls
-                columns.append([VALID[v] for v in valid.tolist()])
         return [join_record(list(values)) for values in zip(*columns, strict=True)]
 
     def _null_error(self, g: int, local: np.ndarray, field, j: int) -> None:
