@@ -6,6 +6,7 @@ bytes fetched come from the cache's counters."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -16,8 +17,6 @@ from torch.utils.data import DataLoader
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from conftest import _use  # noqa: E402 - the storage tests' S3 environment
-
 from gpufeed.data.map_style import PackedDataset  # noqa: E402
 from gpufeed.errors import DataError, NotPackedError, StalePackError, UsageError  # noqa: E402
 from gpufeed.storage.parquet_remote import open_parquet_at  # noqa: E402
@@ -26,6 +25,7 @@ from gpufeed.storage.urls import parse_location  # noqa: E402
 
 FILES, ROWS_PER_FILE, GROUP = 2, 600, 100
 ROWS = FILES * ROWS_PER_FILE
+_buckets = itertools.count()
 
 
 def _table(lo: int, hi: int):
@@ -57,8 +57,16 @@ def local_files(tmp_path_factory) -> list[Path]:
 
 @pytest.fixture()
 def s3_ranged(moto_server, monkeypatch) -> str:
-    """s3://BUCKET on the moto server (ranged GETs answered 206)."""
-    return _use(moto_server, monkeypatch)
+    """s3://BUCKET on the moto server (ranged GETs answered 206), the AWS_* environment
+    pointing at it (as conftest's s3 fixture does for rclone; not imported from there: a
+    spawned worker imports this module, where `conftest` names another file)."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in moto_server.env().items():
+        monkeypatch.setenv(name, value)
+    bucket = f"pq{next(_buckets)}-{os.getpid()}"
+    moto_server.make_bucket(bucket)
+    return f"s3://{bucket}"
 
 
 def _upload(url: str, files: dict[str, Path]) -> None:
