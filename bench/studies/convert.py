@@ -21,9 +21,10 @@ forked process (its imports done before the clock starts); the timed span is the
 processes and the merge. Per pass: samples/s, MiB/s of the files written (what the disk
 took: tar pads each member to 512 bytes) and of the samples' own bytes (payload), the peak
 resident memory of each writing process (the largest ``ru_maxrss`` of the pass's child
-processes; forked, they share the parent's pages, which count in it) and the P / 1 process
-ratio. The physical bound is ``dd``: as many bytes written to the same disk, fsynced, in
-1 MiB blocks; a candidate's written bytes/s over dd's is its share of the disk. Passes are
+processes, and its growth: that less what a process forked from the pass starts with, the
+pages it shares with the parent, torch's among them) and the P / 1 process ratio. The
+physical bound is ``dd``: as many bytes written to the same disk, fsynced, in 1 MiB blocks;
+a candidate's written bytes/s over dd's is its share of the disk. Passes are
 interleaved round by round (bench/studies/common.py); the best pass of each is reported.
 """
 
@@ -189,6 +190,7 @@ def _child(tool, kind, pool, root, n, procs, conn) -> None:
 
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
+        start_rss = _rss()
         t = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):
             _convert(tool, kind, pool, root, n, procs)
@@ -197,11 +199,17 @@ def _child(tool, kind, pool, root, n, procs, conn) -> None:
         if tool.startswith("gpufeed"):  # the merged pack's files are the parts' (hard links)
             size = sum(f.stat().st_size for f in (root / "pack").rglob("*") if f.is_file())
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-        conn.send({"seconds": seconds, "bytes": size, "peak_rss": peak})
+        conn.send({"seconds": seconds, "bytes": size, "peak_rss": peak, "start_rss": start_rss})
     except BaseException as e:  # noqa: BLE001 - the parent reports it
         conn.send({"error": f"{type(e).__name__}: {e}"})
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _rss() -> int:
+    """This process's resident bytes now (what a process forked from it starts with)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _pass(tool: str, kind: str, pool: list, root: Path, n: int, procs: int) -> dict:
@@ -316,7 +324,7 @@ def _table(kind, n, payload, dd, names, procs, best, missing) -> str:
         f"{os.cpu_count()} CPUs (more processes than CPUs oversubscribe)",
         "",
         "| candidate | procs | samples/s | vs gpufeed write, same procs | written MiB/s "
-        "| share of dd | payload MiB/s | peak RSS / process (MiB) | P / 1 proc |",
+        "| share of dd | payload MiB/s | peak RSS / process, growth (MiB) | P / 1 proc |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for tool in names:
@@ -334,9 +342,10 @@ def _table(kind, n, payload, dd, names, procs, best, missing) -> str:
             one = best.get(f"{tool}, {procs[0]} proc", {})
             scale = f"{one['seconds'] / b['seconds']:.2f}x" if "seconds" in one else ""
             mbps, rss = b["bytes"] / b["seconds"] / 2**20, b["peak_rss"] / 2**20
+            grown = (b["peak_rss"] - b["start_rss"]) / 2**20
             lines.append(
                 f"| {tool} | {p} | {rate:,.0f} | {vs} | {mbps:,.1f} | {mbps * 2**20 / dd:.2f} "
-                f"| {payload / b['seconds'] / 2**20:,.1f} | {rss:,.0f} | {scale} |"
+                f"| {payload / b['seconds'] / 2**20:,.1f} | {rss:,.0f}, +{grown:,.0f} | {scale} |"
             )
     return "\n".join(lines)
 

@@ -15,7 +15,7 @@ from gpufeed.formats.checksums import crc32
 from gpufeed.formats.record import encode_value, record_encoder
 from gpufeed.formats.schema import Schema
 
-__all__ = ["batch_records", "encoded", "label_of", "sample_encoder"]
+__all__ = ["Pending", "batch_length", "batch_records", "encoded", "label_of", "sample_encoder"]
 
 
 def encoded(schema: Schema, sample: Mapping[str, Any]) -> tuple[bytes, int, int]:
@@ -263,3 +263,17 @@ class Pending:
                 items.tolist(), ends, sizes.tolist(), labels.tolist(), crcs.tolist(), strict=True
             )
         ]
+
+
+def batch_length(dest, columns: Mapping[str, Any]) -> int:
+    """The samples in a columnar batch: every column's length, the same (else a
+    UsageError naming the columns)."""
+    if not isinstance(columns, Mapping):
+        raise UsageError(
+            f"{dest}: write_batch takes a dict of columns (field -> values), got "
+            f"{type(columns).__name__}; write() takes one sample"
+        )
+    lengths = {name: len(col) for name, col in columns.items()}
+    if len(set(lengths.values())) > 1:
+        raise UsageError(f"{dest}: write_batch's columns differ in length: {lengths}")
+    return next(iter(lengths.values()), 0)

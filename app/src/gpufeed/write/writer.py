@@ -57,7 +57,14 @@ from gpufeed.write.ownership import (
     occupied,
     remove_partial,
 )
-from gpufeed.write.records import Pending, batch_records, encoded, label_of, sample_encoder
+from gpufeed.write.records import (
+    Pending,
+    batch_length,
+    batch_records,
+    encoded,
+    label_of,
+    sample_encoder,
+)
 from gpufeed.write.sources import (
     Listing,
     WrittenSource,
@@ -323,7 +330,7 @@ class Writer:
                 not fit the schema (named by its place, as by ``write``).
         """
         self._check_open()
-        count = _batch_length(self.dest, columns)
+        count = batch_length(self.dest, columns)
         if not count:
             return
         if self.schema is None:  # taken from the first row, as write() does
@@ -668,17 +675,3 @@ def _declared_part(given: Schema | None, old: Schema | None, inferred: list[str]
     return all(n in inferred for n in names - set(given.names)) and all(
         old[f.name] == f for f in given.fields
     )
-
-
-def _batch_length(dest: Path, columns: Mapping[str, Any]) -> int:
-    """The samples in a columnar batch: every column's length, the same (else a
-    UsageError naming the columns)."""
-    if not isinstance(columns, Mapping):
-        raise UsageError(
-            f"{dest}: write_batch takes a dict of columns (field -> values), got "
-            f"{type(columns).__name__}; write() takes one sample"
-        )
-    lengths = {name: len(col) for name, col in columns.items()}
-    if len(set(lengths.values())) > 1:
-        raise UsageError(f"{dest}: write_batch's columns differ in length: {lengths}")
-    return next(iter(lengths.values()), 0)
