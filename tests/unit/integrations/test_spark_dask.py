@@ -77,6 +77,11 @@ def test_a_missing_or_doubled_partition_is_refused_naming_it(tmp_path):
     assert not dest.exists()
 
 
+def test_a_url_destination_is_refused_before_any_task_runs():
+    with pytest.raises(UsageError, match="s3://bucket/pack: needs a local path here"):
+        parts_folder("s3://bucket/pack")
+
+
 # -- Spark ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def spark():

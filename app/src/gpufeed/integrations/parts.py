@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufeed.errors import UsageError
+from gpufeed.storage.urls import require_local
 from gpufeed.write.merge import merge
 from gpufeed.write.ownership import is_pack, is_partial, remove_tree
 from gpufeed.write.writer import Writer
@@ -35,8 +36,10 @@ PART_NAME = "part-{:06d}-{}"  # partition index, then a random tag of this attem
 
 def parts_folder(dest: str | os.PathLike) -> Path:
     """Where the parts of the pack at ``dest`` are written: DEST.parts/ beside it (on DEST's
-    file system, so the merge links their files instead of copying them)."""
-    dest = Path(dest).absolute()
+    file system, so the merge links their files instead of copying them). A URL is refused
+    here, on the driver, before any task runs."""
+    hint = "write to a shared folder, then gpufeed.storage.upload_pack(DEST, URL)"
+    dest = require_local(dest, hint).absolute()
     return dest.with_name(dest.name + PARTS_SUFFIX)
 
 

@@ -11,8 +11,9 @@ that attempt's own; the tasks' results (collected by the driver, exactly one per
 Spark keeps the counted attempt's) name the parts, which the driver merges in partition
 order into DEST, then removes DEST.parts/. A task Spark retries (``spark.task.maxFailures``)
 or runs twice (``spark.speculation``) wrote a folder of its own that is never merged: no
-sample twice, none missing (gpufeed.integrations.parts). Set ``spark.pyspark.python`` to an
-interpreter where gpufeed is installed on every executor.
+sample twice, none missing (gpufeed.integrations.parts). The executors run the Python that
+``PYSPARK_PYTHON`` names: gpufeed must be installed there. Classic Spark only: it maps the
+partitions of the RDD API, which a Spark Connect session does not have.
 """
 
 from __future__ import annotations
