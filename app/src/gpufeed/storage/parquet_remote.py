@@ -23,16 +23,16 @@ import contextlib
 import fnmatch
 import io
 import os
+import threading
 from pathlib import PurePosixPath
 from typing import Any
 
 from gpufeed.errors import DataError, NotPackedError, UnsafePathError
-from gpufeed.formats.inplace.parquet import (
+from gpufeed.formats.inplace.parquet import ParquetReader, open_file
+from gpufeed.formats.inplace.parquet_listing import (
     PARQUET_MAGIC,
-    ParquetReader,
     hidden,
     one_split,
-    open_file,
     state_names,
 )
 from gpufeed.formats.manifest import unsafe_name
@@ -243,6 +243,7 @@ class RangedObject(io.RawIOBase):
         self.size = objects.objects[name].size
         self.pos = 0
         self.spans: list[tuple[int, bytes]] = []
+        self._lock = threading.Lock()
         self.data_end = self._load_footer()
 
     def _load_footer(self) -> int:
@@ -268,15 +269,14 @@ class RangedObject(io.RawIOBase):
     @contextlib.contextmanager
     def holding(self, meta, g: int, columns: list[str]):
         """Row group g's chunks of `columns` fetched (one GET per run of them) while held."""
-        held = [
-            (lo, self.objects.read(self.name, lo, hi - lo))
-            for lo, hi in self._spans(meta, g, columns)
-        ]
-        self.spans[:0] = held  # looked up first
-        try:
-            yield
-        finally:
-            del self.spans[: len(held)]
+        spans = self._spans(meta, g, columns)
+        with self._lock:  # threads of one process read a file one row group at a time
+            held = [(lo, self.objects.read(self.name, lo, hi - lo)) for lo, hi in spans]
+            self.spans[:0] = held  # looked up first
+            try:
+                yield
+            finally:
+                del self.spans[: len(held)]
 
     def _spans(self, meta, g: int, columns: list[str]) -> list[tuple[int, int]]:
         """[lo, hi) of row group g's chunks of `columns`, runs closer than GAP merged; each
