@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -12,7 +13,7 @@ from torch.utils.data import DataLoader
 import gpufeed
 from gpufeed import make_loader, open_dataset
 from gpufeed.data.tokens import TokenWindows
-from gpufeed.errors import CorruptSampleError, UsageError
+from gpufeed.errors import CorruptSampleError, DataError, UsageError
 
 
 @pytest.fixture(autouse=True)
@@ -302,3 +303,29 @@ def test_a_damaged_record_head_through_h5py_is_an_error_naming_file_and_sample(t
     ds = open_dataset(pack, block_size=4, verify_crc=False)
     with pytest.raises(CorruptSampleError, match=rf"{pack}.*sample 1: field 'tokens'.*11"):
         ds[:]
+
+
+def _chars(text: str) -> list[int]:
+    return [ord(c) - 96 for c in text]
+
+
+def test_eos_the_pack_was_written_with_is_not_appended_twice(tmp_path):
+    texts = ["abc", "", "defgh", "ij"]
+    pack = tmp_path / "p"
+    gpufeed.pack_tokens(texts, pack, tokenize=_chars, vocab_size=100, eos=99, workers=0,
+                        quiet=True)  # fmt: skip
+    stream = [1, 2, 3, 99, 99, 4, 5, 6, 7, 8, 99, 9, 10, 99]
+    want = np.array(stream[:12], np.uint16).reshape(-1, 4)
+    for eos in (None, 99):  # the same id asked again: already in the stream
+        ds = open_dataset(pack, block_size=4, eos=eos)
+        assert ds.stream_eos == 99 and ds.eos is None and len(ds) == 3
+        assert np.array_equal(torch.stack(ds[:]).numpy(), want)
+    bounded = open_dataset(pack, block_size=4, eos=99, boundaries=True)
+    assert [w["mask"].sum().item() for w in bounded[:]] == [4, 1, 4, 2, 3]  # no second eos
+    with pytest.raises(UsageError, match=r"already end with eos 99 \(manifest tokens.eos\)"):
+        open_dataset(pack, block_size=4, eos=0)
+    manifest = json.loads((pack / "manifest.json").read_text())
+    manifest["tokens"]["eos"] = 70000  # no uint16
+    (pack / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match=rf"{pack}: manifest tokens.eos=70000 does not fit"):
+        open_dataset(pack, block_size=4)

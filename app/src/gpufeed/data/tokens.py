@@ -3,7 +3,9 @@
 A token pack is a multi-field pack whose samples hold a ragged 1-D integer field (the
 document's token ids; ``field=`` names it when the schema has several such fields). The
 stream is the documents concatenated in pack order, ``eos`` appended after each document
-when given. :class:`TokenWindows` is a map-style Dataset over it:
+when given. A pack that ``pack_tokens`` wrote with ``eos`` holds it already (its manifest's
+``tokens.eos``): ``eos=`` the same id appends none, another id is a UsageError.
+:class:`TokenWindows` is a map-style Dataset over it:
 
 - ``boundaries=False`` (the default): item ``i`` is ``stream[i * B : (i + 1) * B]``, a 1-D
   tensor of the stored dtype (uint16 stays uint16: no int64 conversion, do
@@ -49,9 +51,10 @@ from gpufeed.data.token_reads import (
     document_tokens,
     read_h5_spans,
 )
-from gpufeed.errors import CorruptSampleError, UsageError
+from gpufeed.errors import CorruptSampleError, DataError, UsageError
 from gpufeed.pagecache.advise import advise_willneed, looks_cached
 from gpufeed.storage.packs import open_reader_at
+from gpufeed.write.token_pack import MANIFEST_KEY
 
 __all__ = ["TokenWindows", "WindowPlan", "token_field"]
 
@@ -129,7 +132,18 @@ class TokenWindows(PythonIndexing, Dataset):
         self.block_size = _positive(self.path, "block_size", block_size)
         self.field_index, self.field = token_field(self.path, self.reader.spec, field)
         self.dtype = np.dtype(self.field.dtype).newbyteorder("=")
+        # the id pack_tokens already ended each document with (the manifest says): never
+        # appended twice
+        self.stream_eos = self._stream_eos()
         self.eos = None if eos is None else self._fits("eos", eos)
+        if self.eos is not None and self.stream_eos is not None:
+            if self.eos != self.stream_eos:
+                raise UsageError(
+                    f"{self.path}: its documents already end with eos {self.stream_eos} "
+                    f"(manifest {MANIFEST_KEY}.eos); eos={self.eos} would add another: "
+                    "open it without eos="
+                )
+            self.eos = None
         self.pad_id = self._fits("pad_id", pad_id)
         self.boundaries = bool(boundaries)
         lengths = document_lengths(self.reader, self.field_index, self.field)
@@ -156,6 +170,24 @@ class TokenWindows(PythonIndexing, Dataset):
                 f"{self.path}: {name}={value} does not fit the token field's {self.dtype.name}"
             )
         return value
+
+    def _stream_eos(self) -> int | None:
+        """The eos id the pack's writer (pack_tokens) put at the end of every document of
+        this field, from the manifest (checked: an integer the token dtype holds), or None."""
+        record = self.reader.manifest.get(MANIFEST_KEY)
+        if not isinstance(record, dict) or record.get("field", self.field.name) != self.field.name:
+            return None
+        eos = record.get("eos")
+        if eos is None:
+            return None
+        if isinstance(eos, bool) or not isinstance(eos, int):
+            raise DataError(
+                f"{self.path}: manifest {MANIFEST_KEY}.eos is {eos!r}, not a token id; re-pack it"
+            )
+        try:
+            return self._fits(f"manifest {MANIFEST_KEY}.eos", eos)
+        except UsageError as e:
+            raise DataError(f"{e}; re-pack it") from None
 
     def __len__(self) -> int:
         if self.boundaries:
