@@ -5,13 +5,12 @@
     ds.write_datasink(gray.PackSink("/shared/caps.pack", format="tar",
                                     schema={"image": "jpeg", "caption": "str"}))
 
-Each write task writes its blocks as one part, a complete pack of its own, at
-DEST.parts/part-<task index> (DEST's file system: shared by every node), with
-``gpufeed.Writer(..., overwrite=True)``. A task that fails and is retried by Ray (a worker or
-node lost) has the same task index, so the retry replaces what the failed attempt left
-(a partial part or a finished one): no sample twice, none missing. When every task is done,
-the driver merges the parts in task order into DEST (gpufeed.merge: hard links, no sample
-copied) and removes DEST.parts/. Rows are sample dicts (a column a field of ``schema``).
+Each write task writes its blocks as one part, a complete pack of its own, under DEST.parts/
+(DEST's file system: shared by every node), at a name of its attempt's own, and the driver
+merges one part a task, in task order, into DEST (hard links, no sample copied), then removes
+DEST.parts/: the protocol the Spark and Dask writers share (gpufeed.integrations.parts), so a
+task that Ray retries (a worker or node lost) leaves no sample twice and none missing. Rows
+are sample dicts (a column a field of ``schema``).
 """
 
 from __future__ import annotations
@@ -31,14 +30,9 @@ except ImportError as e:  # said here, once, for gpufeed.ray and this module ali
         name=e.name,
     ) from e
 
-from gpufeed.write.merge import merge
-from gpufeed.write.ownership import remove_tree
-from gpufeed.write.writer import Writer
+from gpufeed.integrations.parts import PartWriter, merge_parts, parts_folder
 
 __all__ = ["PackSink"]
-
-PARTS_SUFFIX = ".parts"
-PART_NAME = "part-{:06d}"
 
 
 class PackSink(Datasink):
@@ -66,12 +60,10 @@ class PackSink(Datasink):
         **writer_options: Any,
     ):
         self.dest = Path(dest).absolute()
-        self.parts = self.dest.with_name(self.dest.name + PARTS_SUFFIX)
-        self.format = format
-        self.schema = dict(schema)
+        self.parts = parts_folder(self.dest)
         self.keep_parts = keep_parts
         self.overwrite = overwrite
-        self.writer_options = writer_options
+        self.part = PartWriter(str(self.parts), format, dict(schema), options=writer_options)
 
     def on_write_start(self, schema=None) -> None:
         self.parts.mkdir(parents=True, exist_ok=True)
@@ -82,22 +74,13 @@ class PackSink(Datasink):
             yield from BlockAccessor.for_block(block).iter_rows(public_row_format=True)
 
     def write(self, blocks: Iterable[Any], ctx) -> dict[str, Any]:
-        """One part: every row of this task's blocks (a retry of the task replaces it)."""
-        path = self.parts / PART_NAME.format(ctx.task_idx)
-        with Writer(
-            path, format=self.format, schema=self.schema, overwrite=True, **self.writer_options
-        ) as w:
-            for row in self.rows(blocks):
-                w.write(row)
-        return {"task": int(ctx.task_idx), "path": str(path)}
+        """One part: every row of this task's blocks, at a name of this attempt's own."""
+        return self.part(ctx.task_idx, self.rows(blocks))
 
     def on_write_complete(self, write_result) -> None:
-        """Merge the parts in task order into DEST, then remove them (unless keep_parts)."""
-        results = sorted(write_result.write_returns, key=lambda r: r["task"])
-        paths = [r["path"] for r in results]
-        merge(paths, self.dest, overwrite=self.overwrite)
-        if not self.keep_parts:
-            for path in paths:
-                remove_tree(Path(path), "remove a merged part")
-            if not any(self.parts.iterdir()):
-                self.parts.rmdir()
+        """Merge one part a task, in task order, into DEST; then remove DEST.parts/ (unless
+        keep_parts)."""
+        results = write_result.write_returns
+        merge_parts(
+            results, len(results), self.dest, overwrite=self.overwrite, keep_parts=self.keep_parts
+        )
