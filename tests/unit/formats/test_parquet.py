@@ -483,6 +483,10 @@ def test_nulls_error_names_the_mask_option(with_nulls):
         ds[1]
     with pytest.raises(UsageError, match="nulls='drop'"):
         ParquetReader(with_nulls, nulls="drop")
+    import gpufeed
+
+    masked = gpufeed.open_dataset(with_nulls, nulls="mask")  # open_dataset passes it on
+    assert masked[1]["n"] == 0 and not bool(masked[1]["n_valid"])
 
 
 def test_nulls_mask_name_clash(tmp_path):
