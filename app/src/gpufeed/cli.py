@@ -237,13 +237,20 @@ def _add_merge(p: argparse.ArgumentParser) -> None:
         "classes and gpufeed version), samples in the order given. No sample is copied on "
         "one file system (hard links); merging the same parts again changes nothing."
     )
-    p.add_argument("parts", metavar="PART", nargs="+", type=cliargs.existing_path)
-    p.add_argument("dest", metavar="DEST", help="the merged pack's folder")
+    p.add_argument("parts", metavar="PART", nargs="+", type=cliargs.pack_path)
+    p.add_argument(
+        "dest",
+        metavar="DEST",
+        type=cliargs.location,
+        help="the merged pack's folder, or a URL in the parts' bucket (parts in object "
+        "storage are merged there by server-side copies, the manifest last)",
+    )
     p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace DEST if it is a gpufeed pack that is not this merge of these parts",
     )
+    cliargs.add_cache_options(p)
 
 
 def _add_in_place_options(p: argparse.ArgumentParser) -> None:
@@ -453,7 +460,7 @@ def _cmd_verify(args) -> int:
 def _cmd_merge(args) -> int:
     from gpufeed.write.merge import merge
 
-    manifest = merge(args.parts, args.dest, overwrite=args.overwrite)
+    manifest = merge(args.parts, args.dest, overwrite=args.overwrite, **cliargs.cache_options(args))
     if args.json:
         print(json.dumps(manifest, indent=2, default=str))
     elif not args.quiet:

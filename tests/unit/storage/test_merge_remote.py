@@ -336,3 +336,15 @@ def test_a_local_merge_uploaded_whole_reads_from_its_url(s3, tmp_path):
     (tmp_path / "m" / MANIFEST_NAME).write_text(json.dumps(manifest))
     upload_pack(tmp_path / "m", f"{s3}/older")
     assert samples_of(f"{s3}/older") == expected(8)
+
+
+def test_the_merge_command_merges_parts_in_the_bucket(s3, tmp_path, cache, capsys):
+    from gpufeed.cli import main
+
+    parts = upload_parts(tmp_path, f"{s3}/cli", "lmdb", sizes=(3, 4))
+    dest = f"{s3}/cli/merged"
+    assert main(["merge", *parts, dest, "--cache-dir", str(cache)]) == 0
+    assert f"merged 2 parts (7 samples, lmdb) into {dest}" in capsys.readouterr().out
+    assert samples_of(dest) == expected(7)
+    assert main(["merge", parts[0], str(tmp_path / "local-dest")]) == 2  # mixed: refused
+    assert "local" in capsys.readouterr().err
