@@ -80,14 +80,18 @@ class MultiPartReader(Reader):
         cls = reader_class(self.format_name)
         self.parts: list[Reader] = []
         for k, (path, count) in enumerate(part_entries(self.root, manifest)):
-            part_manifest = read_manifest(self.root / path)
-            self._check_part(k, path, part_manifest, count)
-            self.parts.append(cls(self.root / path, part_manifest, **options))
+            self.parts.append(self._open_part(cls, k, path, count, options))
         counts = np.array([p.count for p in self.parts], dtype=np.int64)
         self.check_count("the parts (layout.parts)", int(counts.sum()))
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.labels = self._joined("labels", np.int64)
         self.crc32 = self._joined("crc32", np.uint32)
+
+    def _open_part(self, cls, k: int, path: str, count: int, options: dict) -> Reader:
+        """Part k's reader, its manifest checked against the merged one first."""
+        part_manifest = read_manifest(self.root / path)
+        self._check_part(k, path, part_manifest, count)
+        return cls(self.root / path, part_manifest, **options)
 
     def _check_part(self, k: int, path: str, part: dict[str, Any], count: int) -> None:
         """A part must be what the merged manifest says: same format, sample and classes,

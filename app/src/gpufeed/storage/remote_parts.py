@@ -13,13 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import numpy as np
-
 from gpufeed.errors import DataError
-from gpufeed.formats import reader_class
 from gpufeed.formats.base import Reader
 from gpufeed.formats.manifest import MANIFEST_NAME, check_manifest
-from gpufeed.formats.multipart import MultiPartReader, part_entries
+from gpufeed.formats.multipart import MultiPartReader
 from gpufeed.storage.retry import with_retries
 
 __all__ = ["PartFiles", "RemoteMultiPartReader"]
@@ -99,18 +96,8 @@ class RemoteMultiPartReader(MultiPartReader):
     """MultiPartReader over a remote merged pack: made by ``with_source`` (a RemoteFiles of
     the merged pack), each part's reader made with a PartFiles of it."""
 
-    def __init__(self, root, manifest, **options):
-        Reader.__init__(self, root, manifest)
-        self.format_name = manifest["format"]
-        cls = reader_class(self.format_name)
-        self.parts = []
-        for k, (path, count) in enumerate(part_entries(self.root, manifest)):
-            files = PartFiles(self.source, path)
-            part_manifest = files.manifest()
-            self._check_part(k, path, part_manifest, count)
-            self.parts.append(cls.with_source(files, self.root / path, part_manifest, **options))
-        counts = np.array([p.count for p in self.parts], dtype=np.int64)
-        self.check_count("the parts (layout.parts)", int(counts.sum()))
-        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.labels = self._joined("labels", np.int64)
-        self.crc32 = self._joined("crc32", np.uint32)
+    def _open_part(self, cls, k: int, path: str, count: int, options: dict) -> Reader:
+        files = PartFiles(self.source, path)
+        part_manifest = files.manifest()
+        self._check_part(k, path, part_manifest, count)
+        return cls.with_source(files, self.root / path, part_manifest, **options)
