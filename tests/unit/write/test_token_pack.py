@@ -119,7 +119,7 @@ def test_jsonl_exact_windows_with_eos_written(tmp_path, workers):
     np.testing.assert_array_equal(got, windows(DOCS))
     # each document is named by its run of lines
     names = (tmp_path / "p" / "sources.txt").read_text().splitlines()
-    assert names[0] == f"{src}:lines 1-256" and names[-1] == f"{src}:lines 513-701"
+    assert names[0] == f"{src}:lines 1-64" and names[-1] == f"{src}:lines 641-701"
 
 
 @pytest.mark.parametrize(
@@ -177,8 +177,9 @@ def test_parquet_file_folder_and_glob_by_row_group(tmp_path, workers):
         )
         np.testing.assert_array_equal(read_windows(dest), want)
     names = (tmp_path / "p0" / "sources.txt").read_text().splitlines()
-    # runs never cross a row group (128 rows): the first file's rows 0-127, 128-255, ...
-    assert names[0].endswith("train-00000-of-00002.parquet:rows 0-127")
+    # runs never cross a row group (128 rows): the first file's rows 0-63, 64-127, ...
+    assert names[0].endswith("train-00000-of-00002.parquet:rows 0-63")
+    assert names[64].endswith("train-00000-of-00002.parquet:rows 64-127")
     assert names[-1].endswith("train-00001-of-00002.parquet:rows 256-299")
 
 
@@ -288,6 +289,8 @@ def test_settings_checked_before_anything_is_written(tmp_path):
         pack_tokens(DOCS, tmp_path / "p", tokenize=chars, vocab_size=0)
     with pytest.raises(UsageError, match="tokenize: a function, or 'module:function'"):
         pack_tokens(DOCS, tmp_path / "p", tokenize="chars")
+    with pytest.raises(UsageError, match=r"s3://bucket/web: needs a local path here; pack into"):
+        pack_tokens(DOCS, "s3://bucket/web", tokenize=chars)
     with pytest.raises(UsageError, match=r"nothing\.jsonl: no such file or folder"):
         pack_tokens(tmp_path / "nothing.jsonl", tmp_path / "p", tokenize=chars)
     (tmp_path / "x.csv").write_text("a,b\n")
@@ -340,12 +343,12 @@ def test_skip_leaves_out_the_run_and_lists_it(tmp_path):
     manifest = pack_tokens(
         src, tmp_path / "p", tokenize=boom, vocab_size=VOCAB, on_error="skip", workers=0, quiet=True
     )
-    assert manifest["count"] == 600 - 256
+    assert manifest["count"] == 600 - 64
     [skipped] = manifest["skipped"]
-    assert skipped["path"] == f"{src}:lines 257-512"
+    assert skipped["path"] == f"{src}:lines 257-320"
     assert f"{src} line 302: tokenize failed" in skipped["error"]
     np.testing.assert_array_equal(
-        read_windows(tmp_path / "p"), windows(docs[:255] + docs[511:], eos=None)
+        read_windows(tmp_path / "p"), windows(docs[:255] + docs[319:], eos=None)
     )
 
 
@@ -360,7 +363,7 @@ def test_other_formats(tmp_path, fmt):
 
 def test_runs_are_bounded_by_documents_and_bytes(monkeypatch):
     runs = list(text_sources.documents(["a" * 10] * 600))
-    assert [len(r.items) for r in runs] == [256, 256, 88]
+    assert [len(r.items) for r in runs] == [64] * 9 + [24]
     monkeypatch.setattr(text_sources, "INPUT_BYTES", 25)
     assert [len(r.items) for r in text_sources.documents(["a" * 10] * 7)] == [3, 3, 1]
     with pytest.raises(UsageError, match="an iterable of str, got int"):

@@ -30,10 +30,12 @@ from gpufeed.errors import DataError, UsageError
 
 __all__ = ["DOCS_PER_INPUT", "INPUT_BYTES", "Docs", "documents", "source_files"]
 
-# a run holds at most this many documents or bytes of text (what one worker task tokenizes:
-# large enough that a round trip through the pool is a small share of it)
-DOCS_PER_INPUT = 256
-INPUT_BYTES = 4 << 20
+# a run holds at most this many documents or bytes of text: large enough that pack_map's
+# bookkeeping per input is a small share of tokenizing it, small enough that its first
+# chunks (32 inputs each: gpufeed.write.convert.CHUNK) spread over the workers at once and
+# that on_error="skip" leaves out few documents
+DOCS_PER_INPUT = 64
+INPUT_BYTES = 1 << 20
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 COMPRESSED = {".gz": "gzip", ".zst": "zstd"}
 TABLE_SUFFIXES = (".parquet", ".arrow")
@@ -49,7 +51,7 @@ class Docs:
     iterable's items) or text files' paths (str), by ``kind``. ``first`` numbers the first
     item: a line (1-based), a row (0-based), a file or a document (0-based) of ``source``.
     It is os.PathLike only so that pack_map names it (sources.txt, errors) by its
-    ``__fspath__``, e.g. ``web.jsonl:lines 1-256``; it is no file."""
+    ``__fspath__``, e.g. ``web.jsonl:lines 1-64``; it is no file."""
 
     source: str
     kind: str  # "jsonl", "table", "file" or "texts"

@@ -35,6 +35,7 @@ import numpy as np
 from gpufeed.errors import DataError, UsageError
 from gpufeed.formats.files import atomic_write_json
 from gpufeed.formats.manifest import PARTIAL_SUFFIX, read_manifest, write_manifest
+from gpufeed.storage.urls import require_local
 from gpufeed.write.ownership import is_pack
 from gpufeed.write.pack import pack_map
 from gpufeed.write.text_sources import Docs, documents
@@ -129,7 +130,8 @@ def pack_tokens(
         "text_field": text_field,
         "source": os.fspath(source) if isinstance(source, (str, os.PathLike)) else None,
     }
-    dest = Path(dest).absolute()
+    hint = "pack into a local folder, then gpufeed.storage.upload.upload_pack(it, URL)"
+    dest = require_local(dest, hint).absolute()
     finished = _finished(dest, record, resume, say)
     if finished is not None:
         return finished
