@@ -272,7 +272,10 @@ def cache_options(args: argparse.Namespace) -> dict:
 
 def existing_path(text: str) -> str:
     """A path that exists, or a glob of Parquet files (data/train-*.parquet) or of texts
-    (data/*.jsonl: gpufeed pack --tokenize) that matches."""
+    (data/*.jsonl: gpufeed pack --tokenize) that matches, or a URL (Parquet in object
+    storage: the command says what it finds there)."""
+    if "://" in text:
+        return location(text)
     if not os.path.lexists(text) and not _source_glob(text):
         raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
     return text

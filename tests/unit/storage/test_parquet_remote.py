@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
+import gpufeed  # noqa: E402
 from gpufeed.data.map_style import PackedDataset  # noqa: E402
 from gpufeed.errors import DataError, NotPackedError, StalePackError, UsageError  # noqa: E402
 from gpufeed.storage.parquet_remote import open_parquet_at  # noqa: E402
@@ -181,11 +182,8 @@ def test_a_server_that_ignores_ranges_reads_objects_whole(s3, local_files, tmp_p
 @pytest.mark.parametrize(("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")])
 def test_dataloader_workers_every_row_once(s3_ranged, local_files, tmp_path, workers, context):
     _hub(s3_ranged, local_files)
-    ds = PackedDataset(
-        f"{s3_ranged}/data/train-*.parquet",
-        reader=open_parquet_at,
-        cache_dir=tmp_path / "c",
-        columns=["id", "text"],
+    ds = gpufeed.open_dataset(  # the tutorial line, on a glob in the bucket
+        f"{s3_ranged}/data/train-*.parquet", cache_dir=tmp_path / "c", columns=["id", "text"]
     )
     dl = DataLoader(
         ds, batch_size=50, shuffle=True, num_workers=workers, multiprocessing_context=context,
@@ -199,9 +197,7 @@ def test_make_loader_ranks_and_resume(s3_ranged, local_files, tmp_path):
     from gpufeed import make_loader
 
     _hub(s3_ranged, local_files)
-    ds = PackedDataset(
-        f"{s3_ranged}/data", reader=open_parquet_at, cache_dir=tmp_path / "c", columns=["id"]
-    )
+    ds = gpufeed.open_dataset(f"{s3_ranged}/data", cache_dir=tmp_path / "c", columns=["id"])
     assert ds.preferred_block_size == GROUP
     seen = []
     for rank in range(2):
@@ -296,3 +292,23 @@ def test_pack_and_inspect_objects_in_storage(s3_ranged, local_files, tmp_path, m
     info = describe(reader, index)
     assert info["count"] == ROWS and info["files"] == FILES
     assert info["size_bytes"] == sum(p.stat().st_size for p in local_files)
+
+
+def test_open_dataset_and_the_pack_command_take_a_url(
+    s3_ranged, local_files, tmp_path, monkeypatch
+):
+    from gpufeed.cli import main
+
+    _hub(s3_ranged, local_files)
+    url = f"{s3_ranged}/data/train-*.parquet"
+    ds = gpufeed.open_dataset(url, cache_dir=tmp_path / "c")
+    assert len(ds) == ROWS and [ds[i]["text"] for i in (0, 1199)] == ["row 0", "row 1199"]
+    with pytest.raises(UsageError, match="columns"):
+        gpufeed.open_dataset(url, cache_dir=tmp_path / "c", column=["id"])
+    with pytest.raises(NotPackedError):
+        gpufeed.open_dataset(f"{s3_ranged}/nothing-here", cache_dir=tmp_path / "c")
+    dest = tmp_path / "out.tar"
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "c"))
+    assert main(["pack", url, str(dest), "-f", "tar", "-q"]) == 0
+    packed = gpufeed.open_dataset(dest)
+    assert [int(packed[i]["id"]) for i in range(ROWS)] == list(range(ROWS))

@@ -23,6 +23,7 @@ from gpufeed.formats.inplace.imagefolder import ImageFolderReader, is_image_fold
 from gpufeed.formats.inplace.parquet import ParquetReader, is_parquet
 from gpufeed.formats.inplace.webdataset import WebDatasetReader
 from gpufeed.storage.packs import read_manifest_at
+from gpufeed.storage.urls import is_remote
 
 __all__ = ["MAP_STYLE", "open_dataset"]
 
@@ -131,7 +132,7 @@ def open_dataset(
                 f"{path}: block_size= reads a gpufeed token pack (with manifest.json); this is "
                 "none: pack the documents first (docs/pretraining.md)"
             ) from None
-        return _open_in_place(path, map_style, common, in_place, options)
+        return _open_in_place(path, map_style, common, in_place, cache, options)
     if in_place:
         raise UsageError(
             f"{path}: {', '.join(f'{k}=' for k in in_place)} apply to data read in place "
@@ -161,17 +162,21 @@ IN_PLACE_OPTIONS = COMMON_OPTIONS | {"datasets", "index_dir"}
 TOKEN_OPTIONS = frozenset(("block_size", "field", "eos", "boundaries", "pad_id"))
 
 
-def _open_in_place(path, map_style, common, in_place, options) -> PackedDataset:
-    """Data without a manifest (gpufeed.formats.inplace), map-style only."""
+def _open_in_place(path, map_style, common, in_place, cache, options) -> PackedDataset:
+    """Data without a manifest (gpufeed.formats.inplace), map-style only; in object storage,
+    Parquet and Arrow files (read by ranges through the cache)."""
     if not map_style:
         raise UsageError(
             f"{path}: map_style=False streams gpufeed tar packs only; data read in place "
             "(no manifest) opens map-style: leave map_style out"
         )
-    if "datasets" not in in_place and is_parquet(path):  # a DatasetDict's splits: no classes
+    if "datasets" not in in_place and (is_remote(path) or is_parquet(path)):  # no classes
+        from gpufeed.storage.parquet_remote import open_parquet_at
+
         extra = _keywords(ParquetReader.__init__) - IN_PLACE_OPTIONS
-        _check_options(path, options, extra, "Parquet or Arrow files", IN_PLACE_OPTIONS)
-        return PackedDataset(path, reader=ParquetReader, **common, **options)
+        allowed = IN_PLACE_OPTIONS | set(cache)
+        _check_options(path, options, extra, "Parquet or Arrow files", allowed)
+        return PackedDataset(path, reader=open_parquet_at, **common, **cache, **options)
     if is_image_folder(path) and "datasets" not in in_place:
         extra = _keywords(ImageFolderReader.__init__) - IN_PLACE_OPTIONS
         _check_options(path, options, extra, "an image folder read in place", IN_PLACE_OPTIONS)

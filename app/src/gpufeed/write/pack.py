@@ -257,10 +257,16 @@ def _pack_path(source, dest, *args: Any, **kwargs: Any) -> dict[str, Any]:
     from gpufeed.formats.inplace import hdf5_needs_datasets, is_hdf5_file
     from gpufeed.formats.inplace.parquet import is_parquet
     from gpufeed.formats.inplace.webdataset import is_webdataset
+    from gpufeed.storage.urls import is_remote
 
     if kwargs.get("datasets") is None and is_hdf5_file(source):
         raise UsageError(hdf5_needs_datasets(source))
-    if kwargs.get("datasets") is not None or is_webdataset(source) or is_parquet(source):
+    if (
+        kwargs.get("datasets") is not None
+        or is_webdataset(source)
+        or is_parquet(source)
+        or is_remote(source)  # Parquet in object storage (its listing says, or nothing found)
+    ):
         from gpufeed.write.convert import pack_in_place
 
         if kwargs.pop("schema", None) is not None:
