@@ -4,7 +4,7 @@ sampling rate.
 
 WAV (PCM 8, 16, 24 and 32-bit) is decoded by the standard library's ``wave``; anything else
 (FLAC, OGG, MP3, float or extensible WAV) by ``soundfile`` when it is installed (``pip
-install soundfile``), else a ValueError that says so. The header's sizes are untrusted: a
+install 'gpufeed[audio]'``), else a ValueError that says so. The header's sizes are untrusted: a
 file declaring more than MAX_CHANNELS channels or more than MAX_AUDIO_BYTES of samples is
 refused before anything is allocated. No resampling: the rate is the file's.
 """
@@ -20,7 +20,7 @@ __all__ = ["MAX_AUDIO_BYTES", "decode_audio"]
 
 MAX_AUDIO_BYTES = 1 << 30  # decoded float32 bytes of one file (~93 min of 48 kHz stereo)
 MAX_CHANNELS = 64
-SOUNDFILE = "pip install soundfile"
+SOUNDFILE = "pip install 'gpufeed[audio]' (soundfile)"
 # sample width in bytes -> (numpy dtype of one sample, its full scale)
 _PCM = {1: ("u1", 128.0), 2: ("<i2", 32768.0), 3: (None, 8388608.0), 4: ("<i4", 2147483648.0)}
 
