@@ -245,17 +245,20 @@ class TokenWindows(PythonIndexing, Dataset):
             self.reader.read_ahead(_ranges(plan.first, plan.last))
 
     def new_rows(self, count: int) -> np.ndarray:
-        """An array for ``count`` windows, [count, B], the padding already in."""
-        return np.full((count, self.block_size), self.pad_id, dtype=self.dtype)
+        """An array for ``count`` windows, [count, B], the padding already in (windows
+        without boundaries are whole: nothing to pad)."""
+        shape = (count, self.block_size)
+        if not self.boundaries:
+            return np.empty(shape, dtype=self.dtype)
+        return np.full(shape, self.pad_id, dtype=self.dtype)
 
     def fill(self, plan: WindowPlan, out: np.ndarray, rows: np.ndarray | None = None) -> None:
         """Copy the planned windows into rows ``rows`` of ``out`` (from new_rows; default
         its first rows, in order)."""
-        rows = np.arange(len(plan)) if rows is None else np.asarray(rows, dtype=np.int64)
-        if self.mode == RECORDS:
-            self._fill_records(plan, out, rows)
+        if self.mode != RECORDS:
+            self._fill_pieces(plan.pieces, out, rows, len(plan))
         else:
-            self._fill_pieces(plan.pieces, out.reshape(-1), rows)
+            self._fill_records(plan, out, np.arange(len(plan)) if rows is None else rows)
 
     def as_items(self, out: np.ndarray, spans: np.ndarray) -> list:
         """The items of filled windows: the rows of ``out`` (tensors sharing its memory),
@@ -333,7 +336,7 @@ class TokenWindows(PythonIndexing, Dataset):
         n = np.maximum(np.minimum(b, self.stored[doc]) - a, 0)
         return win, doc, self.token_at[doc] + a, n, b > self.stored[doc], start - lo[win]
 
-    def _fill_pieces(self, pieces, out: np.ndarray, rows: np.ndarray) -> None:
+    def _fill_pieces(self, pieces, out: np.ndarray, rows, count: int) -> None:
         """MAPPED, H5_SPANS: each piece one slice copy into the flat ``out`` (rows of B),
         out of the map or out of one read of the batch's byte spans (with every document's
         head, checked)."""
@@ -348,12 +351,31 @@ class TokenWindows(PythonIndexing, Dataset):
             src = spans.locate(src * itemsize) // itemsize
             heads = spans.locate(heads)
         self._check_heads(data, doc, heads)
-        dst = rows[win] * self.block_size + at
         tokens = data.view(self.dtype)
+        if not self.boundaries:
+            self._concatenate(tokens, src, n, eos, out, rows, count)
+            return
+        rows = np.arange(count) if rows is None else rows
+        dst = rows[win] * self.block_size + at
+        flat = out.reshape(-1)
         for d, a, k in zip(dst.tolist(), src.tolist(), n.tolist(), strict=True):
-            out[d : d + k] = tokens[a : a + k]
+            flat[d : d + k] = tokens[a : a + k]
         if self.eos is not None:
-            out[(dst + n)[eos]] = self.eos
+            flat[(dst + n)[eos]] = self.eos
+
+    def _concatenate(self, tokens, src, n, eos, out: np.ndarray, rows, count: int) -> None:
+        """Whole windows: their pieces (each followed by its eos where one follows) lie back
+        to back in the windows' rows, so one concatenate copies them all (which refuses a
+        total other than the rows' size)."""
+        parts = [tokens[a : a + k] for a, k in zip(src.tolist(), n.tolist(), strict=True)]
+        if self.eos is not None and eos.any():
+            sep = np.full(1, self.eos, dtype=self.dtype)
+            for j in np.flatnonzero(eos)[::-1].tolist():
+                parts.insert(j + 1, sep)
+        if rows is None:
+            np.concatenate(parts, out=out[:count].reshape(-1))
+        else:
+            out[rows] = np.concatenate(parts).reshape(count, self.block_size)
 
     def _read_ahead(self, flat, doc, src, n) -> None:
         """WILLNEED for every piece's bytes and its document's head, unless the first
