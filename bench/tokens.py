@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -238,6 +239,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--batches", type=int, default=500, help="batches a pass")
     ap.add_argument("--data", type=Path, default=Path("/tmp/gpufeed-bench-tokens"))
+    ap.add_argument("--rows", default=None, help="a regular expression: only the rows it finds")
+    ap.add_argument("--conditions", default="cold,warm", help="cold, warm or both (default)")
     args = ap.parse_args()
     if args.quick:
         args.gb, args.batches, args.rounds = 0.02, 10, 1
@@ -269,8 +272,11 @@ def main() -> None:
     rows.update(more)
     rows["read bound (pread)"] = lambda o, k: read_bound_pass(flat, o, B, batch)
     files += peer_files
+    if args.rows:
+        rows = {k: v for k, v in rows.items() if re.search(args.rows, k)}
     results: dict = {}
-    for cold in (True, False):
+    conditions = args.conditions.split(",")
+    for cold in [c == "cold" for c in ("cold", "warm") if c in conditions]:
         if not cold:  # warm: every file read once before the passes
             for f in files:
                 with open(f, "rb") as fh:
