@@ -239,8 +239,8 @@ class TokenWindows(PythonIndexing, Dataset):
         for every piece of a mapped pack at once, a reader that reads ahead for the
         documents. A mixture starts each of its sources before it fills from any."""
         if self.mode == MAPPED:
-            _, doc, src, n, _, _ = plan.pieces
-            self._read_ahead(self._mapped(), doc, src, n)
+            _, doc, src, n, _, _, begins = plan.pieces
+            self._read_ahead(self._mapped(), doc[begins], src, n)
         elif self.mode == RECORDS and callable(getattr(self.reader, "read_ahead", None)):
             self.reader.read_ahead(_ranges(plan.first, plan.last))
 
@@ -324,7 +324,8 @@ class TokenWindows(PythonIndexing, Dataset):
 
     def _pieces(self, lo, hi, first, last):
         """Each window's pieces, one a document it touches: (window, document, first token
-        in the file's tokens, tokens to copy, whether the eos follows, place in the window)."""
+        in the file's tokens, tokens to copy, whether the eos follows, place in the window,
+        whether it is the document's start)."""
         counts = last - first + 1
         win = np.repeat(np.arange(len(lo)), counts)
         doc = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -334,14 +335,19 @@ class TokenWindows(PythonIndexing, Dataset):
         a = start - begin  # within the document
         b = np.minimum(hi[win], self.starts[doc + 1]) - begin
         n = np.maximum(np.minimum(b, self.stored[doc]) - a, 0)
-        return win, doc, self.token_at[doc] + a, n, b > self.stored[doc], start - lo[win]
+        eos = b > self.stored[doc]
+        return win, doc, self.token_at[doc] + a, n, eos, start - lo[win], a == 0
 
     def _fill_pieces(self, pieces, out: np.ndarray, rows, count: int) -> None:
         """MAPPED, H5_SPANS: each piece one slice copy into the flat ``out`` (rows of B),
         out of the map or out of one read of the batch's byte spans (with every document's
         head, checked)."""
-        win, doc, src, n, eos, at = pieces
-        itemsize, heads = self.dtype.itemsize, self.reader.offsets[doc]
+        win, doc, src, n, eos, at, begins = pieces
+        # the heads of the documents whose start a window holds: they lie just before their
+        # piece, in its page (a head of every document touched was one more random read
+        # cold, a window starting mid-document)
+        headed = doc[begins]
+        itemsize, heads = self.dtype.itemsize, self.reader.offsets[headed]
         if self.mode == MAPPED:
             data = self._mapped()
         else:  # the pieces' bytes and the heads, one h5py read; positions in its buffer
@@ -350,7 +356,7 @@ class TokenWindows(PythonIndexing, Dataset):
             data, spans = read_h5_spans(self.reader.handle, starts, sizes, self.reader.path)
             src = spans.locate(src * itemsize) // itemsize
             heads = spans.locate(heads)
-        self._check_heads(data, doc, heads)
+        self._check_heads(data, headed, heads)
         tokens = data.view(self.dtype)
         if not self.boundaries:
             self._concatenate(tokens, src, n, eos, out, rows, count)
@@ -378,8 +384,8 @@ class TokenWindows(PythonIndexing, Dataset):
             out[rows] = np.concatenate(parts).reshape(count, self.block_size)
 
     def _read_ahead(self, flat, doc, src, n) -> None:
-        """WILLNEED for every piece's bytes and its document's head, unless the first
-        piece looks cached: the reads then run together, not one page fault after another."""
+        """WILLNEED for every piece's bytes and the heads of documents ``doc``, unless the
+        first piece looks cached: the reads then run together, not one fault after another."""
         itemsize, base = self.dtype.itemsize, flat.ctypes.data
         cached = self.reader.cached or looks_cached  # mincore, or the file where it cannot
         if not len(src) or cached(base + int(src[0]) * itemsize, int(n[0]) * itemsize):
@@ -390,7 +396,7 @@ class TokenWindows(PythonIndexing, Dataset):
         advise_willneed((base + a, k) for a, k in zip(starts, sizes, strict=True) if k)
 
     def _check_heads(self, data: np.ndarray, docs: np.ndarray, at: np.ndarray) -> None:
-        """Every record's two int64 heads (the field size, the length; at ``at`` in
+        """The records' two int64 heads (the field size, the length; at ``at`` in
         ``data``) checked at once against the lengths counted at open: a record that
         disagrees is an error."""
         k = self.dtype.itemsize  # the heads gathered as tokens (records start at a multiple)
