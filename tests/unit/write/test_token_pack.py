@@ -117,6 +117,11 @@ def test_jsonl_exact_windows_with_eos_written(tmp_path, workers):
     got = read_windows(tmp_path / "p")
     assert got.dtype == np.uint16
     np.testing.assert_array_equal(got, windows(DOCS))
+    # open_dataset knows the eos from the manifest: given again, it is not appended twice
+    again = gpufeed.open_dataset(tmp_path / "p", block_size=B, eos=EOS)
+    np.testing.assert_array_equal(again[len(again) - 1].numpy(), windows(DOCS)[-1])
+    with pytest.raises(UsageError, match="already end with eos 50256"):
+        gpufeed.open_dataset(tmp_path / "p", block_size=B, eos=1)
     # each document is named by its run of lines
     names = (tmp_path / "p" / "sources.txt").read_text().splitlines()
     assert names[0] == f"{src}:lines 1-64" and names[-1] == f"{src}:lines 641-701"

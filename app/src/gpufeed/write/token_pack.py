@@ -39,11 +39,10 @@ from gpufeed.storage.urls import require_local
 from gpufeed.write.ownership import is_pack
 from gpufeed.write.pack import pack_map
 from gpufeed.write.text_sources import Docs, documents
-from gpufeed.write.tokens import token_dtype
+from gpufeed.write.tokens import MANIFEST_KEY, token_dtype
 
 __all__ = ["MANIFEST_KEY", "TokenizeDocs", "pack_tokens", "resolve_tokenize", "vocab_of"]
 
-MANIFEST_KEY = "tokens"
 # the token settings of an unfinished pack, beside the Writer's state.json in DEST.partial
 SETTINGS_NAME = "tokens.json"
 UNBOUNDED = 1 << 32  # no vocabulary known: ids are stored as uint32, checked below this

@@ -12,7 +12,12 @@ import numpy as np
 
 from gpufeed.errors import UsageError
 
-__all__ = ["token_dtype", "token_schema"]
+__all__ = ["MANIFEST_KEY", "token_dtype", "token_schema"]
+
+# the manifest key under which pack_tokens records what shaped a pack's tokens (its field,
+# the eos already ending each document, the vocabulary...): gpufeed.write.token_pack writes
+# it, token windows read it (here, not there: reading it needs no writer imported)
+MANIFEST_KEY = "tokens"
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
