@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import sys
 
 import numpy as np
@@ -15,7 +16,7 @@ from gpufeed import cli
 from gpufeed.errors import DataError, SourceError, UsageError
 from gpufeed.formats.manifest import read_manifest
 from gpufeed.write import text_sources
-from gpufeed.write.token_pack import pack_tokens
+from gpufeed.write.token_pack import TokenizeDocs, pack_tokens
 
 VOCAB, EOS = 50257, 50256
 B = 16
@@ -285,6 +286,31 @@ def test_an_id_outside_the_vocabulary_names_the_file_and_line(tmp_path, workers)
         e.value
     )
     assert not (tmp_path / "p").exists()  # the partial pack stays, resumable
+
+
+@pytest.mark.parametrize("dtype,limit", [("uint16", VOCAB), ("uint32", 1 << 32)])
+def test_ids_of_every_kind_checked_exactly(dtype, limit):
+    fn = TokenizeDocs(chars, "tokens", dtype, limit, 7, False)
+    docs = text_sources.Docs("web.jsonl", "jsonl", 1, (b"",) * 3)
+    for out in (
+        [5, 0, limit - 1],
+        np.array([5, 0, limit - 1]),
+        (5, 0, limit - 1),
+        [np.int64(5), 0, limit - 1],
+    ):
+        got = fn._ids(out, docs, 1)
+        assert got.dtype == np.dtype(dtype) and got.tolist() == [5, 0, limit - 1, 7]
+    assert fn._ids([], docs, 0).tolist() == [7]
+    refused = {
+        "float64 values of shape [2]": [1, 2.5],
+        "<U1 values of shape [1]": ["3"],
+        "int64 values of shape [1, 2]": [[1, 2]],
+        "token id -1 (position 1)": [4, -1],
+        f"token id {limit} (position 2)": [4, 5, limit],
+    }
+    for message, out in refused.items():
+        with pytest.raises(DataError, match=rf"web\.jsonl line 2: .*{re.escape(message)}"):
+            fn._ids(out, docs, 1)
 
 
 def test_settings_checked_before_anything_is_written(tmp_path):

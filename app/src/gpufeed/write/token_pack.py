@@ -21,6 +21,7 @@ from the ones the pack was started with.
 
 from __future__ import annotations
 
+import array
 import importlib
 import json
 import operator
@@ -189,6 +190,9 @@ class TokenizeDocs:
 
     def _ids(self, out: Any, docs: Docs, k: int) -> np.ndarray:
         """The document's ids, checked, in the pack's dtype, eos appended."""
+        stored = self._list_ids(out) if type(out) is list else None
+        if stored is not None:
+            return stored
         ids = np.asarray(out)  # numpy's type discovery: a float or str among ids is refused
         if ids.size == 0:
             ids = np.zeros(0, dtype=np.int64)
@@ -210,6 +214,29 @@ class TokenizeDocs:
         if self.eos is not None:
             stored[n] = self.eos
         return stored
+
+    def _list_ids(self, out: list) -> np.ndarray | None:
+        """A list of ids (tiktoken's, Hugging Face's) straight into the pack's dtype: an
+        array.array of it takes ints only and refuses a value its type does not hold, in
+        half the time of numpy's type discovery (what a document costs besides its
+        tokenizer). None where it refuses, or an id is past the vocabulary: _ids then
+        says which."""
+        try:
+            stored = array.array(_TYPECODES[self.dtype.itemsize], out)
+        except (TypeError, OverflowError):
+            return None
+        if self.eos is not None:
+            stored.append(self.eos)
+        ids = np.frombuffer(stored, dtype=self.dtype)
+        if len(out) and int(ids[: len(out)].max()) >= self.limit:
+            return None
+        return ids
+
+
+# array.array's unsigned type of each token dtype's width (uint16, uint32)
+_TYPECODES = {
+    array.array(code).itemsize: code for code in ("L", "I", "H") if array.array(code).itemsize <= 4
+}
 
 
 def resolve_tokenize(tokenize: Callable | str) -> Callable:
