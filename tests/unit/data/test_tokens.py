@@ -329,3 +329,26 @@ def test_eos_the_pack_was_written_with_is_not_appended_twice(tmp_path):
     (pack / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DataError, match=rf"{pack}: manifest tokens.eos=70000 does not fit"):
         open_dataset(pack, block_size=4)
+
+
+def test_make_loaders_blocks_to_come_are_asked_for_as_their_documents_bytes(packs, monkeypatch):
+    from gpufeed.data import tokens
+    from gpufeed.data.samplers import LookaheadBatch
+    from gpufeed.pagecache.plan import BatchReadAhead
+
+    ds = open_dataset(packs["mmap"], block_size=32)
+    asked = []
+    monkeypatch.setattr(tokens, "looks_cached", lambda addr, n: False)  # as if cold
+    monkeypatch.setattr(ds.reader, "cached", None)
+    monkeypatch.setattr(tokens, "advise_willneed", lambda regions: asked.extend(regions))
+    batch = LookaheadBatch([5, 1], BatchReadAhead(ranges=[(0, 4), (10, 12)]))
+    want = _windows(32)
+    assert np.array_equal(torch.stack(ds.__getitems__(batch)).numpy(), want[[5, 1]])
+    base, offsets = ds._mapped().ctypes.data, ds.reader.offsets
+    starts = np.concatenate(([0], np.cumsum([len(d) for d in DOCS])))
+    spans = []
+    for a, b in [(0, 4), (10, 12)]:  # the documents holding tokens [32a, 32b)
+        first = np.searchsorted(starts, 32 * a, side="right") - 1
+        last = np.searchsorted(starts, 32 * b - 1, side="right") - 1
+        spans.append((base + int(offsets[first]), int(offsets[last + 1] - offsets[first])))
+    assert asked[: len(spans)] == spans  # the blocks first, then the batch's own pieces

@@ -275,6 +275,9 @@ class TokenWindows(PythonIndexing, Dataset):
         ahead = getattr(indices, "ahead", None)
         if ahead:
             self.read_ahead(ahead)
+        ranges = getattr(indices, "ranges", None)
+        if ranges and self.mode == MAPPED:
+            self._read_ahead_blocks(ranges)
         plan = self.plan(indices)
         self.start(plan)
         out = self.new_rows(len(plan))
@@ -382,6 +385,21 @@ class TokenWindows(PythonIndexing, Dataset):
             np.concatenate(parts, out=out[:count].reshape(-1))
         else:
             out[rows] = np.concatenate(parts).reshape(count, self.block_size)
+
+    def _read_ahead_blocks(self, ranges) -> None:
+        """make_loader's blocks of the order to come (window ranges ``[a, b)``): each one
+        WILLNEED over the bytes of the documents it spans, one large read a block instead of
+        a fault a window, unless its first bytes look cached."""
+        ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        ends = np.stack((ranges[:, 0], np.maximum(ranges[:, 1] - 1, ranges[:, 0])), axis=1)
+        plan = self.plan(np.minimum(ends.reshape(-1), len(self) - 1), checked=True)
+        first, last = plan.first[0::2], plan.last[1::2]
+        begin, end = self.reader.offsets[first], self.reader.offsets[last + 1]
+        flat = self._mapped()
+        base = flat.ctypes.data
+        cached = self.reader.cached or looks_cached
+        spans = zip(begin.tolist(), (end - begin).tolist(), strict=True)
+        advise_willneed((base + a, k) for a, k in spans if k and not cached(base + a, k))
 
     def _read_ahead(self, flat, doc, src, n) -> None:
         """WILLNEED for every piece's bytes and the heads of documents ``doc``, unless the
