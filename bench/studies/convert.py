@@ -219,6 +219,8 @@ def _pass(tool: str, kind: str, pool: list, root: Path, n: int, procs: int) -> d
     p.start()
     got = recv.recv()
     p.join()
+    said = got.get("error") or f"{n / got['seconds']:,.0f} samples/s, {got['bytes']:,} bytes"
+    common.logger()(f"{tool}, {procs} proc ({kind}): {said}")  # as it goes: a long run's record
     return got
 
 
