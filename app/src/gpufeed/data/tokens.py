@@ -54,7 +54,7 @@ from gpufeed.data.token_reads import (
 from gpufeed.errors import CorruptSampleError, DataError, UsageError
 from gpufeed.pagecache.advise import advise_willneed, looks_cached
 from gpufeed.storage.packs import open_reader_at
-from gpufeed.write.token_pack import MANIFEST_KEY
+from gpufeed.write.tokens import MANIFEST_KEY
 
 __all__ = ["TokenWindows", "WindowPlan", "token_field"]
 
