@@ -238,3 +238,27 @@ def test_pack_resume_on_a_merged_pack_returns_it_as_it_is(tmp_path, make_images,
     # --overwrite re-packs it from SRC: an ordinary pack of SRC now
     manifest = gpufeed.pack(tmp_path / "src", dest, "tar", overwrite=True, quiet=True)
     assert manifest["count"] == 11 and "merged_from" not in manifest
+
+
+def _ids(text: str) -> list[int]:
+    """A tokenizer for the token-pack parts: a word's length, a word an id."""
+    return [len(word) for word in text.split()]
+
+
+@pytest.mark.parametrize("fmt", ["mmap", "lmdb"])
+def test_token_parts_merge_into_one_stream_with_their_eos(tmp_path, fmt):
+    """pack_tokens' record (eos already ends each document) is carried by the merge, so the
+    merged pack's windows get no second eos; parts with another eos are refused."""
+    texts = [["a bb ccc", "dddd"], ["ee f"]]
+    parts = []
+    for k, docs in enumerate(texts):
+        parts.append(tmp_path / f"p{k}")
+        gpufeed.pack_tokens(docs, parts[-1], fmt, tokenize=_ids, vocab_size=100, eos=99, quiet=True)
+    merge(parts, tmp_path / "merged")
+    windows = gpufeed.open_dataset(tmp_path / "merged", block_size=3, eos=99)
+    stream = [1, 2, 3, 99, 4, 99, 2, 1, 99]
+    assert [w.tolist() for w in windows] == [stream[i : i + 3] for i in range(0, 9, 3)]
+    other = tmp_path / "other"
+    gpufeed.pack_tokens(["g"], other, fmt, tokenize=_ids, vocab_size=100, eos=98, quiet=True)
+    with pytest.raises(UsageError, match=f"{other}: its token settings"):
+        merge([parts[0], other], tmp_path / "refused")

@@ -17,6 +17,7 @@ from gpufeed.errors import UsageError
 from gpufeed.formats.manifest import MANIFEST_SCHEMA
 from gpufeed.formats.tar.members import KEY_FORMAT
 from gpufeed.formats.tar.writer import SHARD_FORMAT, shard_pattern
+from gpufeed.write.tokens import MANIFEST_KEY
 
 __all__ = [
     "PART_DIR",
@@ -31,6 +32,9 @@ PART_DIR = "parts/{:06d}"  # where a multi-part pack keeps part k
 INDEX_COPIED = ("offset", "size", "labels", "crc32")  # a tar part's index arrays, as they are
 # what every part must share with the first, as the manifest says it
 AGREE = ("format", "format_version", "sample", "classes", "created_by")
+# what shaped a token pack's stream (pack_tokens' record: its eos ends every document), which
+# every part must share to be one stream; the rest of the record (its source) is per part
+TOKENS_AGREE = ("field", "eos", "vocab_size", "dtype", "tokenizer")
 
 
 def check_agree(paths: Sequence[Any], manifests: list[dict[str, Any]]) -> None:
@@ -46,6 +50,20 @@ def check_agree(paths: Sequence[Any], manifests: list[dict[str, Any]]) -> None:
                     "share format, sample spec (schema), classes and gpufeed version: "
                     "re-pack this part like the others"
                 )
+        if token_record(manifest) != token_record(first):
+            raise UsageError(
+                f"{path}: its token settings ({MANIFEST_KEY}: {token_record(manifest)}) are "
+                f"not the first part's ({paths[0]}: {token_record(first)}); parts of one "
+                "token stream must be packed with the same tokenizer, vocabulary and eos"
+            )
+
+
+def token_record(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """What of a part's token record (pack_tokens) the parts must share; None without one."""
+    record = manifest.get(MANIFEST_KEY)
+    if not isinstance(record, dict):
+        return None
+    return {key: record.get(key) for key in TOKENS_AGREE}
 
 
 def common_fields(manifests: list[dict[str, Any]], merged_from: list[dict[str, Any]]) -> dict:
@@ -71,6 +89,7 @@ def common_fields(manifests: list[dict[str, Any]], merged_from: list[dict[str, A
         "skipped": skipped,
         "created_by": f"gpufeed {__version__}",
         "merged_from": merged_from,
+        **({MANIFEST_KEY: token_record(first)} if token_record(first) else {}),
     }
 
 
