@@ -14,6 +14,7 @@ import pytest
 from faults import tear
 
 import gpufeed
+from gpufeed.errors import UsageError
 from gpufeed.formats.checksums import sha256_file
 from gpufeed.formats.parts import Part
 from gpufeed.formats.record import encode_record, record_encoder
@@ -110,9 +111,23 @@ def test_the_record_encoder_gives_encode_records_bytes():
         },  # cast
         {"x": np.asfortranarray(np.ones((2, 3), np.float32)), "n": 1, "s": "é", "r": [3]},
         {"x": np.ones((3, 2), np.float32).T, "n": -(1 << 63), "s": "z", "r": [7]},
+        # the ragged fast path: an ndarray of the field's dtype, contiguous or not
+        {"x": np.ones((2, 3), np.float32), "n": 0, "s": "", "r": np.arange(5, dtype=np.int32)},
+        {"x": np.ones((2, 3), np.float32), "n": 0, "s": "", "r": np.arange(8, dtype=np.int32)[::2]},
     ]
     for s in samples:
         assert enc(s) == encode_record(schema, s)
+    grid = parse_schema({"g": "uint16[-1,3]", "b": "bytes"})
+    fast = record_encoder(grid)
+    for s in ({"g": np.arange(6, dtype=np.uint16).reshape(2, 3), "b": b"\x00\x01"},
+              {"g": np.zeros((0, 3), np.uint16), "b": bytearray(b"ab")},
+              {"g": [[1, 2, 3]], "b": b""}):  # fmt: skip
+        assert fast(s) == encode_record(grid, s)
+    for bad in ({"g": np.zeros((2, 4), np.uint16), "b": b""},  # a fixed dimension differs
+                {"g": np.zeros(3, np.uint16), "b": b""},  # another number of dimensions
+                {"g": np.full((1, 3), 70000), "b": b""}):  # fmt: skip
+        with pytest.raises(UsageError):
+            fast(bad)
     for bad in ({"x": np.ones((3, 2), np.float32), "n": 1, "s": "", "r": []},
                 {"x": np.ones((2, 3), np.float32), "n": 1, "s": ""},
                 {"x": np.ones((2, 3), np.float32), "n": 1, "s": "", "r": [], "extra": 1},

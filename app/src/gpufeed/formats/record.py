@@ -165,14 +165,15 @@ _INT64_RANGE = (-(1 << 63), 1 << 63)
 
 def record_encoder(schema: Schema):
     """encode_record for one schema, made once: a sample that is a plain dict of exactly the
-    schema's fields, its arrays already of the field's dtype and shape (C-contiguous) and its
-    ints plain ints, skips the general checks and conversions (the same bytes); any other
-    sample goes through encode_record (its checks and errors)."""
+    schema's fields, its arrays (fixed or ragged) already of the field's dtype and shape
+    (C-contiguous), its ints plain ints and its bytes plain bytes, skips the general checks
+    and conversions (the same bytes: a value of the field's own dtype always fits it); any
+    other sample goes through encode_record (its checks and errors)."""
     fields = [(f.name, f, _fast_kind(f)) for f in schema.fields]
     head, n = struct.Struct(f"<{len(fields)}q"), len(fields)
     int64 = struct.Struct("<q")
     lo, hi = _INT64_RANGE
-    kind_of = {f.name: np.dtype(f.dtype) for f in schema.fields if f.type == "array"}
+    kind_of = {f.name: np.dtype(f.dtype) for f in schema.fields if f.type in ("array", "ragged")}
 
     def encode(sample) -> bytes:
         if type(sample) is not dict or len(sample) != n:
@@ -184,8 +185,15 @@ def record_encoder(schema: Schema):
                 if v.shape == f.shape and v.flags.c_contiguous:
                     stored.append(v.reshape(-1).view(np.uint8))
                     continue
+            elif kind == "ragged" and type(v) is np.ndarray and v.dtype == kind_of[name]:
+                if _fits_ragged(f.shape, v.shape) and v.flags.c_contiguous:
+                    stored.append(np.asarray(v.shape, _INT64).tobytes() + v.tobytes())
+                    continue
             elif kind == "int" and type(v) is int and lo <= v < hi:
                 stored.append(int64.pack(v))
+                continue
+            elif kind == "bytes" and type(v) is bytes:
+                stored.append(v)
                 continue
             if v is _MISSING:
                 return encode_record(schema, sample)
@@ -203,7 +211,14 @@ def _fast_kind(f: Field) -> str | None:
         return None
     if f.type == "array" and all(d >= 0 for d in f.shape):
         return "array"
-    return "int" if f.type == "int" else None
+    return f.type if f.type in ("int", "ragged", "bytes") else None
+
+
+def _fits_ragged(declared: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """An array of this shape fits a ragged field's declared one (-1: any size)."""
+    return len(shape) == len(declared) and all(
+        w < 0 or n == w for n, w in zip(shape, declared, strict=True)
+    )
 
 
 def _stored(field: Field, value: Any):
