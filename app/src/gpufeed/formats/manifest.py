@@ -23,6 +23,7 @@ Fields:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import stat
@@ -111,9 +112,11 @@ def read_sources(path: Path) -> list[str]:
 
 
 def write_sources(path: Path, names: Iterable[str]) -> None:
-    text = "".join(f"{name}\n" for name in names)
+    """One name a line, written in runs of lines (millions of names: bounded memory)."""
+    names = iter(names)
     with open(path, "wb") as f:
-        f.write(text.encode("utf-8", "surrogateescape"))
+        while run := list(itertools.islice(names, 65536)):
+            f.write("".join(f"{name}\n" for name in run).encode("utf-8", "surrogateescape"))
 
 
 def file_entry(root: Path, name: str, sha256: str | None = None) -> dict[str, Any]:
