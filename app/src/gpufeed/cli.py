@@ -527,6 +527,10 @@ def _pack_rows(info) -> list[tuple[str, object]]:
         rows.append(("shards", f"{info['shards']}: {info['pattern']}"))
     if info.get("compression"):
         rows.append(("compression", info["compression"]))
+    tokens = info.get("tokens")
+    if tokens:  # a token pack (pack_tokens): read as windows with open_dataset(block_size=)
+        keys = ("field", "dtype", "vocab_size", "eos", "tokenizer")
+        rows.append(("tokens", ", ".join(f"{k}={tokens.get(k)}" for k in keys)))
     inferred = (info.get("options") or {}).get("inferred_fields")
     if inferred:  # a Writer's fields taken from its first sample, not declared
         rows.append(("inferred", ", ".join(inferred)))

@@ -430,6 +430,9 @@ def test_cli_pack_tokenize(tmp_path, tokenizer_module, capsys):
     )
     np.testing.assert_array_equal(read_windows(tmp_path / "p"), windows(DOCS))
     assert read_manifest(tmp_path / "p")["tokens"]["tokenizer"] == "mytok:encode"
+    assert cli.main(["inspect", "p"]) == 0  # the token settings are shown
+    want = f"field=tokens, dtype=uint16, vocab_size={VOCAB}, eos={EOS}, tokenizer=mytok:encode"
+    assert want in capsys.readouterr().out
     batched = ["pack", str(src), "b", "-f", "hdf5", "--tokenize", "mytok:encode_all", "--batched"]
     assert cli.main([*batched, "--text-field", "text", "-q"]) == 0
     np.testing.assert_array_equal(

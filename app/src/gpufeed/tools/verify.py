@@ -27,6 +27,7 @@ from gpufeed.formats.spec import SampleSpec
 from gpufeed.storage.packs import open_reader_at, read_manifest_at
 from gpufeed.storage.urls import RemoteURL, parse_location
 from gpufeed.tools import in_place
+from gpufeed.write.tokens import MANIFEST_KEY as TOKENS_KEY
 
 MAX_PROBLEMS = 1000
 # what verify checks of a pack (PACK_DECODE with decode=True); data read in place: in_place's
@@ -479,6 +480,8 @@ def inspect(
     }
     if manifest["count"]:
         info["bytes_per_sample"] = round(content / manifest["count"], 1)
+    if isinstance(manifest.get(TOKENS_KEY), dict):  # pack_tokens' record: what shaped the stream
+        info["tokens"] = manifest[TOKENS_KEY]
     layout = manifest.get("layout", {})
     if manifest["format"] == "tar":
         info["shards"] = len(layout.get("shards", []))
