@@ -95,19 +95,41 @@ class Stream:
 
     def finished_writer(self, nparts: int):
         """The writer that has every one of the nparts parts, else None (stream stopped, or
-        its writer must write the pack again from the parts: Writer.needs_rewrite)."""
+        its writer must write the pack again from the parts: Writer.needs_rewrite, and the
+        writer cannot cut its files again: recut)."""
         if self.on and self.writer is not None and self.fed == nparts:
             if not self.writer.needs_rewrite():
                 return self.writer
+            recut = getattr(self.writer, "recut", None)
+            if recut is not None:
+                return self._recut(self.writer)
             self.stop()
-            # the parts' samples are read back from there; a streamed/ there already is an
-            # earlier run's that no part names (a stream runs only when no part was kept)
-            kept = self.out.parent / STREAMED_DIR
-            if kept.exists():
-                remove_tree(kept, "drop output no part names")
-            keep_streamed(self.out.parent)
+            self._move_aside()
         self.stop()
         return None
+
+    def _recut(self, writer):
+        """The writer's files moved aside as a resume keeps them (the parts name their
+        samples there), then cut again into a new out/ (TarWriter.recut). A crash at any
+        point leaves streamed/ and the parts that name it, and perhaps a partial out/: what
+        a resume assembles the pack from (gpufeed.write.direct); a failure here as well."""
+        self.on, self.writer = False, None
+        with _format_errors(writer):
+            writer.end_shards()
+            kept = self._move_aside()
+            self.out.mkdir()
+            writer.recut(kept)
+        return writer
+
+    def _move_aside(self) -> Path:
+        """out/ moved to streamed/, where the parts' samples are read back from (a streamed/
+        there already is an earlier run's that no part names: a stream runs only when no
+        part was kept)."""
+        kept = self.out.parent / STREAMED_DIR
+        if kept.exists():
+            remove_tree(kept, "drop output no part names")
+        keep_streamed(self.out.parent)
+        return kept
 
     def stop(self) -> None:
         if self.writer is not None:

@@ -12,7 +12,9 @@ against its crc32; a part that does not check (torn by a power loss, or its shar
 lost) is redone: a Writer's first such part with every part after it, a source folder's
 (fixed ranges of items) each on its own. The resumed pack is
 assembled from the parts as before (gpufeed.write.assemble), and streamed/ is deleted with
-DEST.partial when it is finished.
+DEST.partial when it is finished. A tar pack cut again when it closes (its count known only
+then: TarWriter.recut) moves its shards to streamed/ the same way before copying them into the
+new cut, so a crash during the copy leaves what a resume reads.
 """
 
 from __future__ import annotations

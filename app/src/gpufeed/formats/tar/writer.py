@@ -6,10 +6,12 @@ import hashlib
 import itertools
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gpufeed.errors import DataError
 from gpufeed.formats.base import Writer, make_room
 from gpufeed.formats.files import fsync_dir
 from gpufeed.formats.npy import npy_bytes
@@ -22,6 +24,7 @@ INDEX_NAME = "index.npz"
 SHARD_FORMAT = "shard-{:06d}.tar"
 RECORD = 20 * BLOCK
 # a multi-field pack's samples are assembled and written in runs of about this many bytes
+# (and a re-cut pack's shards copied in blocks of as many: TarWriter.recut)
 RUN_BYTES = 8 << 20
 # shard_size and shard_bytes when not given: see default_shard_size. Bytes as MosaicML
 # Streaming's size_limit and LitData's chunk_bytes: a remote shard is fetched whole before its
@@ -60,7 +63,7 @@ class TarWriter(Writer):
     """Splits samples into shards of at most `shard_size` samples and `shard_bytes` bytes
     (defaults: default_shard_size). Fed as parts are committed (count None), it cuts for the
     source's item count (options["items"]) when it has one, else for DEFAULT_SHARD_SIZE; see
-    needs_rewrite."""
+    needs_rewrite and recut."""
 
     format_name = "tar"
 
@@ -81,6 +84,10 @@ class TarWriter(Writer):
         self.size = np.empty(rows, dtype=np.int64)
         self.labels = np.empty(rows, dtype=np.int64)
         self.crcs = np.empty(rows, dtype=np.uint32)
+        # each sample's bytes in a shard, and the bytes the cut rule reserves for it (_full):
+        # what recut cuts again by, without the samples
+        self.grown = np.empty(rows, dtype=np.int64)
+        self.needs = np.empty(rows, dtype=np.int64)
         self.names: list[str] = []
         self.f = None
         # each shard's sha256, made from the bytes as they are written (the manifest's, without
@@ -138,11 +145,12 @@ class TarWriter(Writer):
             job.result()
 
     _INDEX = ("shard", "offset", "size", "labels", "crcs")
+    _CUT = ("grown", "needs")
 
     def add(self, part: Part) -> None:
         if not len(part):  # a part of skipped items only: no member to write
             return
-        make_room(self, self._INDEX, self.n + len(part))
+        make_room(self, self._INDEX + self._CUT, self.n + len(part))
         first = self.n
         if self.spec.kind == "fields":
             members = PartMembers.of_fields(self.spec.schema, part)
@@ -182,6 +190,8 @@ class TarWriter(Writer):
         inside one shard. Index rows: with ``spans`` (multi-field samples) the first member's
         header and the bytes to the end of the last member's data (what the reader parses);
         else the first member's data past ``self.header`` and the sample's own bytes."""
+        rows = slice(self.n, self.n + len(needs))
+        self.grown[rows], self.needs[rows] = members.sample_bytes, needs
         needs, grown = needs.tolist(), members.sample_bytes.tolist()
         j, n = 0, len(needs)
         while j < n:
@@ -204,14 +214,85 @@ class TarWriter(Writer):
     def needs_rewrite(self) -> bool:
         """Whether the shards written differ from the default cut for the count written (a
         writer fed as parts are committed chose its shard size before the count was known:
-        a Writer's samples, skipped sources); the pack is then written again from its parts
-        (gpufeed.write.assemble), so a pack's bytes never depend on how it was made. Only
-        a shard that reached either size can have been cut differently."""
+        a Writer's samples, skipped sources); the shards are then cut again (recut), so a
+        pack's bytes never depend on how it was made. Only a shard that reached either size
+        can have been cut differently."""
         want = default_shard_size(self.n)
         if self.chosen or want == self.max_count:
             return False
         most = np.bincount(self.shard[: self.n], minlength=1).max()
         return bool(most >= min(want, self.max_count))
+
+    def end_shards(self) -> None:
+        """Every shard written so far closed as it is (the last without its end blocks), for
+        recut to read: the caller moves them aside first (gpufeed.write.assemble.Stream)."""
+        f, self.f = self.f, None
+        if f is not None:
+            f.close()  # read back at once: not fsynced (the old cut is the parts' until the end)
+        self._wait_synced()
+
+    def recut(self, written: Path) -> None:
+        """The shards in ``written`` (end_shards) written again into self.out, cut by
+        default_shard_size for the count written: the bytes a writer that knew the count
+        writes. A sample's members depend on its key (its index in the pack), not on its
+        shard, so each new shard is byte ranges of the old ones, copied (no sample read back
+        or encoded again), then the end blocks; the index rows move with their samples, and
+        each shard's sha256 is made as it is written (_write)."""
+        self.names, self.digests = [], {}
+        block = memoryview(bytearray(RUN_BYTES))
+        fds: dict[int, int] = {}
+        try:
+            for new, old, start, end in self._recut_index():
+                if new == len(self.names):
+                    self._start_shard()
+                if old not in fds:
+                    fds[old] = os.open(written / SHARD_FORMAT.format(old), os.O_RDONLY)
+                self._copy(fds[old], start, end, block, written / SHARD_FORMAT.format(old))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    def _recut_index(self) -> list[tuple[int, int, int, int]]:
+        """The index rows moved to the default cut for the count written; returns the copies
+        that make its shards, in order: (new shard, old shard, start, end), a run of samples
+        of one new shard and one old shard each (their bytes one range of the old shard)."""
+        n = self.n
+        if not n:
+            return []
+        grown, old = self.grown[:n], self.shard[:n].copy()
+        self.max_count = default_shard_size(n)
+        new = self._cut(self.needs[:n].tolist(), grown.tolist())
+        before = np.cumsum(grown) - grown  # each sample's start, were the shards one file
+        old_start = _in_shard(before, old)
+        self.offset[:n] += _in_shard(before, new) - old_start
+        self.shard[:n] = new
+        firsts = np.flatnonzero(np.r_[True, (old[1:] != old[:-1]) | (new[1:] != new[:-1])])
+        lasts = np.r_[firsts[1:], n] - 1
+        ends = old_start[lasts] + grown[lasts]
+        runs = np.stack([new[firsts], old[firsts], old_start[firsts], ends], axis=1)
+        return runs.tolist()
+
+    def _copy(self, fd: int, start: int, end: int, block: memoryview, name: Path) -> None:
+        """Bytes start..end of the old shard ``name`` at the end of the shard being written."""
+        while start < end:
+            got = os.preadv(fd, [block[: min(len(block), end - start)]], start)
+            if got <= 0:
+                raise DataError(f"{name}: ends at byte {start:,}, before its samples' {end:,}")
+            self._write(block[:got])
+            self.pos += got
+            start += got
+
+    def _cut(self, needs: list[int], grown: list[int]) -> np.ndarray:
+        """Each sample's shard in the cut _add_runs makes of these samples (its rule, _full,
+        sample by sample)."""
+        shard = np.empty(len(needs), dtype=np.int32)
+        s, pos, count = -1, 0, 0
+        for i, (need, size) in enumerate(zip(needs, grown, strict=True)):
+            if s < 0 or self._full(need, pos, count):
+                s, pos, count = s + 1, 0, 0
+            shard[i] = s
+            pos, count = pos + size, count + 1
+        return shard
 
     def finish(self) -> dict[str, Any]:
         assert self.count is None or self.n == self.count
@@ -255,6 +336,13 @@ class TarWriter(Writer):
             except OSError:  # the flush of a shard whose write failed: it is discarded
                 pass
             self.f = None
+
+
+def _in_shard(before: np.ndarray, shard: np.ndarray) -> np.ndarray:
+    """Each sample's start in its shard, from its start were the shards one file (a shard's
+    samples in order, every shard holding one)."""
+    first = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
+    return before - before[first][shard]
 
 
 def _sync_close(f) -> None:
