@@ -100,6 +100,29 @@ def test_values_read_back(shards):
     assert one["image"].shape == (3, 12, 10) and one["image"].dtype == torch.uint8
 
 
+def test_a_batch_across_row_groups_and_files_keeps_its_order(shards):
+    """One batch touching several row groups of both files, in no order: its rows in the
+    order asked (read_batch joins the row groups' rows and converts them once)."""
+    ds = PackedDataset(shards, reader=ParquetReader)
+    ask = [ROWS - 1, 0, GROUP + 1, ROWS // 2, 1, ROWS - 1, GROUP - 1]
+    got = ds.reader.read_batch(np.asarray(ask))
+    assert len(got) == len(ask)
+    assert _ids(ds[ask]) == ask
+    assert [s["text"] for s in ds[ask]] == [f"row {i}" for i in ask]
+    assert [s["tokens"].tolist() for s in ds[ask]] == [list(range(i % 5)) for i in ask]
+    assert ds.reader.read_batch(np.zeros(0, np.int64)) == []
+
+
+def test_a_null_in_a_batch_of_several_row_groups_names_its_row(tmp_path):
+    path = tmp_path / "n.parquet"
+    table = pa.table({"id": list(range(9)), "n": [0, 1, 2, 3, 4, None, 6, 7, 8]})
+    pq.write_table(table, path, row_group_size=3)
+    ds = PackedDataset(path, reader=ParquetReader)
+    with pytest.raises(CorruptSampleError, match=r"row 2 of row group 1") as e:
+        ds.reader.read_batch(np.asarray([7, 0, 5, 3]))
+    assert e.value.index == 5
+
+
 def test_columns_select(shards):
     ds = PackedDataset(shards, reader=ParquetReader, columns=["id", "text"])
     assert ds.reader.spec.schema.names == ["id", "text"]

@@ -395,45 +395,61 @@ class ParquetReader(Reader):
         return total / max(1, self.count)
 
     def read_batch(self, indices: np.ndarray):
+        """The batch's rows taken from each row group it touches, joined (no copy) and
+        converted column by column once for the batch: a fixed cost a batch, not one a row
+        group (a uniform shuffle touches nearly every row group in every batch)."""
+        pa, _ = _pyarrow()
         indices = np.asarray(indices, dtype=np.int64)
+        if not len(indices):
+            return []
         groups = np.searchsorted(self.group_start, indices, side="right") - 1
+        order = np.argsort(groups, kind="stable")
+        ordered, ordered_groups = indices[order], groups[order]
+        cuts = np.flatnonzero(np.diff(ordered_groups)) + 1
+        spans = list(zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(order)].tolist(), strict=True))
+        pieces = []
+        for lo, hi in spans:
+            g = int(ordered_groups[lo])
+            pieces.append(self._group(g).take(pa.array(ordered[lo:hi] - self.group_start[g])))
+        try:
+            records = self._records(pa.concat_tables(pieces), ordered)
+        except pa.ArrowInvalid:  # files whose schemas differ in a way Arrow will not join
+            records = []
+            for (lo, hi), piece in zip(spans, pieces, strict=True):
+                records += self._records(piece, ordered[lo:hi])
         out: list = [None] * len(indices)
-        for g in np.unique(groups).tolist():
-            where = np.flatnonzero(groups == g)
-            local = indices[where] - self.group_start[g]
-            for j, record in zip(where.tolist(), self._records(g, local), strict=True):
-                out[j] = record
+        for j, record in zip(order.tolist(), records, strict=True):
+            out[j] = record
         return out
 
-    def _records(self, g: int, local: np.ndarray) -> list[bytes]:
-        """The records of rows `local` of row group g."""
+    def _records(self, rows, where: np.ndarray) -> list[bytes]:
+        """The records of the table `rows`, whose rows are the global rows `where`."""
         pa, _ = _pyarrow()
-        rows = self._group(g).take(pa.array(local))
         columns = []
         for plan in self.plans:
             col = rows.column(plan.name).combine_chunks()
             nulls = plan.nulls(col)
             if nulls is not None and not plan.masked:
-                self._null_error(g, local, plan.field, int(np.argmax(nulls)))
+                self._null_error(int(where[int(np.argmax(nulls))]), plan.field)
             try:
                 columns += plan.values(col, nulls)
             except RowError as e:
-                i = int(self.group_start[g] + local[e.row])
+                i = int(where[e.row])
                 raise CorruptSampleError(self.location(i), i, str(e)) from None
             except (pa.ArrowException, ValueError, TypeError) as e:
-                i = int(self.group_start[g] + local[0])
+                i = int(where[0])
                 raise CorruptSampleError(
                     self.location(i), i, f"column {plan.name!r}: {e}"
                 ) from None
         return [join_record(list(values)) for values in zip(*columns, strict=True)]
 
-    def _null_error(self, g: int, local: np.ndarray, field, j: int) -> None:
-        i = int(self.group_start[g] + local[j])
+    def _null_error(self, i: int, field) -> None:
+        g = int(np.searchsorted(self.group_start, i, side="right") - 1)
         raise CorruptSampleError(
             self.location(i),
             i,
-            f"column {field.name!r} is null in this row (row {int(local[j])} of row group "
-            f"{int(self.group_index[g])}); gpufeed stores no nulls: pass nulls='mask' (a "
-            f"{field.name}_valid field), leave the column out (columns=[...]), fill it, or "
-            "pass on_error='skip' to leave such rows out",
+            f"column {field.name!r} is null in this row (row {i - int(self.group_start[g])} of "
+            f"row group {int(self.group_index[g])}); gpufeed stores no nulls: pass "
+            f"nulls='mask' (a {field.name}_valid field), leave the column out "
+            "(columns=[...]), fill it, or pass on_error='skip' to leave such rows out",
         )
