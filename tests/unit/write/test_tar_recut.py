@@ -7,6 +7,7 @@ a pack that resumes to the same files."""
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import signal
@@ -84,6 +85,56 @@ def test_a_writer_pack_is_cut_again_encoding_each_sample_once(tmp_path, referenc
     for i in (0, 63, 64, 200, 399):
         assert ds[i]["text"] == make(i)["text"] and ds[i]["label"] == i - 50
         np.testing.assert_array_equal(ds[i]["tokens"], make(i)["tokens"])
+
+
+@pytest.mark.parametrize("how", ["missing", "refused", "half"])
+def test_shards_are_copied_the_same_without_copy_file_range(tmp_path, reference, monkeypatch, how):
+    """Where copy_file_range is missing or refuses (another system or file system), or copies
+    part of a range and then refuses, the rest is written from the bytes read for the hash."""
+    calls: list[int] = []
+    real = os.copy_file_range
+
+    def half(src, dst, count, offset_src):
+        calls.append(count)
+        if len(calls) % 2:
+            return real(src, dst, count // 2, offset_src)
+        raise OSError(errno.EXDEV, "cross-device")
+
+    if how == "missing":
+        monkeypatch.delattr(os, "copy_file_range")
+    else:
+        refuse = OSError(errno.ENOSYS, "no copy_file_range")
+        monkeypatch.setattr(os, "copy_file_range", half if how == "half" else _raise(refuse))
+    dest = tmp_path / "p"
+    with gpufeed.Writer(dest, **OPTS) as w:
+        for i in range(N):
+            w.write(make(i))
+    assert _files(dest) == reference
+    assert how != "half" or len(calls) >= 2 * 7  # every new shard's ranges went through it
+
+
+def _raise(error: OSError):
+    def refuse(*args, **kwargs):
+        raise error
+
+    return refuse
+
+
+def test_a_failed_copy_is_an_error_not_a_fallback(tmp_path, monkeypatch):
+    """copy_file_range failing for the disk (not for the files) fails the close, not falls
+    back to writing; the parts and the shards they name stay for a resume."""
+    monkeypatch.setattr(os, "copy_file_range", _raise(OSError(errno.EIO, "I/O error")))
+    dest = tmp_path / "p"
+    with pytest.raises(OSError, match="I/O error"), gpufeed.Writer(dest, **OPTS) as w:
+        for i in range(N):
+            w.write(make(i))
+    w.abandon()  # a close that failed keeps the lock (gpufeed.write.writer)
+    assert os.listdir(tmp_path / "p.partial" / "streamed") == ["shard-000000.tar"]
+    monkeypatch.undo()
+    with gpufeed.Writer(dest, resume=True, **OPTS) as w:
+        assert w.written == N
+    ds = gpufeed.open_dataset(dest, map_style=True)
+    assert len(ds) == N and ds[399]["text"] == make(399)["text"]
 
 
 SMALL = {"raw": "bytes", "label": "int"}
