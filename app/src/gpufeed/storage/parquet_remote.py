@@ -200,7 +200,8 @@ def _select(
         if not names:
             raise NotPackedError(
                 f"{base}: no manifest.json, and no .parquet objects or state.json under it; "
-                "not a gpufeed pack nor data read in place"
+                "not a gpufeed pack, or its upload is unfinished (the manifest is uploaded "
+                "last), nor data read in place"
             )
         one_split(base, [PurePosixPath(n) for n in names], prefix=f"{base}/")
     for name in names:
