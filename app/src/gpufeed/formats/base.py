@@ -391,8 +391,10 @@ class Writer:
         """Close what is open after a failed write, quietly (the output is discarded)."""
 
     def needs_rewrite(self) -> bool:
-        """Whether a writer fed as parts were committed must write the pack again from its
-        parts now that every part is in (the tar writer: TarWriter.needs_rewrite)."""
+        """Whether a writer fed as parts were committed must cut the pack again now that
+        every part is in (the tar writer: TarWriter.needs_rewrite, then TarWriter.recut, which
+        copies the samples' bytes into the default cut; a writer without recut writes the
+        pack again from its parts)."""
         return False
 
 
