@@ -610,9 +610,13 @@ class Writer:
         if self.listing is not None:
             src.path, src.kind = self.listing.path, self.listing.kind
             src.problems = list(self.listing.problems)
-        self.manifest = assemble(
-            src, self.dest, self.partial, self.parts, self.state, self.quiet, self._stream
-        )
+        try:
+            self.manifest = assemble(
+                src, self.dest, self.partial, self.parts, self.state, self.quiet, self._stream
+            )
+        except BaseException:  # the parts stay and the lock goes: resume=True goes on at once
+            self.abandon()
+            raise
         remove_partial(self.partial, self._lock)
         self._release()
         return self.manifest
