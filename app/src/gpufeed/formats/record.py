@@ -165,53 +165,64 @@ _INT64_RANGE = (-(1 << 63), 1 << 63)
 
 def record_encoder(schema: Schema):
     """encode_record for one schema, made once: a sample that is a plain dict of exactly the
-    schema's fields, its arrays (fixed or ragged) already of the field's dtype and shape
-    (C-contiguous), its ints plain ints and its bytes plain bytes, skips the general checks
-    and conversions (the same bytes: a value of the field's own dtype always fits it); any
-    other sample goes through encode_record (its checks and errors)."""
+    schema's fields, each already what the record stores (a C-contiguous array of the
+    field's dtype and shape, fixed or ragged; an int in int64's range; a float; bytes; a
+    str) skips the general checks and conversions (the same bytes: a value of the field's
+    own dtype always fits it); a field that is not goes through them alone, and a sample
+    that is no such dict through encode_record (their checks and errors)."""
     fields = [(f.name, f, _fast_kind(f)) for f in schema.fields]
     head, n = struct.Struct(f"<{len(fields)}q"), len(fields)
-    int64 = struct.Struct("<q")
+    int64, float64 = struct.Struct("<q").pack, struct.Struct("<d").pack
     lo, hi = _INT64_RANGE
-    kind_of = {f.name: np.dtype(f.dtype) for f in schema.fields if f.type in ("array", "ragged")}
+    dtypes = {f.name: np.dtype(f.dtype) for f in schema.fields if f.type in ("array", "ragged")}
+    ndarray, _fits = np.ndarray, _fits_ragged
 
     def encode(sample) -> bytes:
         if type(sample) is not dict or len(sample) != n:
             return encode_record(schema, sample)
-        stored = []
+        out, sizes = [b""], []
         for name, f, kind in fields:
             v = sample.get(name, _MISSING)
-            if kind == "array" and type(v) is np.ndarray and v.dtype == kind_of[name]:
-                if v.shape == f.shape and v.flags.c_contiguous:
-                    stored.append(v.reshape(-1).view(np.uint8))
-                    continue
-            elif kind == "ragged" and type(v) is np.ndarray and v.dtype == kind_of[name]:
-                if _fits_ragged(f.shape, v.shape) and v.flags.c_contiguous:
-                    stored.append(np.asarray(v.shape, _INT64).tobytes() + v.tobytes())
-                    continue
-            elif kind == "int" and type(v) is int and lo <= v < hi:
-                stored.append(int64.pack(v))
-                continue
-            elif kind == "bytes" and type(v) is bytes:
-                stored.append(v)
-                continue
-            if v is _MISSING:
-                return encode_record(schema, sample)
-            stored.append(_stored(f, v))
-        return b"".join([head.pack(*map(len, stored)), *stored])
+            if kind == _INT and type(v) is int and lo <= v < hi:
+                v = int64(v)
+            elif kind == _ARRAY and _plain_array(v, dtypes[name]) and v.shape == f.shape:
+                pass  # stored as it is
+            elif kind == _RAGGED and _plain_array(v, dtypes[name]) and _fits(f.shape, v.shape):
+                v = np.asarray(v.shape, _INT64).tobytes() + v.tobytes()
+            elif kind == _FLOAT and type(v) is float:
+                v = float64(v)
+            elif kind == _STR and type(v) is str:
+                v = v.encode("utf-8")
+            elif not (kind == _BYTES and type(v) is bytes):
+                if v is _MISSING:
+                    return encode_record(schema, sample)
+                v = _stored(f, v)
+            out.append(v)
+            sizes.append(v.nbytes if type(v) is ndarray else len(v))
+        out[0] = head.pack(*sizes)
+        return b"".join(out)
 
     return encode
 
 
 _MISSING = object()
+_ARRAY, _RAGGED, _INT, _FLOAT, _BYTES, _STR = range(6)
+_KINDS = {"ragged": _RAGGED, "int": _INT, "float": _FLOAT, "bytes": _BYTES, "str": _STR}
 
 
-def _fast_kind(f: Field) -> str | None:
+def _fast_kind(f: Field) -> int | None:
+    """How the encoder's fast path takes the field's values, None where it does not (a
+    compressed field, an image, json: encode_value's own work)."""
     if f.compression == "zstd":
         return None
     if f.type == "array" and all(d >= 0 for d in f.shape):
-        return "array"
-    return f.type if f.type in ("int", "ragged", "bytes") else None
+        return _ARRAY
+    return _KINDS.get(f.type)
+
+
+def _plain_array(v: Any, dtype: np.dtype) -> bool:
+    """An ndarray of the field's dtype, C-contiguous: what the record stores as it is."""
+    return type(v) is np.ndarray and v.dtype == dtype and v.flags.c_contiguous
 
 
 def _fits_ragged(declared: tuple[int, ...], shape: tuple[int, ...]) -> bool:

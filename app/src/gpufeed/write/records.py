@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import struct
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -70,86 +69,18 @@ def _has_label(schema: Schema) -> bool:
 # --------------------------------------------------------------------------- the fast paths
 def sample_encoder(schema: Schema):
     """encoded() for one schema, made once, for Writer.write's loop: (record, label, crc32)
-    of a sample, the same bytes. A sample _plain_records takes costs one pass over its
-    fields; any other goes through the record encoder's checks; a refusal raises, and the
-    caller goes the general way, which names the field and the sample."""
-    general, has_label = _encoder(schema)
-    plain = _plain_records(schema)
+    of a sample, the same bytes. A sample already in the record's form costs one pass over
+    its fields (formats.record.record_encoder's fast path); a refusal raises, and the caller
+    goes the general way, which names the field and the sample."""
+    encode, has_label = _encoder(schema)
     checksum = zlib.crc32
 
     def one(sample):
-        record = plain(sample) if plain is not None else None
-        if record is None:
-            record = general(sample)
+        record = encode(sample)
         label = int(sample["label"]) if has_label else -1
         return record, label, checksum(record) & 0xFFFFFFFF
 
     return one
-
-
-_ARRAY, _INT, _FLOAT, _BYTES, _STR = range(5)
-_INT64_RANGE = (-(1 << 63), 1 << 63)
-
-
-def _plain_records(schema: Schema):
-    """A record maker for samples that need no conversion: a plain dict of exactly the
-    schema's fields, each already what the record stores (a C-contiguous array of the
-    field's dtype and shape, an int in int64's range, a float, bytes, a str); None for a
-    sample that is anything else (the record encoder's checks decide it). None where a
-    field has no such form (compressed, ragged, image, json)."""
-    plan = []
-    for f in schema.fields:
-        if f.compression:
-            return None
-        if f.type == "array" and all(d >= 0 for d in f.shape):
-            plan.append((f.name, _ARRAY, np.dtype(f.dtype), tuple(f.shape)))
-        elif f.type in ("int", "float", "bytes", "str"):
-            kind = {"int": _INT, "float": _FLOAT, "bytes": _BYTES, "str": _STR}[f.type]
-            plan.append((f.name, kind, None, None))
-        else:
-            return None
-    n, head = len(plan), struct.Struct(f"<{len(plan)}q")
-    int64, float64 = struct.Struct("<q").pack, struct.Struct("<d").pack
-    lo, hi = _INT64_RANGE
-    ndarray = np.ndarray
-
-    def plain(sample) -> bytes | None:
-        if type(sample) is not dict or len(sample) != n:
-            return None
-        out, sizes = [b""], []
-        for name, kind, dtype, shape in plan:
-            v = sample.get(name)
-            if kind == _ARRAY:
-                if type(v) is not ndarray or v.dtype != dtype or v.shape != shape:
-                    return None
-                if not v.flags.c_contiguous:
-                    return None
-                sizes.append(v.nbytes)
-            elif kind == _INT:
-                if type(v) is not int or not lo <= v < hi:
-                    return None
-                v = int64(v)
-                sizes.append(8)
-            elif kind == _FLOAT:
-                if type(v) is not float:
-                    return None
-                v = float64(v)
-                sizes.append(8)
-            elif kind == _BYTES and type(v) is bytes:
-                sizes.append(len(v))
-            elif kind == _STR and type(v) is str:
-                try:
-                    v = v.encode("utf-8")
-                except UnicodeEncodeError:
-                    return None
-                sizes.append(len(v))
-            else:
-                return None
-            out.append(v)
-        out[0] = head.pack(*sizes)
-        return b"".join(out)
-
-    return plain
 
 
 def batch_records(schema: Schema, columns: Mapping[str, Any], count: int):
