@@ -262,76 +262,35 @@ def _open_text(path: Path):
 
 def _table_docs(path: Path, text_field: str) -> Iterator[Docs]:
     """Runs of a Parquet (or Arrow) file's text column, a row group at a time."""
+    from gpufeed.formats.inplace.parquet import _pyarrow
+
     pa = _pyarrow()[0]
-    groups = _table(path, text_field)
+    f = _table(path, text_field)
     first = 0
-    for g, group in enumerate(groups):
+    for g in range(len(f.rows)):
         try:
-            values = group(text_field).to_pylist()
+            values = f.group(g, [text_field]).column(0).to_pylist()
         except (pa.ArrowException, OSError, ValueError, MemoryError) as e:
             raise DataError(f"{path}: row group {g} does not read ({e})") from None
         yield from _runs(str(path), "table", values, text_field, first=first)
         first += len(values)
 
 
-def _pyarrow():
-    try:
-        import pyarrow as pa
-        import pyarrow.ipc  # noqa: F401 - pa.ipc
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise UsageError("reading Parquet needs pyarrow: pip install 'gpufeed[parquet]'") from None
-    return pa, pq
+def _table(path: Path, text_field: str):
+    """The file opened as the Parquet reader opens it (formats.inplace.parquet.open_file:
+    Parquet row groups read, not mapped; an Arrow file's batches validated when read), its
+    text column checked first. A file pyarrow cannot open is a DataError naming it."""
+    from gpufeed.formats.inplace.parquet import _pyarrow, open_file
 
-
-def _table(path: Path, text_field: str) -> list:
-    """Per row group (record batch of an Arrow file), a function of a column name giving
-    its values; the text column checked first. A file pyarrow cannot open is a DataError."""
-    pa, pq = _pyarrow()
-    try:
-        groups, schema = _groups(path, pa, pq)
-    except (pa.ArrowException, OSError, ValueError) as e:
-        raise DataError(f"{path}: not a readable Parquet or Arrow file ({e})") from None
-    if text_field not in schema.names:
+    pa = _pyarrow()[0]
+    f = open_file(path)
+    names = f.schema.names
+    if text_field not in names:
         raise UsageError(
-            f"{path}: no column {text_field!r} (columns: {', '.join(schema.names[:12])}); "
+            f"{path}: no column {text_field!r} (columns: {', '.join(names[:12])}); "
             "name the text column with text_field= (--text-field)"
         )
-    kind = schema.field(text_field).type
+    kind = f.schema.field(text_field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise UsageError(f"{path}: column {text_field!r} is {kind}, expected strings")
-    return groups
-
-
-def _groups(path: Path, pa, pq) -> tuple[list, Any]:
-    """(per row group a function of a column name giving its values, the schema)."""
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic == b"PAR1":
-        # read, not mapped: a file truncated while mapped would be a SIGBUS
-        pf = pq.ParquetFile(path, memory_map=False)
-
-        def parquet_group(g: int):
-            return lambda col: pf.read_row_group(g, columns=[col], use_threads=False).column(0)
-
-        return [parquet_group(g) for g in range(pf.metadata.num_row_groups)], pf.schema_arrow
-    source = pa.memory_map(str(path))
-    head = source.read(6)
-    source.seek(0)
-    if head == b"ARROW1":
-        reader = pa.ipc.open_file(source)
-        batches = [reader.get_batch(k) for k in range(reader.num_record_batches)]
-    else:
-        reader = pa.ipc.open_stream(source)
-        batches = list(reader)
-
-    def arrow_group(batch):
-        def column(col: str):
-            values = batch.column(batch.schema.get_field_index(col))
-            # an IPC file's offsets are its bytes as they are: checked before they are read
-            values.validate(full=True)
-            return values
-
-        return column
-
-    return [arrow_group(b) for b in batches], reader.schema
+    return f
