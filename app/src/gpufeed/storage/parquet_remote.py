@@ -32,6 +32,7 @@ from gpufeed.formats.inplace.parquet import ParquetReader, open_file
 from gpufeed.formats.inplace.parquet_listing import (
     PARQUET_MAGIC,
     hidden,
+    is_glob,
     one_split,
     state_names,
 )
@@ -76,10 +77,6 @@ def open_parquet_at(
     cache_limit = default_cache_limit() if cache_limit is None else cache_limit
     source = RemoteParquet(loc, Cache(cache_dir, cache_limit))
     return ParquetReader.from_source(source, **options)
-
-
-def _globbed(part: str) -> bool:
-    return any(c in part for c in "*?[")
 
 
 def _matches(name: list[str], pattern: list[str]) -> bool:
@@ -145,7 +142,7 @@ def _split(url: RemoteURL) -> tuple[RemoteURL, list[str] | None]:
     """(the folder listed, the glob's segments under it; None: the folder itself is read)."""
     parts = url.prefix.split("/") if url.prefix else []
     for i, part in enumerate(parts):
-        if _globbed(part):
+        if is_glob(part):
             return RemoteURL(url.scheme, url.bucket, "/".join(parts[:i])), parts[i:]
     if parts and parts[-1].endswith(SUFFIXES):
         return RemoteURL(url.scheme, url.bucket, "/".join(parts[:-1])), parts[-1:]

@@ -16,7 +16,6 @@ number of runs in flight. Every error names the file and the line, row or docume
 
 from __future__ import annotations
 
-import glob
 import gzip
 import io
 import json
@@ -149,10 +148,12 @@ def source_files(source: str | os.PathLike) -> list[Path]:
     """The files of a path source, in order: a file, a glob, or a folder searched below it
     (hidden names left out); a folder of Parquet files as gpufeed reads them in place (one
     split, a save_to_disk folder's Arrow files). Every file is of a kind read here."""
+    from gpufeed.formats.inplace.parquet_listing import glob_files, is_glob
+
     text = os.fspath(source)
     path = Path(text)
-    if any(c in text for c in "*?["):
-        files = [Path(p) for p in sorted(glob.glob(text, recursive=True)) if os.path.isfile(p)]
+    if is_glob(text):
+        files = glob_files(text)
     elif path.is_file():
         files = [path]
     elif path.is_dir():
@@ -262,9 +263,9 @@ def _open_text(path: Path):
 
 def _table_docs(path: Path, text_field: str) -> Iterator[Docs]:
     """Runs of a Parquet (or Arrow) file's text column, a row group at a time."""
-    from gpufeed.formats.inplace.parquet import _pyarrow
+    from gpufeed.formats.inplace.parquet import pyarrow_modules
 
-    pa = _pyarrow()[0]
+    pa = pyarrow_modules()[0]
     f = _table(path, text_field)
     first = 0
     for g in range(len(f.rows)):
@@ -280,9 +281,9 @@ def _table(path: Path, text_field: str):
     """The file opened as the Parquet reader opens it (formats.inplace.parquet.open_file:
     Parquet row groups read, not mapped; an Arrow file's batches validated when read), its
     text column checked first. A file pyarrow cannot open is a DataError naming it."""
-    from gpufeed.formats.inplace.parquet import _pyarrow, open_file
+    from gpufeed.formats.inplace.parquet import open_file, pyarrow_modules
 
-    pa = _pyarrow()[0]
+    pa = pyarrow_modules()[0]
     f = open_file(path)
     names = f.schema.names
     if text_field not in names:

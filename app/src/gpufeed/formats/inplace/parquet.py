@@ -52,7 +52,7 @@ from gpufeed.formats.inplace.parquet_listing import has_magic, is_parquet, parqu
 from gpufeed.formats.record import join_record
 from gpufeed.formats.schema import Schema
 
-__all__ = ["ParquetReader", "is_parquet", "parquet_files"]
+__all__ = ["ParquetReader", "is_parquet", "open_file", "parquet_files", "pyarrow_modules"]
 
 # more rows than this in one file is no real file's: a crafted footer
 MAX_ROWS = 1 << 40
@@ -66,7 +66,9 @@ NULLS = ("error", "mask")
 INSTALL = "install pyarrow: pip install 'gpufeed[parquet]'"
 
 
-def _pyarrow():
+def pyarrow_modules():
+    """(pyarrow, pyarrow.parquet), imported when first needed; a UsageError naming the extra
+    where pyarrow is not installed."""
     try:
         import pyarrow as pa
         import pyarrow.ipc  # noqa: F401 - pa.ipc
@@ -84,7 +86,7 @@ class _File:
     bytes are fetched, by `holding`, before they are read)."""
 
     def __init__(self, path, *, local: Path | None = None, remote=None):
-        pa, pq = _pyarrow()
+        pa, pq = pyarrow_modules()
         self.path = path
         self.parquet = None
         self.batches = None
@@ -114,7 +116,7 @@ class _File:
 
     def group(self, g: int, columns: list[str]):
         """Row group g, only `columns` (a Table)."""
-        pa, _ = _pyarrow()
+        pa, _ = pyarrow_modules()
         if self.remote is not None:
             with self.remote.holding(self.parquet.metadata, g, columns):
                 return self.parquet.read_row_group(g, columns=columns, use_threads=False)
@@ -130,7 +132,7 @@ class _File:
 def open_file(path, **where) -> _File:
     """A file opened (`where`: _File's local= or remote=), any failure of pyarrow's a
     DataError naming it."""
-    pa, _ = _pyarrow()
+    pa, _ = pyarrow_modules()
     try:
         return _File(path, **where)
     except (pa.ArrowException, OSError, ValueError, MemoryError) as e:
@@ -142,7 +144,7 @@ def open_file(path, **where) -> _File:
 
 def _first_group(f: _File, names: list[str]):
     """The first row group of `f` (its first values tell images from bytes), or None."""
-    pa, _ = _pyarrow()
+    pa, _ = pyarrow_modules()
     if not f.rows or not f.rows[0]:
         return None
     try:
@@ -308,7 +310,7 @@ class ParquetReader(Reader):
         """The label column's values, when there is one of integers (else -1s)."""
         if "label" not in schema.names or schema["label"].type != "int":
             return np.broadcast_to(np.int64(-1), (self.count,))
-        pa, _ = _pyarrow()
+        pa, _ = pyarrow_modules()
         out = np.empty(self.count, dtype=np.int64)
         for g in range(len(self.group_file)):
             f = opened[int(self.group_file[g])]
@@ -362,7 +364,7 @@ class ParquetReader(Reader):
         if g in cache:
             cache.move_to_end(g)
             return cache[g]
-        pa, _ = _pyarrow()
+        pa, _ = pyarrow_modules()
         f = self._file(int(self.group_file[g]))
         try:
             table = f.group(int(self.group_index[g]), self.columns)
@@ -398,7 +400,7 @@ class ParquetReader(Reader):
         """The batch's rows taken from each row group it touches, joined (no copy) and
         converted column by column once for the batch: a fixed cost a batch, not one a row
         group (a uniform shuffle touches nearly every row group in every batch)."""
-        pa, _ = _pyarrow()
+        pa, _ = pyarrow_modules()
         indices = np.asarray(indices, dtype=np.int64)
         if not len(indices):
             return []
@@ -424,7 +426,7 @@ class ParquetReader(Reader):
 
     def _records(self, rows, where: np.ndarray) -> list[bytes]:
         """The records of the table `rows`, whose rows are the global rows `where`."""
-        pa, _ = _pyarrow()
+        pa, _ = pyarrow_modules()
         columns = []
         for plan in self.plans:
             col = rows.column(plan.name).combine_chunks()

@@ -15,8 +15,10 @@ from gpufeed.errors import DataError, NotPackedError, UsageError
 
 __all__ = [
     "PARQUET_MAGIC",
+    "glob_files",
     "has_magic",
     "hidden",
+    "is_glob",
     "is_parquet",
     "one_split",
     "parquet_files",
@@ -28,8 +30,14 @@ HUB_SHARD = re.compile(r"(.+)-\d+-of-\d+$")  # data/train-00000-of-00012.parquet
 SPLIT_FOLDERS = {"train", "test", "validation", "valid", "val", "dev"}
 
 
-def _globbed(path: str) -> bool:
+def is_glob(path: str) -> bool:
+    """Whether a path (or one segment of a URL's) is a glob pattern."""
     return any(c in path for c in "*?[")
+
+
+def glob_files(pattern: str) -> list[Path]:
+    """The files a glob matches (``**`` spans folders), sorted."""
+    return [Path(p) for p in sorted(glob.glob(pattern, recursive=True)) if os.path.isfile(p)]
 
 
 def _hf_files(folder: Path) -> list[Path] | None:
@@ -66,8 +74,8 @@ def parquet_files(path: str | os.PathLike) -> list[Path] | None:
     """The Parquet or Arrow files `path` names (module docstring), in order; None when it
     names none (no pyarrow needed to tell)."""
     text = os.fspath(path)
-    if _globbed(text):
-        files = [Path(p) for p in sorted(glob.glob(text, recursive=True)) if os.path.isfile(p)]
+    if is_glob(text):
+        files = glob_files(text)
         files = [p for p in files if p.suffix in (".parquet", ".arrow")]
         return files or None
     p = Path(text)
