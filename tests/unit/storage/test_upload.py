@@ -97,3 +97,31 @@ def test_resume_packs_again_when_a_source_folder_is_rewritten(cut_upload, python
     assert "changed since this pack was staged" in out.stderr
     got = _samples(url, tmp_path / "read")
     assert all(np.load(p).tobytes() in got for p in (src / "y").iterdir())
+
+
+def test_an_object_listed_at_another_size_keeps_the_manifest_back(s3, tmp_path, monkeypatch):
+    """The store listing an uploaded file at another size than the local one (a short
+    write the store took) is a StorageError naming it, and no manifest is written."""
+    from gpufeed.errors import NotPackedError, StorageError
+    from gpufeed.storage import ObjectStore as Store
+    from gpufeed.storage import parse_location, upload_pack
+
+    src = tmp_path / "arrays"
+    write_arrays(src, {"x": 3, "y": 3})
+    pack(src, tmp_path / "p", format="mmap", quiet=True)
+    real_list = Store.list
+
+    def short_by_one(store, prefix=""):
+        return {
+            name: size - (name != "manifest.json")
+            for name, size in real_list(store, prefix).items()
+        }
+
+    monkeypatch.setattr(Store, "list", short_by_one)
+    url = f"{s3}/short"
+    with pytest.raises(StorageError, match=r"bytes after the upload, .* expected; the manifest"):
+        upload_pack(tmp_path / "p", url)
+    monkeypatch.setattr(Store, "list", real_list)  # (undo() would drop the s3 environment too)
+    assert "manifest.json" not in Store(parse_location(url)).list()
+    with pytest.raises(NotPackedError):
+        open_dataset(url, cache_dir=tmp_path / "cache")

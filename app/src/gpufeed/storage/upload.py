@@ -46,7 +46,8 @@ def upload_pack(
         again(lambda: store.delete(MANIFEST_NAME))
     for name in names:
         again(lambda name=name: store.put_file(name, root / name))
-    _check_uploaded(loc, root, names, again(store.list))
+    sizes = {name: (root / name).stat().st_size for name in names}
+    check_listed_sizes(loc, sizes, again(store.list), "upload")
     again(lambda: store.put_bytes(MANIFEST_NAME, manifest_path(root).read_bytes()))
     for stale in sorted(set(existing) - set(names) - {MANIFEST_NAME}):
         again(lambda stale=stale: store.delete(stale))
@@ -105,11 +106,14 @@ def _pack_files(root: Path) -> list[str]:
     return sorted(names)
 
 
-def _check_uploaded(loc: RemoteURL, root: Path, names: list[str], listed: dict[str, int]) -> None:
-    for name in names:
-        want = (root / name).stat().st_size
-        if listed.get(name) != want:
+def check_listed_sizes(loc: RemoteURL, sizes: dict[str, int], listed: dict, after: str) -> None:
+    """Every object the manifest will name is listed at its size before the manifest is
+    written (an upload or a merge in the bucket, `after` saying which): a StorageError
+    naming the first that is not, and what to run again."""
+    for name, want in sizes.items():
+        found = listed.get(name)
+        if found != want:
             raise StorageError(
-                f"{loc.child(name)}: the store lists {listed.get(name)} bytes after the upload, "
-                f"the local file has {want}; the manifest was not written: upload again"
+                f"{loc.child(name)}: the store lists {found} bytes after the {after}, "
+                f"{want:,} expected; the manifest was not written: {after} again"
             )

@@ -57,7 +57,7 @@ from gpufeed.storage.remote import check_remote_name
 from gpufeed.storage.retry import RetryPolicy, with_retries
 from gpufeed.storage.stats import StorageStats
 from gpufeed.storage.store import ObjectStore
-from gpufeed.storage.upload import check_destination
+from gpufeed.storage.upload import check_destination, check_listed_sizes
 from gpufeed.storage.urls import RemoteURL, parse_location
 from gpufeed.write.merge_layout import (
     PART_DIR,
@@ -140,7 +140,9 @@ def merge_remote(
     if MANIFEST_NAME in existing:  # replaced: no reader may take the old manifest for new files
         bucket("delete", top.key(MANIFEST_NAME))
     _write_objects(bucket, top, read, plan, existing)
-    _check_written(top, plan, bucket.listing(top))
+    listed = {name: size for name, (size, _) in bucket.listing(top).items()}
+    sizes = {name: entry["bytes"] for name, entry in plan.files.items()}
+    check_listed_sizes(top, sizes, listed, "merge")
     manifest = {"files": plan.files, "layout": plan.layout, **common_fields(manifests, merged_from)}
     bucket("put_bytes", top.key(MANIFEST_NAME), json.dumps(manifest, indent=1).encode())
     _remove_stale(bucket, top, existing, plan.files)
@@ -335,17 +337,6 @@ def _write_objects(bucket: _Bucket, top: RemoteURL, read: list[Part], plan: Plan
         bucket("copy", src, top.key(name))
     for name, data in plan.puts.items():
         bucket("put_bytes", top.key(name), data)
-
-
-def _check_written(top: RemoteURL, plan: Plan, listed: dict) -> None:
-    """Every object of the merged pack listed at its size before the manifest names it."""
-    for name, entry in plan.files.items():
-        found = listed.get(name, (None, None))[0]
-        if found != entry["bytes"]:
-            raise StorageError(
-                f"{top.child(name)}: the store lists {found} bytes after the copy, the part's "
-                f"manifest says {entry['bytes']:,}; the manifest was not written: merge again"
-            )
 
 
 def _remove_stale(bucket: _Bucket, top: RemoteURL, existing: dict, files: dict) -> None:
