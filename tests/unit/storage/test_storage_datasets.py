@@ -176,11 +176,11 @@ def test_a_reader_never_sees_a_half_uploaded_pack(s3, array_folder, tmp_path, mo
     """The upload fails after the data files (the manifest never goes up): the URL is no pack."""
     import gpufeed.storage.upload as upload
 
-    def broken(root, loc, names, listed):
+    def broken(loc, sizes, listed, after):
         raise StorageError("cut here")
 
     with monkeypatch.context() as patched:
-        patched.setattr(upload, "_check_uploaded", broken)
+        patched.setattr(upload, "check_listed_sizes", broken)
         with pytest.raises(StorageError, match="cut here"):
             pack(array_folder, f"{s3}/half", "tar", quiet=True, staging_dir=tmp_path / "stage")
     with pytest.raises(NotPackedError, match="upload is unfinished"):
