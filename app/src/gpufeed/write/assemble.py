@@ -187,7 +187,7 @@ def assemble(
         writer = writer_class(fmt)(out, spec, count, int(sizes_all.sum()), options)
         info = _write_parts(writer, paths, partial, quiet, fmt)
     with no_space_is_an_error(out / SOURCES_NAME):
-        write_sources(out / SOURCES_NAME, (src.rel[int(i)] for i in items_all))
+        write_sources(out / SOURCES_NAME, map(src.rel.__getitem__, items_all.tolist()))
     known = info.get("sha256", {})
     files = {n: file_entry(out, n, known.get(n)) for n in sorted([*info["files"], SOURCES_NAME])}
     manifest = {

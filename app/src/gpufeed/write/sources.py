@@ -20,6 +20,8 @@ class _Names:
         self.names = names
 
     def __getitem__(self, i: int) -> str:
+        if self.names is None:  # the usual Writer: a line a sample, millions of them
+            return f"#{i}"
         return item_name(self.names, i)
 
 
