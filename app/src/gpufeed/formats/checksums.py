@@ -5,23 +5,28 @@ from __future__ import annotations
 
 import hashlib
 import os
-import zlib
 
 import numpy as np
 
-__all__ = ["crc32", "row_crcs", "sha256_file"]
+try:  # ISA-L's crc32 is zlib's checksum, 4-15x faster on x86-64 and arm64 (carry-less multiply)
+    from isal.isal_zlib import crc32 as raw_crc32
+except ImportError:  # a platform without its wheel: zlib's, the same values
+    from zlib import crc32 as raw_crc32
+
+__all__ = ["crc32", "raw_crc32", "row_crcs", "sha256_file"]
 
 
 def crc32(buf) -> int:
-    """zlib crc32 of a bytes-like object or a C-contiguous array."""
-    return zlib.crc32(buf) & 0xFFFFFFFF
+    """zlib's crc32 of a bytes-like object or a C-contiguous array (an unsigned int)."""
+    return raw_crc32(buf) & 0xFFFFFFFF
 
 
 def row_crcs(batch: np.ndarray) -> np.ndarray:
     """crc32 of each row of a C-contiguous [N, ...] array."""
     out = np.empty(len(batch), dtype=np.uint32)
+    rows = batch.reshape(len(batch), -1)
     for j in range(len(batch)):
-        out[j] = zlib.crc32(batch[j])
+        out[j] = raw_crc32(rows[j])
     return out
 
 

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from gpufeed.errors import UsageError
-from gpufeed.formats.checksums import crc32
+from gpufeed.formats.checksums import crc32, raw_crc32
 from gpufeed.formats.record import encode_value, record_encoder
 from gpufeed.formats.schema import Schema
 
@@ -73,7 +72,7 @@ def sample_encoder(schema: Schema):
     its fields (formats.record.record_encoder's fast path); a refusal raises, and the caller
     goes the general way, which names the field and the sample."""
     encode, has_label = _encoder(schema)
-    checksum = zlib.crc32
+    checksum = raw_crc32
 
     def one(sample):
         record = encode(sample)

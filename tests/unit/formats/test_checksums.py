@@ -1,0 +1,30 @@
+"""The per-sample checksum: zlib's crc32 values, computed by ISA-L where it is installed."""
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+from gpufeed.formats import checksums
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 64, 1023, 1024, 4097, 65_537, 1 << 20])
+def test_crc32_is_zlibs_for_every_size(size):
+    data = os.urandom(size)
+    want = zlib.crc32(data)
+    assert checksums.crc32(data) == want
+    assert checksums.crc32(memoryview(data)) == want
+    assert checksums.crc32(np.frombuffer(data, np.uint8)) == want
+
+
+def test_row_crcs_are_each_rows_zlib_crc32():
+    rows = np.random.default_rng(0).integers(0, 255, (37, 3, 11), dtype=np.uint8)
+    got = checksums.row_crcs(rows)
+    assert got.dtype == np.uint32
+    assert got.tolist() == [zlib.crc32(r.tobytes()) for r in rows]
+
+
+def test_the_fast_crc32_is_used_where_isal_is_installed():
+    isal_zlib = pytest.importorskip("isal.isal_zlib")  # in requirements-dev and the images
+    assert checksums.raw_crc32 is isal_zlib.crc32
