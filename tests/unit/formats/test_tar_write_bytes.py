@@ -19,8 +19,8 @@ from gpufeed.formats.parts import Part
 from gpufeed.formats.record import encode_record, member_bytes, member_name, split_record
 from gpufeed.formats.schema import parse_schema
 from gpufeed.formats.spec import SampleSpec
-from gpufeed.formats.tar.members import KEY_FORMAT
 from gpufeed.formats.tar import writer
+from gpufeed.formats.tar.members import KEY_FORMAT
 from gpufeed.formats.tar.writer import INDEX_NAME, TarWriter
 
 PART = 100  # samples a part
