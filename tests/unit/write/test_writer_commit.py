@@ -172,3 +172,30 @@ def test_a_flushed_part_keeps_its_payload_and_lmdb_records_outlive_the_writer(tm
 
 def _torn(path: Path, how: str) -> None:
     tear(path, how, b"s9", 1)
+
+
+def test_a_resume_without_part_size_keeps_the_size_the_pack_was_started_with(tmp_path):
+    dest = tmp_path / "p"
+    _stopped(dest, "tar", 8)  # parts of 4
+    with pytest.raises(UsageError, match=r"part_size: 4 -> 6"):
+        gpufeed.Writer(dest, format="tar", resume=True, part_size=6)
+    with gpufeed.Writer(dest, format="tar", resume=True) as w:  # the default is not 4
+        assert w.state["part_size"] == 4 and w.written == 8
+        for i in range(8, 13):
+            w.write(sample(i))
+    check(dest, 13)
+
+
+def test_a_writer_commits_parts_of_8192_samples_or_16_mib_by_default(tmp_path):
+    from gpufeed.write.writer import PART_BYTES, WRITER_PART_SIZE
+
+    assert (WRITER_PART_SIZE, PART_BYTES) == (8192, 16 << 20)
+    with gpufeed.Writer(tmp_path / "n", format="tar", schema={"x": "uint8[64]"}) as w:
+        for i in range(WRITER_PART_SIZE + 1):
+            w.write({"x": np.full(64, i % 256, np.uint8)})
+        w._wait_committed()
+        assert (w.parts, w._pending.count) == (1, 1)  # one part of 8,192, one sample pending
+    with gpufeed.Writer(tmp_path / "b", format="tar", schema={"x": "uint8[1048576]"}) as w:
+        for i in range(17):
+            w.write({"x": np.full(1 << 20, i, np.uint8)})
+        assert w.parts == 1 and w._pending.count == 1  # 16 MiB of records made the part

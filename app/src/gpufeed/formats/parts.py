@@ -20,6 +20,9 @@ from gpufeed.formats.spec import SampleSpec
 
 __all__ = ["Part"]
 
+# parts larger than this reserve their space before writing (one ENOSPC, before any byte);
+# reserving and giving back cost two metadata updates, most of a small part's save
+RESERVE_ABOVE = 1 << 20
 _ARRAYS = ("payload", "offsets", "labels", "crc32", "items", "exts", "skip_items", "skip_errors")
 
 
@@ -75,9 +78,11 @@ class Part:
         arrays = self.arrays()
         room = sum(a.nbytes for a in arrays.values()) + 4096 * len(arrays)
         with no_space_is_an_error(tmp, room), open(tmp, "wb") as f:
-            preallocate(f, room, tmp)
+            if room > RESERVE_ABOVE:  # a small part's write fails whole on a full disk anyway
+                preallocate(f, room, tmp)
             np.savez(f, **arrays)
-            f.truncate(f.tell())  # give back what the headers did not use
+            if room > RESERVE_ABOVE:
+                f.truncate(f.tell())  # give back what the headers did not use
             f.flush()
             if sync:
                 os.fsync(f.fileno())

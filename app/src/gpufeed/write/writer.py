@@ -76,8 +76,12 @@ from gpufeed.write.staging import part_path
 
 __all__ = ["PART_BYTES", "Writer", "encoded", "label_of"]
 
-# a part is committed every part_size samples or PART_BYTES bytes, whichever comes first
-PART_BYTES = 64 << 20
+# a part is committed every part_size samples (WRITER_PART_SIZE unless given) or PART_BYTES
+# bytes, whichever comes first: what a crash can lose. A part's fixed costs (its index file,
+# the format's transaction, the handoff to the commit thread) are about a millisecond, so
+# parts of thousands of samples keep them far below a microsecond a sample.
+WRITER_PART_SIZE = 8192
+PART_BYTES = 16 << 20
 
 
 class Writer:
@@ -101,7 +105,8 @@ class Writer:
         shard_size: as for ``gpufeed.pack``.
         shard_bytes: as for ``gpufeed.pack``.
         container: as for ``gpufeed.pack`` (mmap: "npy" or "raw").
-        part_size: samples per committed part (what a crash can lose).
+        part_size: samples per committed part (what a crash can lose; default 8,192, and
+            never more than 16 MiB of records: PART_BYTES).
         resume: go on from a pack of ``path`` left unfinished (``inputs_done`` says where).
         overwrite: replace ``path`` if it is a pack gpufeed made.
         quiet: no progress messages (the default).
@@ -135,8 +140,16 @@ class Writer:
     ):
         require_local(path, "write into a local folder, then gpufeed.storage.upload_pack(it, URL)")
         opts = check_options(
-            format, "keep", "stop", compression, container, shard_size, shard_bytes, part_size
+            format,
+            "keep",
+            "stop",
+            compression,
+            container,
+            shard_size,
+            shard_bytes,
+            part_size or WRITER_PART_SIZE,
         )
+        self._part_size_given = part_size is not None
         self.dest = Path(path).absolute()
         self.partial = self.dest.with_name(self.dest.name + PARTIAL_SUFFIX)
         self.schema = parse_schema(schema) if schema is not None else None
@@ -227,6 +240,8 @@ class Writer:
                 f"{self.partial}: was started with schema {old_schema.describe()}; resume with "
                 "the same one, or pass overwrite=True to start over"
             )
+        if not self._part_size_given and "part_size" in old:  # the size it was started with
+            self.state["part_size"] = old["part_size"]
         diff = [k for k in self.state if k not in ("gpufeed",) and old.get(k) != self.state[k]]
         diff = [k for k in diff if k not in ("schema", "source_digest")]
         if diff:
