@@ -138,6 +138,20 @@ def test_the_record_encoder_gives_encode_records_bytes():
             enc(bad)
 
 
+def test_the_record_encoder_stores_an_image_fields_bytes_as_given_and_checks_their_format():
+    jpeg = b"\xff\xd8\xff\xe0" + bytes(range(40))
+    png = b"\x89PNG\r\n\x1a\n" + bytes(30)
+    schema = parse_schema({"image": "jpeg", "mask": "png", "label": "int"})
+    fast = record_encoder(schema)
+    sample = {"image": jpeg, "mask": png, "label": 3}
+    assert fast(sample) == encode_record(schema, sample)
+    assert jpeg in fast(sample) and png in fast(sample)
+    for wrong in ({"image": png, "mask": png, "label": 3},  # a PNG in the jpeg field
+                  {"image": b"GIF89a" + bytes(9), "mask": png, "label": 3}):  # fmt: skip
+        with pytest.raises(UsageError, match="expected jpeg bytes"):
+            fast(wrong)
+
+
 def test_tar_shards_are_hashed_as_written(tmp_path):
     dest = tmp_path / "p"
     with gpufeed.Writer(dest, format="tar", schema=SCHEMA, part_size=7, shard_size=10) as w:

@@ -167,9 +167,10 @@ def record_encoder(schema: Schema):
     """encode_record for one schema, made once: a sample that is a plain dict of exactly the
     schema's fields, each already what the record stores (a C-contiguous array of the
     field's dtype and shape, fixed or ragged; an int in int64's range; a float; bytes; a
-    str) skips the general checks and conversions (the same bytes: a value of the field's
-    own dtype always fits it); a field that is not goes through them alone, and a sample
-    that is no such dict through encode_record (their checks and errors)."""
+    str; an image field's encoded bytes, of its format) skips the general checks and
+    conversions (the same bytes: a value of the field's own dtype always fits it); a field
+    that is not goes through them alone, and a sample that is no such dict through
+    encode_record (their checks and errors)."""
     fields = [(f.name, f, _fast_kind(f)) for f in schema.fields]
     head, n = struct.Struct(f"<{len(fields)}q"), len(fields)
     int64, float64 = struct.Struct("<q").pack, struct.Struct("<d").pack
@@ -193,6 +194,8 @@ def record_encoder(schema: Schema):
                 v = float64(v)
             elif kind == _STR and type(v) is str:
                 v = v.encode("utf-8")
+            elif kind == _IMAGE and type(v) is bytes and sniff_image(v[:16]) == f.format:
+                pass  # encoded bytes of the field's format, stored as they are
             elif not (kind == _BYTES and type(v) is bytes):
                 if v is _MISSING:
                     return encode_record(schema, sample)
@@ -206,8 +209,15 @@ def record_encoder(schema: Schema):
 
 
 _MISSING = object()
-_ARRAY, _RAGGED, _INT, _FLOAT, _BYTES, _STR = range(6)
-_KINDS = {"ragged": _RAGGED, "int": _INT, "float": _FLOAT, "bytes": _BYTES, "str": _STR}
+_ARRAY, _RAGGED, _INT, _FLOAT, _BYTES, _STR, _IMAGE = range(7)
+_KINDS = {
+    "ragged": _RAGGED,
+    "int": _INT,
+    "float": _FLOAT,
+    "bytes": _BYTES,
+    "str": _STR,
+    "image": _IMAGE,
+}
 
 
 def _fast_kind(f: Field) -> int | None:
