@@ -414,13 +414,24 @@ def make_room(writer: Writer, names: tuple[str, ...], rows: int) -> None:
 class ContiguousWriter(Writer):
     """A writer whose samples go into one preallocated array-like ``self.data`` (an HDF5
     dataset or a numpy memmap): rows of fixed-shape arrays, or encoded bytes back to back with
-    an offsets index. Subclasses allocate ``self.data`` and call ``_start_index``."""
+    an offsets index. Subclasses allocate ``self.data`` and call ``_start_index``.
+
+    Fed as parts are committed (count None: gpufeed.write.assemble.Stream), a subclass sets
+    ``self.appended`` instead (formats.appended.AppendedFile): each part's payload is appended
+    to that file as it comes, the index grows, and :meth:`placed` says where each sample went
+    (the part is then saved without its payload; gpufeed.write.direct reads it back)."""
+
+    appended = None  # an AppendedFile, when fed as parts are committed
+    # Part.where's first column for a sample in ``appended`` (tar: the shard, >= 0; LMDB -1):
+    # the subclass's, naming its file to gpufeed.write.direct
+    place_marker = 0
 
     def _start_index(self) -> None:
+        rows = self.count if self.count is not None else 1024
         if self.spec.kind != "array":
-            self.offsets = np.zeros(self.count + 1, dtype=np.int64)
-        self.labels = np.empty(self.count, dtype=np.int64)
-        self.crcs = np.empty(self.count, dtype=np.uint32)
+            self.offsets = np.zeros(rows + 1, dtype=np.int64)
+        self.labels = np.empty(rows, dtype=np.int64)
+        self.crcs = np.empty(rows, dtype=np.uint32)
         self.n = 0
         self.nbytes = 0
 
@@ -429,7 +440,13 @@ class ContiguousWriter(Writer):
         if n == 0:
             return
         lo, hi = self.n, self.n + n
-        if self.spec.kind == "array":
+        if self.count is None:
+            make_room(self, ("labels", "crcs"), hi)
+            if self.spec.kind != "array":
+                make_room(self, ("offsets",), hi + 1)
+        if self.appended is not None:
+            self._append(part)
+        elif self.spec.kind == "array":
             self.data[lo:hi] = part.payload.view(self.spec.dtype).reshape(n, *self.spec.shape)
         else:
             size = int(part.offsets[-1])
@@ -439,3 +456,39 @@ class ContiguousWriter(Writer):
         self.labels[lo:hi] = part.labels
         self.crcs[lo:hi] = part.crc32
         self.n = hi
+
+    def _append(self, part: Part) -> None:
+        """The part's payload at the end of ``appended``, its offsets in the index."""
+        n, size = len(part), int(part.offsets[-1])
+        if self.spec.kind == "array" and size != n * self.spec.nbytes:
+            raise ValueError(
+                f"{self.appended.path}: a part of {n} samples holds {size:,} bytes, not "
+                f"{n} x {self.spec.nbytes:,} ({self.spec.describe()})"
+            )
+        self.appended.append(part.payload[:size])
+        if self.spec.kind != "array":
+            self.offsets[self.n + 1 : self.n + n + 1] = part.offsets[1:] + self.nbytes
+        self.nbytes += size
+
+    def placed(self, count: int) -> np.ndarray | None:
+        """int64 [count, 3]: the last ``count`` samples' (place_marker, file offset, size)
+        rows in ``appended`` (None when not fed as parts are committed)."""
+        if self.appended is None:
+            return None
+        lo = self.n - count
+        rows = np.empty((count, 3), dtype=np.int64)
+        rows[:, 0] = self.place_marker
+        if self.spec.kind == "array":
+            rows[:, 2] = self.spec.nbytes
+            rows[:, 1] = np.arange(lo, self.n, dtype=np.int64) * self.spec.nbytes
+        else:
+            rows[:, 1] = self.offsets[lo : self.n]
+            rows[:, 2] = np.diff(self.offsets[lo : self.n + 1])
+        rows[:, 1] += self.appended.head_size
+        return rows
+
+    def trim_index(self) -> None:
+        """The index cut to the samples written (it grows ahead when fed part by part)."""
+        self.labels, self.crcs = self.labels[: self.n], self.crcs[: self.n]
+        if self.spec.kind != "array":
+            self.offsets = self.offsets[: self.n + 1]

@@ -41,12 +41,20 @@ from gpufeed.write.ownership import (
 )
 from gpufeed.write.staging import part_path
 
-__all__ = ["STREAMED_FORMATS", "Stream", "assemble"]
+__all__ = ["STREAMED_FORMATS", "Stream", "assemble", "streams"]
 
 # formats whose writer takes the samples in order without knowing their totals: a fresh pack
 # feeds it each part as the part is committed (Stream), so the format's files are written
-# while the workers read, not in a second pass over every part after them
-STREAMED_FORMATS = frozenset({"tar", "lmdb"})
+# while the workers read, not in a second pass over every part after them (mmap: its .npy
+# container; a .pt file is written from the whole array at the end, so it is assembled)
+STREAMED_FORMATS = frozenset({"tar", "lmdb", "mmap"})
+
+
+def streams(state: dict) -> bool:
+    """Whether a fresh pack of these settings is written as its parts are committed."""
+    if state["format"] == "mmap":
+        return (state.get("container") or "npy") == "npy"
+    return state["format"] in STREAMED_FORMATS
 
 
 class Stream:
@@ -60,13 +68,14 @@ class Stream:
         self.out = partial / OUT_DIR
         self.state = state
         self.classes = classes
-        self.on = on and state["format"] in STREAMED_FORMATS
+        self.on = on and streams(state)
         self.writer = None
         self.fed = 0  # parts written, in order
 
     def feed(self, index: int, part: Part) -> np.ndarray | None:
-        """Write the part's samples; returns where they are in the shards of a writer that
-        says so (tar: TarWriter.placed), else None."""
+        """Write the part's samples; returns where they are in the files of a writer that
+        says so (Part.where: TarWriter.placed, LmdbWriter.placed, ContiguousWriter.placed),
+        else None."""
         if not self.on:
             return None
         if index != self.fed:
@@ -188,8 +197,9 @@ def assemble(
         info = _write_parts(writer, paths, partial, quiet, fmt)
     with no_space_is_an_error(out / SOURCES_NAME):
         write_sources(out / SOURCES_NAME, map(src.rel.__getitem__, items_all.tolist()))
-    known = info.get("sha256", {})
-    files = {n: file_entry(out, n, known.get(n)) for n in sorted([*info["files"], SOURCES_NAME])}
+    known = info.get("sha256", {})  # a value may be a future: the file hashed in a thread
+    names = sorted([*info["files"], SOURCES_NAME])
+    files = {n: file_entry(out, n, _result(known.get(n), out / n)) for n in names}
     manifest = {
         "gpufeed_manifest": MANIFEST_SCHEMA,
         "format": fmt,
@@ -216,6 +226,15 @@ def assemble(
     fsync_dir(out)
     swap_into_place(out, dest, partial, src)
     return manifest
+
+
+def _result(value, path: Path) -> str | None:
+    """A writer's sha256 of ``path``: made already, or by a thread that also fsyncs the file
+    (a Future, waited for here: a full disk then is a DiskFullError naming the file)."""
+    if not hasattr(value, "result"):
+        return value
+    with no_space_is_an_error(path):
+        return value.result()
 
 
 def _write_parts(writer, paths: list[Path], partial: Path, quiet: bool, fmt: str) -> dict[str, Any]:

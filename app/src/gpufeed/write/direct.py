@@ -1,10 +1,11 @@
 """Parts of a streamed pack: each sample written once, into the format's file.
 
-A fresh tar or LMDB pack's samples go into its shards (or data.mdb) as each part is committed
-(gpufeed.write.assemble.Stream; by gpufeed.write.writer, and by gpufeed.write.staging for a
-source folder), so the part file keeps only the index: each sample's record
-size, label, crc32, input, and its place (Part.where: tar shard, offset, size; or -1, the
-LMDB key's index, -1), not its bytes. Neither the part nor a shard is fsynced before the pack
+A fresh tar, LMDB or mmap (.npy) pack's samples go into its shards (data.mdb, encoded.npy or
+samples.npy) as each part is committed (gpufeed.write.assemble.Stream; by
+gpufeed.write.writer, and by gpufeed.write.staging for a source folder), so the part file
+keeps only the index: each sample's record size, label, crc32, input, and its place
+(Part.where: tar shard, offset, size; -1, the LMDB key's index, -1; or -2, the offset in the
+.npy file, size), not its bytes. Neither the part nor a shard is fsynced before the pack
 is finished (an LMDB transaction is, when committed; records not yet in one are lost with
 the process): after a crash, a resume moves the streamed files aside
 (DEST.partial/streamed/), reads every kept part's records back from them and checks each
@@ -25,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed.formats.appended import read_npy_head
+from gpufeed.formats.mmap.writer import STREAMED_MMAP, data_name
 from gpufeed.formats.parts import Part
 from gpufeed.formats.record import record_from_members
 from gpufeed.formats.tar.writer import SHARD_FORMAT
@@ -47,6 +50,9 @@ def load_part(path: Path, partial: Path) -> Part:
     part = Part.load(path)
     if part.where is None or not len(part):
         return part
+    if int(part.where[0, 0]) == STREAMED_MMAP:
+        part.payload = _from_npy(part, partial / STREAMED_DIR / data_name(part.spec))
+        return part
     if int(part.where[0, 0]) < 0:
         records = _from_lmdb(part.where[:, 1], partial / STREAMED_DIR)
     else:
@@ -55,6 +61,47 @@ def load_part(path: Path, partial: Path) -> Part:
         raise ValueError(f"{path}: the shards' records are not the sizes the part recorded")
     part.payload = np.frombuffer(b"".join(records), dtype=np.uint8)
     return part
+
+
+def _from_npy(part: Part, path: Path) -> np.ndarray:
+    """The part's payload from the streamed .npy file: its samples' (STREAMED_MMAP, offset,
+    size) rows checked first (the part file is untrusted: every span inside the file's data,
+    past its header, the sizes the part recorded), then read in one pread where they lie
+    back to back, as the writer put them."""
+    where = np.asarray(part.where)
+    if where.ndim != 2 or where.shape != (len(part), 3) or where.dtype.kind not in "iu":
+        raise ValueError(f"{path}: the part's places are {where.dtype}{list(where.shape)}")
+    where = where.astype(np.int64, copy=False)
+    starts, sizes = where[:, 1], where[:, 2]
+    if (where[:, 0] != STREAMED_MMAP).any() or not np.array_equal(sizes, np.diff(part.offsets)):
+        raise ValueError(f"{path}: the part's places are not its samples' in the .npy file")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        head, size = read_npy_head(fd, path)[0], os.fstat(fd).st_size
+        outside = (starts < head) | (sizes < 0) | (starts + sizes > size)
+        if outside.any():
+            raise ValueError(f"{path}: a sample the part names lies outside its data")
+        if len(starts) < 2 or np.array_equal(starts[1:], starts[:-1] + sizes[:-1]):
+            span = _pread(fd, int(sizes.sum()), int(starts[0]) if len(starts) else head)
+        else:
+            span = b"".join(
+                _pread(fd, b, a) for a, b in zip(starts.tolist(), sizes.tolist(), strict=True)
+            )
+    finally:
+        os.close(fd)
+    return np.frombuffer(span, dtype=np.uint8)
+
+
+def _pread(fd: int, size: int, offset: int) -> bytearray:
+    """``size`` bytes at ``offset``, in reads of at most 1 GiB (one read stops short of 2 GiB)."""
+    span, at = bytearray(size), 0
+    view = memoryview(span)
+    while at < size:
+        got = os.preadv(fd, [view[at : at + (1 << 30)]], offset + at)
+        if got <= 0:
+            raise ValueError(f"the streamed file is cut short at byte {offset + at:,}")
+        at += got
+    return span
 
 
 def _from_shards(schema, where: np.ndarray, kept: Path) -> list[bytes]:

@@ -1,4 +1,11 @@
-"""The mmap format's writer (the layout: gpufeed.formats.mmap)."""
+"""The mmap format's writer (the layout: gpufeed.formats.mmap).
+
+Given its count (a pack assembled from its parts), it fills a preallocated memmap. Fed as
+parts are committed (count None: a fresh pack, gpufeed.write.assemble.Stream; container
+"npy"), it appends each part's bytes to the .npy file by pwrite after a header written for 0
+rows, and rewrites the header in place when it finishes (formats.appended): the same file,
+byte for byte, with no second pass over the samples but the one that hashes it.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +16,27 @@ from typing import Any
 import numpy as np
 
 from gpufeed.errors import UsageError
+from gpufeed.formats.appended import AppendedFile, npy_head
 from gpufeed.formats.base import ContiguousWriter
 from gpufeed.formats.files import preallocate
 from gpufeed.formats.mmap import CONTAINERS, pt
 from gpufeed.formats.spec import SampleSpec
+
+# Part.where's first column for a sample in a streamed mmap pack's data file (data_name):
+# (STREAMED_MMAP, file offset, size) rows (gpufeed.write.direct)
+STREAMED_MMAP = -2
+
+
+def data_name(spec: SampleSpec) -> str:
+    """The .npy file that holds the samples of ``spec``."""
+    return "samples.npy" if spec.kind == "array" else "encoded.npy"
+
+
+def data_head(spec: SampleSpec, rows: int) -> bytes:
+    """The .npy header of the data file holding ``rows`` samples (array) or bytes."""
+    if spec.kind == "array":
+        return npy_head(spec.dtype, (rows, *spec.shape))
+    return npy_head(np.uint8, (rows,))
 
 
 def allocated_memmap(path: Path, dtype, shape) -> np.memmap:
@@ -26,6 +50,7 @@ def allocated_memmap(path: Path, dtype, shape) -> np.memmap:
 
 class MmapWriter(ContiguousWriter):
     format_name = "mmap"
+    place_marker = STREAMED_MMAP
 
     def __init__(self, out, spec, count, total_bytes, options):
         super().__init__(out, spec, count, total_bytes, options)
@@ -42,22 +67,24 @@ class MmapWriter(ContiguousWriter):
             raise UsageError(
                 f"the .pt container holds one fixed-shape tensor per sample, not {what}"
             )
-        if self.spec.kind == "array":
-            self.current_file = self.out / "samples.npy"
+        self.current_file = self.out / data_name(self.spec)
+        self.sha256: dict[str, str] = {}
+        if count is None:
+            self.appended = AppendedFile(self.current_file, data_head(self.spec, 0))
+        elif self.spec.kind == "array":
             shape = (count, *self.spec.shape)
             self.data = allocated_memmap(self.current_file, self.spec.dtype, shape)
         else:
-            self.current_file = self.out / "encoded.npy"
             self.data = allocated_memmap(self.current_file, np.uint8, (total_bytes,))
         self._start_index()
 
     def abort(self) -> None:
         self.data = None
+        if self.appended is not None:
+            self.appended.close()
 
     def finish(self) -> dict[str, Any]:
-        assert self.n == self.count
-        self.data.flush()
-        del self.data
+        self._finish_data()
         files = ["labels.npy", "crc32.npy"]
         self._save("labels.npy", self.labels)
         self._save("crc32.npy", self.crcs)
@@ -68,10 +95,29 @@ class MmapWriter(ContiguousWriter):
             self.current_file = self.out / "samples.pt"
             pt.save_npy_as_pt(self.out / "samples.npy", self.current_file)
             os.unlink(self.out / "samples.npy")
+            self.sha256.pop("samples.npy", None)
             files.append("samples.pt")
         else:
             files.append("samples.npy")
-        return {"files": sorted(files), "layout": {"container": self.container}}
+        layout = {"container": self.container}
+        return {"files": sorted(files), "layout": layout, "sha256": dict(self.sha256)}
+
+    def _finish_data(self) -> None:
+        """The data file complete on disk: the map flushed, or the streamed file's header
+        written for its final count (its fsync and sha256, one read of the file, in a thread:
+        formats.appended.AppendedFile.finish)."""
+        if self.appended is None:
+            assert self.n == self.count
+            self.data.flush()
+            del self.data
+            return
+        self.trim_index()
+        rows = self.n if self.spec.kind == "array" else self.nbytes
+        written = self.appended.finish(data_head(self.spec, rows), hashed=self.container == "npy")
+        if self.container == "npy":  # a future: assemble waits for it before the manifest
+            self.sha256[self.current_file.name] = written
+        else:  # the .pt file is made from it next
+            written.result()
 
     def _save(self, name: str, arr: np.ndarray) -> None:
         self.current_file = self.out / name

@@ -1,0 +1,156 @@
+"""A format file written as a stream: a fixed-size head, then the samples' bytes appended as
+each part is committed (gpufeed.write.assemble.Stream), the head written last when the count
+is known (an .npy header's shape; HDF5 moves the bytes into its file).
+
+The bytes go in by os.pwrite from the caller's buffer (no map: a write into a hole on a full
+disk through a map is a SIGBUS, a pwrite an ENOSPC), into room reserved ahead in large steps
+(formats.files.preallocate), so a full disk is a DiskFullError naming the file. Nothing is
+fsynced until :meth:`AppendedFile.finish` (a resume checks every sample the parts name against
+its crc32: gpufeed.write.direct).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.errors import DiskFullError
+from gpufeed.formats.files import preallocate
+
+__all__ = ["AppendedFile", "npy_head", "read_npy_head", "sha256_fd"]
+
+# room reserved past the end at a time: at least this much, or a quarter of what is there
+# (few fallocate calls, and little given back by the truncate at the end)
+RESERVE_STEP = 64 << 20
+# the read size of the sha256 pass at the end: large, so the hashing thread takes the GIL
+# back rarely (each time it does, the main thread may wait a switch interval, 5 ms)
+HASH_READ = 64 << 20
+
+
+def npy_head(dtype, shape: tuple[int, ...]) -> bytes:
+    """The .npy header np.lib.format.open_memmap writes for an array of ``dtype`` and
+    ``shape`` (format 1.0, else 2.0 when it does not fit). numpy pads it so the first axis
+    may grow to GROWTH_AXIS_MAX_DIGITS digits: a header written for 0 rows has the length of
+    the one for the final count, and is rewritten in place."""
+    fmt = np.lib.format
+    header = {"descr": fmt.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+              "shape": tuple(shape)}  # fmt: skip
+    buf = io.BytesIO()
+    try:
+        fmt.write_array_header_1_0(buf, header)
+    except ValueError:  # over 65,535 bytes: the 2.0 header, as open_memmap picks
+        buf = io.BytesIO()
+        fmt.write_array_header_2_0(buf, header)
+    return buf.getvalue()
+
+
+def read_npy_head(fd: int, path) -> tuple[int, np.dtype, tuple[int, ...]]:
+    """(data start, dtype, shape) of the .npy file open as ``fd`` (ValueError when it has no
+    readable header)."""
+    with open(os.dup(fd), "rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"{path}: .npy format version {version}, expected 1.0 or 2.0")
+        if fortran:
+            raise ValueError(f"{path}: a Fortran-order .npy file; gpufeed writes C order")
+        return f.tell(), dtype, tuple(shape)
+
+
+def sha256_fd(fd: int, size: int) -> str:
+    """The sha256 of the first ``size`` bytes of ``fd``: one pass of large reads into one
+    buffer (hashlib drops the GIL while it hashes)."""
+    h, buf, at = hashlib.sha256(), bytearray(HASH_READ), 0
+    view = memoryview(buf)
+    while at < size:
+        got = os.preadv(fd, [view[: min(HASH_READ, size - at)]], at)
+        if got <= 0:
+            raise OSError(f"file cut short at byte {at:,} of {size:,} while hashing it")
+        h.update(view[:got])
+        at += got
+    return h.hexdigest()
+
+
+def _hash_and_close(fd: int, size: int, hashed: bool, synced: Future) -> str | None:
+    """The file's sha256 (``hashed``), once it is fsynced (``synced``, raised), then closed."""
+    try:
+        digest = sha256_fd(fd, size) if hashed else None
+        synced.result()
+        return digest
+    finally:
+        os.close(fd)
+
+
+class AppendedFile:
+    """One file: ``head_size`` bytes kept for a head written at the end, then the bytes of
+    :meth:`append` back to back. ``end``: where the next byte goes (the file's size once
+    finished)."""
+
+    def __init__(self, path: Path, head: bytes):
+        self.path = Path(path)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.head_size = len(head)
+        self.reserved = 0
+        self.end = 0
+        self.append(head)  # a placeholder: a crash leaves a file its reader refuses
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def append(self, buf) -> int:
+        """``buf``'s bytes at the end; returns the file offset they start at."""
+        view = memoryview(buf).cast("B")
+        at, end = self.end, self.end + len(view)
+        if end > self.reserved:
+            self._reserve(end)
+        while view:
+            done = os.pwrite(self.fd, view, at)
+            view, at = view[done:], at + done
+        start, self.end = self.end, end
+        return start
+
+    def _reserve(self, need: int) -> None:
+        """Room for ``need`` bytes and a step more; when the step does not fit, exactly
+        ``need`` (the disk full only when the samples themselves do not fit)."""
+        ahead = max(need, self.reserved + max(RESERVE_STEP, self.reserved // 4))
+        try:
+            preallocate(self, ahead, self.path)
+        except DiskFullError:
+            preallocate(self, need, self.path)
+            ahead = need
+        self.reserved = ahead
+
+    def finish(self, head: bytes | None, hashed: bool = True) -> Future:
+        """The reserved room past the end given back and ``head`` written over the
+        placeholder (the same size); then, in a thread, the file fsynced (durable before the
+        manifest names it) and, where ``hashed``, its sha256 made from the page cache while
+        the fsync writes it out; the file closed. Returns that thread's future: the sha256
+        (or None), which the caller waits for before it writes the manifest, so the one read
+        of the file overlaps the rest of the pack's finishing."""
+        if head is not None:
+            if len(head) != self.head_size:
+                raise RuntimeError(
+                    f"{self.path}: the final header is {len(head)} bytes, the space kept for "
+                    f"it {self.head_size} (numpy's .npy header padding changed?)"
+                )
+            os.pwrite(self.fd, head, 0)
+        os.ftruncate(self.fd, self.end)
+        fd, self.fd = self.fd, -1  # the thread's now: it closes it
+        pool = ThreadPoolExecutor(2, thread_name_prefix="gpufeed-finish")
+        synced = pool.submit(os.fsync, fd)
+        done = pool.submit(_hash_and_close, fd, self.end, hashed, synced)
+        pool.shutdown(wait=False)
+        return done
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
