@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,36 @@ def streams(state: dict) -> bool:
     return state["format"] in STREAMED_FORMATS
 
 
+@dataclass
+class PartIndex:
+    """What assembling needs of a committed part besides its samples: their sizes and
+    inputs, the inputs it skipped, its sample spec."""
+
+    spec: SampleSpec | None
+    sizes: np.ndarray
+    items: np.ndarray
+    skip_items: np.ndarray
+    skip_errors: np.ndarray
+
+    @classmethod
+    def of(cls, part: Part) -> PartIndex:
+        sizes = np.diff(part.offsets)
+        return cls(part.spec, sizes, part.items, part.skip_items, part.skip_errors)
+
+    @classmethod
+    def read(cls, path: Path) -> PartIndex:
+        """The index of the part file at ``path`` (its payload is not read)."""
+        with np.load(path) as z:
+            spec = json.loads(str(z["spec"]))
+            return cls(
+                SampleSpec.from_json(spec) if spec else None,
+                np.diff(z["offsets"]),
+                z["items"],
+                z["skip_items"],
+                z["skip_errors"],
+            )
+
+
 class Stream:
     """The format's files written from each part as it is committed (a fresh pack in a
     format of STREAMED_FORMATS), into DEST.partial/out/. The committed parts stay what a
@@ -71,6 +102,7 @@ class Stream:
         self.on = on and streams(state)
         self.writer = None
         self.fed = 0  # parts written, in order
+        self.seen: list[PartIndex] = []  # their index, what assemble needs of them
 
     def feed(self, index: int, part: Part) -> np.ndarray | None:
         """Write the part's samples; returns where they are in the files of a writer that
@@ -91,6 +123,7 @@ class Stream:
                 self.on, self.writer = False, None
                 raise
         self.fed += 1
+        self.seen.append(PartIndex.of(part))
         placed = getattr(self.writer, "placed", None)
         return placed(len(part)) if placed is not None and len(part) else None
 
@@ -168,23 +201,21 @@ def assemble(
 ):
     parts_dir = partial / PARTS_DIR
     paths = [part_path(parts_dir, p) for p in range(nparts)]
-    spec_json, sizes, items = None, [], []
-    skipped = [{"item": None, "path": rel, "error": err} for rel, err in src.problems]
-    for path in paths:
-        with np.load(path) as z:
-            s = json.loads(str(z["spec"]))
-            spec_json = spec_json or s
-            sizes.append(np.diff(z["offsets"]))
-            items.append(z["items"])
-            for it, err in zip(z["skip_items"].tolist(), z["skip_errors"].tolist(), strict=True):
-                skipped.append({"item": it, "path": src.rel[it], "error": err})
+    writer = stream.finished_writer(nparts) if stream is not None else None
+    # the parts' index: as the stream saw them (no part read again), or read from the files
+    index = stream.seen if writer is not None else [PartIndex.read(path) for path in paths]
+    spec = next((i.spec for i in index if i.spec is not None), None)
+    sizes = [i.sizes for i in index]
     sizes_all = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+    items = [i.items for i in index]
     items_all = np.concatenate(items) if items else np.zeros(0, dtype=np.int64)
     count = len(sizes_all)
-    spec = SampleSpec.from_json(spec_json) if spec_json else None
+    skipped = [{"item": None, "path": rel, "error": err} for rel, err in src.problems]
+    for i in index:
+        for it, err in zip(i.skip_items.tolist(), i.skip_errors.tolist(), strict=True):
+            skipped.append({"item": it, "path": src.rel[it], "error": err})
     out = partial / OUT_DIR
     fmt = state["format"]
-    writer = stream.finished_writer(nparts) if stream is not None else None
     if writer is not None:
         with _format_errors(writer):
             info = writer.finish()
