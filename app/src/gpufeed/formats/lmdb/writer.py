@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import mmap
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import lmdb
@@ -15,9 +18,12 @@ from gpufeed.formats.lmdb.envs import (
     DATA_FILE,
 )
 from gpufeed.formats.lmdb.keys import CRC_KEY, LABELS_KEY, LOCK_FILE, META_KEY, keys
+from gpufeed.formats.lmdb.pages import mapped
 from gpufeed.formats.lmdb.values import (
     SNAPSHOT,
     VALUES_FILE,
+    fitted_delta,
+    paged_table,
     snapshot,
     value_table,
     write_value_table,
@@ -53,6 +59,7 @@ class LMDBWriter(Writer):
         rows = count if count is not None else 1024
         self.labels = np.empty(rows, dtype=np.int64)
         self.crcs = np.empty(rows, dtype=np.uint32)
+        self.sizes = np.empty(rows, dtype=np.int64)  # what the value table is checked against
         self.n = 0
         self.pending: list[tuple[bytes, memoryview]] = []
         self.pending_bytes = 0
@@ -92,10 +99,11 @@ class LMDBWriter(Writer):
     def add(self, part: Part) -> None:
         # Transactions are cut by record count and bytes, never by part: LMDB's file bytes
         # depend on the transaction sequence, and the pack's bytes must not depend on parts.
-        make_room(self, ("labels", "crcs"), self.n + len(part))
+        make_room(self, ("labels", "crcs", "sizes"), self.n + len(part))
         self.labels[self.n : self.n + len(part)] = part.labels
         self.crcs[self.n : self.n + len(part)] = part.crc32
         offsets = part.offsets
+        self.sizes[self.n : self.n + len(part)] = np.diff(offsets)
         names = keys(np.arange(self.n, self.n + len(part)))
         view = memoryview(part.payload)
         j, n = 0, len(part)
@@ -146,25 +154,48 @@ class LMDBWriter(Writer):
         self.env.sync(True)
         files = [DATA_FILE]
         layout = {"key_format": "%010d", "meta_keys": ["__gpufeed__", "__labels__", "__crc32__"]}
-        placed = self._value_table()
+        m, data = mapped(self.current_file)
+        try:  # the file is final: hashed on a thread (hashlib lets go of the GIL) meanwhile
+            with ThreadPoolExecutor(1, thread_name_prefix="gpufeed-lmdb-sha256") as pool:
+                digest = pool.submit(_sha256, m)
+                placed = self._value_table(data)
+            digests = {DATA_FILE: digest.result()}
+        finally:
+            del data  # the map's one export: closed with it
+            m.close()
+        self.env.close()
         if placed is not None:
             files.append(VALUES_FILE)
-            layout[SNAPSHOT] = placed
-        self.env.close()
+            layout[SNAPSHOT], digests[VALUES_FILE] = placed
         (self.out / LOCK_FILE).unlink(missing_ok=True)
-        return {"files": files, "layout": layout}
+        return {"files": files, "layout": layout, "sha256": digests}
 
-    def _value_table(self) -> dict[str, int] | None:
-        """values.npy (lmdb_values), written while the file is still in memory: the snapshot
-        of the environment it describes, None where it wrote none."""
+    def _value_table(self, data: np.ndarray) -> tuple[dict[str, int], str] | None:
+        """values.npy (lmdb.values), written while the file is still in memory: from its
+        pages (``data``, a map of the file), else by a lookup per record; the snapshot of
+        the environment it describes and the table's sha256, None where it wrote none."""
         if self.n == 0:
             return None
+        shot = snapshot(self.env)
+        psize = self.env.stat()["psize"]
+        table = paged_table(data, psize, shot["txnid"], self.sizes[: self.n])
         with self.env.begin(buffers=True) as txn:
-            table = value_table(txn, self.n, keys)
+            if table is not None:  # three records where LMDB says, as the reader checks
+                at = [0, self.n // 2, self.n - 1]
+                if fitted_delta(txn, table, keys(np.array(at)), at) is None:
+                    table = None
+            if table is None:
+                table = value_table(txn, self.n, keys)
         if table is None:
             return None
-        write_value_table(self.out / VALUES_FILE, table)
-        return snapshot(self.env)
+        return shot, write_value_table(self.out / VALUES_FILE, table)
+
+
+def _sha256(m: mmap.mmap) -> str:
+    """The file's sha256 from the map its value table is found in (read once, not again
+    through a buffer by the manifest's file_entry)."""
+    m.madvise(mmap.MADV_SEQUENTIAL)  # read ahead far where its pages are not cached
+    return hashlib.sha256(m).hexdigest()
 
 
 # Blocks read ahead (Reader.read_ahead_ranges). gpufeed appends the records in key order, so
