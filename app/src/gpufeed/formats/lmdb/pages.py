@@ -13,8 +13,9 @@ bytes after its 16-byte header hold it. The root is the main database's in the m
 (page 0 or 1) of the higher transaction id.
 
 Nothing found here is trusted as it is: a page or node that is not what the layout says
-(a flag, an offset or a page number out of place) is None, and the writer checks what is
-found against what it wrote (lmdb.values.checked_table) before the table is used.
+(a flag, an offset or a page number out of place) raises Layout before any read outside
+the file, and the writer checks what is found against what it wrote (every key and size:
+lmdb.values.paged_table) and three records against LMDB's lookups before it is used.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def value_table(txn, count: int, keys_of, chunk: int = 1 << 16) -> np.ndarray | 
 def paged_table(data: np.ndarray, psize: int, txnid: int, sizes: np.ndarray) -> np.ndarray | None:
     """value_table from the file's pages (``data``, a map of data.mdb as of transaction
     ``txnid``: lmdb.pages), without a lookup: where the first records of the B-tree are
-    records 0..len(sizes)-1, under their keys (key_bytes) and of ``sizes`` bytes (what the
+    records 0..len(sizes)-1, under their keys (lmdb.keys.key) and of ``sizes`` bytes (what the
     writer put); None otherwise (the writer looks them up instead)."""
     count = len(sizes)
     table = np.empty((count, 2), dtype=np.int64)

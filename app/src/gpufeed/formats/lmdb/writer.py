@@ -51,10 +51,20 @@ class LMDBWriter(Writer):
         self.current_file = self.out / DATA_FILE
         # meminit stays on: pages are zeroed before use, so the file's bytes depend only on
         # what was written, and two packs of the same data are byte-identical. sync=True:
-        # each transaction is durable when committed, so a resume may read a streamed pack's
-        # records back from it (gpufeed.write.direct)
+        # each transaction's pages are on disk when it is committed, so a resume may read a
+        # streamed pack's records back from it (gpufeed.write.direct). metasync=False: its
+        # meta page is flushed with the next transaction's pages (one device flush a
+        # transaction, not two): a power loss may undo the last transaction, never damage
+        # the file (LMDB's MDB_NOMETASYNC), and a resume redoes the parts whose records are
+        # missing; finish's env.sync(True) flushes the last one before the manifest is made
         self.env = lmdb.open(
-            str(self.out), subdir=True, map_size=self.map_size, meminit=True, sync=True, lock=True
+            str(self.out),
+            subdir=True,
+            map_size=self.map_size,
+            meminit=True,
+            sync=True,
+            metasync=False,
+            lock=True,
         )
         rows = count if count is not None else 1024
         self.labels = np.empty(rows, dtype=np.int64)
