@@ -4,10 +4,19 @@ owner 0, mode 0644, mtime 0 (a test compares)."""
 from __future__ import annotations
 
 import tarfile
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["BLOCK", "field_header", "header_size", "member_header", "member_headers"]
+__all__ = [
+    "BLOCK",
+    "DEC4",
+    "HeaderFields",
+    "field_header",
+    "header_size",
+    "member_header",
+    "member_headers",
+]
 
 BLOCK = 512
 
@@ -68,6 +77,15 @@ _HEADER_END = _HEADER[156:]
 KEY_DIGITS = 9  # a member's key: the sample index, zero-padded to this width
 KEY_FORMAT = f"%0{KEY_DIGITS}d"  # the same, as the manifest's layout.key_format says it
 MAX_SIZE = 8**11  # ustar's size field: 11 octal digits
+# the ASCII digits of 0..9999 (4 decimal digits) and 0..4095 (4 octal), each as the
+# little-endian uint32 of those 4 bytes, and their byte sums (HeaderFields.numbers looks
+# digits up 4 at a time)
+_DEC4_TEXT = b"".join(b"%04d" % i for i in range(10**4))
+_OCT4_TEXT = b"".join(b"%04o" % i for i in range(8**4))
+DEC4, _OCT4 = np.frombuffer(_DEC4_TEXT, "<u4"), np.frombuffer(_OCT4_TEXT, "<u4")
+_DEC4_SUM = np.frombuffer(_DEC4_TEXT, np.uint8).reshape(-1, 4).sum(axis=1, dtype=np.int64)
+_OCT4_SUM = np.frombuffer(_OCT4_TEXT, np.uint8).reshape(-1, 4).sum(axis=1, dtype=np.int64)
+_KEY_GROUPS = -(-KEY_DIGITS // 4)
 
 
 def field_header(suffix: str) -> tuple[bytes, int] | None:
@@ -81,26 +99,71 @@ def field_header(suffix: str) -> tuple[bytes, int] | None:
     return name_rest + _HEADER[100:124], _HEADER_SUM + sum(tail)
 
 
+class HeaderFields(NamedTuple):
+    """The ustar headers of members KEY + suffix, one suffix a field, split into what every
+    sample shares (``templates``: uint8 [F, BLOCK], key and size digits zero, the checksum
+    field's last two bytes set) and what ``numbers`` computes for a run of samples."""
+
+    templates: np.ndarray  # uint8 [F, BLOCK]
+    sums: np.ndarray  # int64 [F]: each template's byte sum, its checksum field as spaces
+
+    @classmethod
+    def of(cls, suffixes: list[str]) -> HeaderFields | None:
+        """None where a name is too long for a plain ustar name (member_header then builds
+        it through tarfile)."""
+        heads = [field_header(s) for s in suffixes]
+        if None in heads:
+            return None
+        joined = b"".join(_template(h[0]) for h in heads)
+        templates = np.frombuffer(joined, np.uint8).reshape(len(heads), BLOCK).copy()
+        templates[:, 154:156] = (0, 32)  # the checksum's "%06o\0 " ends so
+        return cls(templates, np.array([h[1] for h in heads], np.int64))
+
+    def numbers(self, first_key: int, sizes: np.ndarray):
+        """For keys first_key, first_key + 1, ... and member sizes int64 [n, F]: (the keys'
+        digits uint8 [n, KEY_DIGITS], the sizes' octal digits [n, F, 11], the checksums'
+        [n, F, 6]); None where a key has more than KEY_DIGITS digits or a size more than 11
+        octal ones (member_header's other cases). Digits are looked up four at a time
+        (DEC4, _OCT4): a digit at a time was most of a run's headers."""
+        n = len(sizes)
+        if first_key + n > 10**KEY_DIGITS or (n and int(sizes.max()) >= MAX_SIZE):
+            return None
+        keys = first_key + np.arange(n, dtype=np.int64)
+        groups = [(keys // 10 ** (4 * g)) % 10**4 for g in range(_KEY_GROUPS - 1, -1, -1)]
+        key_digits = _digits(DEC4, groups)[:, -KEY_DIGITS:]
+        key_sum = sum(_DEC4_SUM[g] for g in groups) - 48 * (4 * _KEY_GROUPS - KEY_DIGITS)
+        # 11 octal digits: 12 (three groups of 4), the first always 0
+        groups = [(sizes >> (12 * g)) & 0o7777 for g in (2, 1, 0)]
+        size_digits = _digits(_OCT4, groups)[..., 1:]
+        size_sum = sum(_OCT4_SUM[g] for g in groups) - 48
+        checksum = self.sums + key_sum[:, None] + size_sum  # under 8**6: 8 digits, 6 kept
+        checks = _digits(_OCT4, [checksum >> 12, checksum & 0o7777])[..., 2:]
+        return key_digits, size_digits, checks
+
+
+def _digits(table: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
+    """uint8 [..., 4 * len(groups)]: the ASCII digits of each group (a number under
+    len(table)), looked up four at a time as one uint32."""
+    out = np.empty((*groups[0].shape, len(groups)), "<u4")
+    for g, values in enumerate(groups):
+        out[..., g] = table[values]
+    return out.view(np.uint8)
+
+
 def member_headers(first_key: int, suffixes: list[str], sizes: np.ndarray) -> np.ndarray:
     """uint8 [n, F, BLOCK]: member_header(KEY + suffixes[k], sizes[j, k]) for the keys
     first_key, first_key + 1, ... (KEY_DIGITS digits each), computed for all at once: the
     fields' templates, the key's and the size's digits written in, the checksums summed."""
-    n, nf = sizes.shape
-    heads = [field_header(s) for s in suffixes]
-    fits = n == 0 or (first_key + n <= 10**KEY_DIGITS and int(sizes.max()) < MAX_SIZE)
-    if not fits or None in heads:  # rare: long names, huge members: one at a time
+    fields = HeaderFields.of(suffixes)
+    numbers = fields.numbers(first_key, sizes) if fields is not None else None
+    if numbers is None:  # rare: long names, huge members: one at a time
         return _headers_one_by_one(first_key, suffixes, sizes)
-    out = np.empty((n, nf, BLOCK), np.uint8)
-    out[:] = np.frombuffer(b"".join(_template(h[0]) for h in heads), np.uint8).reshape(nf, -1)
-    keys = first_key + np.arange(n, dtype=np.int64)
-    key_digits = (keys[:, None] // 10 ** np.arange(KEY_DIGITS - 1, -1, -1)) % 10 + 48
-    out[:, :, :KEY_DIGITS] = key_digits[:, None, :]
-    size_digits = (sizes[..., None] >> (3 * np.arange(10, -1, -1))) & 7
-    out[:, :, 124:135] = size_digits + 48
-    sums = np.array([h[1] for h in heads], np.int64)
-    checksum = sums + key_digits.sum(axis=1)[:, None] + (size_digits + 48).sum(axis=-1)
-    out[:, :, 148:154] = ((checksum[..., None] >> (3 * np.arange(5, -1, -1))) & 7) + 48
-    out[:, :, 154:156] = (0, 32)  # "%06o\0 "
+    keys, size_digits, checks = numbers
+    out = np.empty((*sizes.shape, BLOCK), np.uint8)
+    out[:] = fields.templates
+    out[:, :, :KEY_DIGITS] = keys[:, None, :]
+    out[:, :, 124:135] = size_digits
+    out[:, :, 148:154] = checks
     return out
 
 

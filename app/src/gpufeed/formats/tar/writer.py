@@ -18,7 +18,7 @@ from gpufeed.formats.files import fsync_dir
 from gpufeed.formats.npy import npy_bytes
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
-from gpufeed.formats.tar.fields import PartMembers
+from gpufeed.formats.tar.fields import PartMembers, Scratch
 from gpufeed.formats.tar.members import BLOCK, KEY_FORMAT
 
 INDEX_NAME = "index.npz"
@@ -27,6 +27,8 @@ RECORD = 20 * BLOCK
 # a multi-field pack's samples are assembled and written in runs of about this many bytes
 # (and a re-cut pack's shards copied in blocks of as many: TarWriter.recut)
 RUN_BYTES = 8 << 20
+# ...and of at most this many samples (the run's end is found a window of them at a time)
+RUN_SAMPLES = 8192
 # shard_size and shard_bytes when not given: see default_shard_size. Bytes as MosaicML
 # Streaming's size_limit and LitData's chunk_bytes: a remote shard is fetched whole before its
 # first sample is read, by each worker for its own shard
@@ -102,6 +104,7 @@ class TarWriter(Writer):
         self.in_shard = 0
         self.pos = 0
         self.n = 0
+        self._scratch = Scratch()  # the buffer runs are built in (fields.Scratch)
 
     def _start_shard(self) -> None:
         self._end_shard()
@@ -154,7 +157,7 @@ class TarWriter(Writer):
         make_room(self, self._INDEX + self._CUT, self.n + len(part))
         first = self.n
         if self.spec.kind == "fields":
-            members = PartMembers.of_fields(self.spec.schema, part)
+            members = PartMembers.of_fields(self.spec.schema, part, self._scratch)
             # what a sample may need in a shard (the rule every multi-field pack was cut by)
             needs = np.diff(part.offsets) + 1280 * len(members.suffixes)
             self._add_runs(members, needs, spans=True)
@@ -162,7 +165,8 @@ class TarWriter(Writer):
             exts = part.exts if self.spec.kind == "encoded" else np.full(len(part), "npy")
             cuts = [0, *(np.flatnonzero(exts[1:] != exts[:-1]) + 1).tolist(), len(part)]
             for a, b in itertools.pairwise(cuts):
-                members = PartMembers.of_samples(part, a, b, str(exts[a]), self.header)
+                ext = str(exts[a])
+                members = PartMembers.of_samples(part, a, b, ext, self.header, self._scratch)
                 self._add_runs(members, members.sample_bytes, spans=False)
         self.labels[first : self.n] = part.labels
         self.crcs[first : self.n] = part.crc32
@@ -192,25 +196,39 @@ class TarWriter(Writer):
         header and the bytes to the end of the last member's data (what the reader parses);
         else the first member's data past ``self.header`` and the sample's own bytes."""
         rows = slice(self.n, self.n + len(needs))
-        self.grown[rows], self.needs[rows] = members.sample_bytes, needs
-        needs, grown = needs.tolist(), members.sample_bytes.tolist()
-        j, n = 0, len(needs)
-        while j < n:
-            if self.f is None or self._full(needs[j], self.pos, self.in_shard):
+        grown = members.sample_bytes
+        self.grown[rows], self.needs[rows] = grown, needs
+        a, n = 0, len(needs)
+        while a < n:
+            if self.f is None or self._full(int(needs[a]), self.pos, self.in_shard):
                 self._start_shard()
-            a, pos, count, j = j, self.pos + grown[j], self.in_shard + 1, j + 1
-            while j < n and pos - self.pos < RUN_BYTES and not self._full(needs[j], pos, count):
-                pos, count, j = pos + grown[j], count + 1, j + 1
-            buf, data = members.build(a, j, self.n)
+            b = self._run_end(a, needs, grown)
+            buf, data = members.build(a, b, self.n)
             if spans:
-                last = data[:, -1] + members.sizes[a:j, -1]
-                self._index(self.pos + data[:, 0] - BLOCK, last - data[:, 0] + BLOCK, j - a)
+                last = data[:, -1] + members.sizes[a:b, -1]
+                self._index(self.pos + data[:, 0] - BLOCK, last - data[:, 0] + BLOCK, b - a)
             else:
                 self._index(
-                    self.pos + data[:, 0] + len(self.header), members.fields[0].lens[a:j], j - a
+                    self.pos + data[:, 0] + len(self.header), members.fields[0].lens[a:b], b - a
                 )
             self.pos += len(buf)
             self._write(buf)
+            a = b
+
+    def _run_end(self, a: int, needs: np.ndarray, grown: np.ndarray) -> int:
+        """The end of the run from sample ``a`` (which fits the current shard): the first
+        sample after it that the shard is full for (_full, for all at once) or that starts
+        RUN_BYTES past it; a run ends sooner only where it is long in samples (where a run
+        ends moves no byte: it is one write)."""
+        b = min(len(needs), a + RUN_SAMPLES)
+        size = grown[a:b]
+        pos = self.pos + np.cumsum(size) - size  # where each sample would start
+        count = self.in_shard + np.arange(b - a)
+        stop = (pos - self.pos >= RUN_BYTES) | (count >= self.max_count)
+        stop |= (count > 0) & (pos + needs[a:b] + 2 * BLOCK > self.max_bytes)
+        stop[0] = False
+        first = int(stop.argmax())
+        return a + first if stop[first] else b
 
     def needs_rewrite(self) -> bool:
         """Whether the shards written differ from the default cut for the count written (a

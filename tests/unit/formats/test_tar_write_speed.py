@@ -1,0 +1,128 @@
+"""formats/tar/fields.py's fast paths: which samples take them, and that what they make is
+record.member_bytes' members, byte for byte (the shards' bytes: test_tar_write_bytes.py).
+
+A part whose samples all span the same bytes (fixed-shape arrays, ints, floats) is built as
+[samples, bytes] rows with no Python a sample; its scratch rows are kept for the next run of
+the same layout, so a run must write every byte the row leaves variable (a stale byte of an
+earlier part would be a wrong member)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import numpy as np
+import pytest
+from test_tar_write_bytes import _parts, _write
+
+from gpufeed.formats import record
+from gpufeed.formats.schema import parse_schema
+from gpufeed.formats.tar import fields
+from gpufeed.formats.tar.fields import PartMembers, Scratch, float_text, int_text
+
+EDGE_INTS = [0, 1, 9, 10, 99, 100, 9999, 10**4, 10**7 - 1, 10**7, 10**8 - 1, 10**8, -1, -10]
+EDGE_INTS += [(1 << 63) - 1, -(1 << 63), 123456789012345]
+
+
+def _texts(text) -> list[bytes]:
+    assert not any(row[n:].any() for row, n in zip(text.chars, text.lens.tolist(), strict=True))
+    return [row[:n].tobytes() for row, n in zip(text.chars, text.lens.tolist(), strict=True)]
+
+
+@pytest.mark.parametrize("values", [EDGE_INTS, list(range(1000)), [5] * 7, [10**8 - 1] * 3])
+def test_int_text_is_member_bytes(values):
+    field = parse_schema({"v": "int"}).fields[0]
+    arr = np.array(values, np.int64)
+    want = [record.member_bytes(field, v.tobytes()) for v in arr]
+    assert _texts(int_text(arr)) == want
+
+
+def test_float_text_is_member_bytes():
+    field = parse_schema({"v": "float"}).fields[0]
+    rng = np.random.default_rng(1)
+    arr = np.r_[[0.0, -0.0, 0.1, 1e16, 1e-5, 5e-324, -1.7976931348623157e308, np.nan],
+                [np.inf, -np.inf, 2.5, 1 / 3], rng.standard_normal(200) * 10.0 ** rng.integers(
+                    -30, 30, 200)]  # fmt: skip
+    want = [record.member_bytes(field, v.tobytes()) for v in arr]
+    assert _texts(float_text(arr)) == want
+
+
+def _no_copy_loop(monkeypatch) -> None:
+    def refused(*args, **kwargs):
+        raise AssertionError("a member was copied one at a time")
+
+    monkeypatch.setattr(fields, "_copy_field", refused)
+
+
+def test_fixed_size_samples_are_built_without_python_a_sample(tmp_path, monkeypatch):
+    schema = parse_schema({"x": "uint8[1000]", "y": "float32[3]", "label": "int", "s": "float"})
+
+    def make(i):
+        return {"x": np.full(1000, i % 256, np.uint8), "y": np.full(3, i, np.float32),
+                "label": i * 7919 % 100_003, "s": i / 7}  # fmt: skip
+
+    parts = _parts(schema, make, count=300, part=100)
+    members = PartMembers.of_fields(schema, parts[0])
+    assert members.row is not None and members.row_key is not None
+    _no_copy_loop(monkeypatch)
+    info = _write(tmp_path / "out", schema, parts, {"items": None, "shard_size": 70})
+    got = []
+    for name in info["layout"]["shards"]:
+        with tarfile.open(tmp_path / "out" / name) as tf:
+            got += [(m.name, tf.extractfile(m).read()) for m in tf.getmembers()]
+    assert len(got) == 300 * 4
+    i = 123
+    x = np.load(io.BytesIO(dict(got)[f"{i:09d}.x.npy"]))
+    np.testing.assert_array_equal(x, make(i)["x"])
+    assert dict(got)[f"{i:09d}.label.cls"] == b"%d" % make(i)["label"]
+    assert dict(got)[f"{i:09d}.s.json"] == repr(i / 7).encode()
+
+
+def _members(schema, parts, scratch) -> list[bytes]:
+    """Each part's tar bytes as built with ``scratch`` (kept across parts, as a writer does)."""
+    out = []
+    for part in parts:
+        members = PartMembers.of_fields(schema, part, scratch)
+        out.append(members.build(0, len(part), 0)[0].tobytes())
+    return out
+
+
+def test_rows_kept_for_the_next_part_are_written_whole(tmp_path):
+    """Parts alternating between layouts and sizes, one scratch buffer for all: each part's
+    bytes are those it has built with a fresh buffer."""
+    schema = parse_schema({"t": "int32[-1]", "label": "int", "s": "float"})
+    lengths = [5, 300, 5, 5, 1, 300, 300]  # one length a part: one shape, rows of one size
+
+    def make(i):
+        n = lengths[i // 10]
+        return {"t": np.full(n, i, np.int32), "label": [3, -(1 << 63), 10**9][i % 3] + i,
+                "s": [0.5, float("nan"), -1e-300][i % 3]}  # fmt: skip
+
+    parts = _parts(schema, make, count=70, part=10)
+    parts = [*parts[:2], *parts[4:5], *parts[2:4], *parts[5:]]  # 10-sample parts, 4 sizes
+    kept = _members(schema, parts, Scratch())
+    fresh = [_members(schema, [p], Scratch())[0] for p in parts]
+    assert kept == fresh
+    assert all(PartMembers.of_fields(schema, p).row_key is not None for p in parts)
+    # and these are the members record.member_bytes makes (each part's first sample)
+    for part, data in zip(parts, kept, strict=True):
+        stored = record.split_record(schema, part.sample(0))
+        want = [record.member_bytes(f, v) for f, v in zip(schema.fields, stored, strict=True)]
+        got = [m.read() for m in _read_members(data)[:3]]
+        assert got == want
+
+
+def _read_members(data: bytes) -> list:
+    tf = tarfile.open(fileobj=io.BytesIO(data + bytes(1024)))
+    return [tf.extractfile(m) for m in tf.getmembers()]
+
+
+def test_a_part_whose_payload_ends_early_is_an_error_not_other_memory():
+    """Fixed-size records whose offsets run past the payload (a damaged part): the strided
+    copy is not taken; the member copy refuses (never a view past the buffer)."""
+    schema = parse_schema({"x": "uint8[1000]"})
+    part = _parts(schema, lambda i: {"x": np.full(1000, i, np.uint8)}, count=8, part=8)[0]
+    part.payload = part.payload[:-500]  # the last record's bytes are cut short
+    members = PartMembers.of_fields(schema, part)
+    with pytest.raises(ValueError):
+        members.build(0, 8, 0)
