@@ -1,7 +1,8 @@
-"""A fresh mmap (.npy) pack is written as its parts are committed (assemble.Stream): each
-part's bytes appended to encoded.npy or samples.npy by pwrite, the part saved without them
-(Part.where: STREAMED_MMAP, file offset, size), the .npy header rewritten in place for the
-final count when it closes. The files are those the pack assembled from its parts has, byte
+"""A fresh mmap (.npy) or uncompressed HDF5 pack is written as its parts are committed
+(assemble.Stream): each part's bytes appended by pwrite to encoded.npy or samples.npy (the
+.npy header rewritten in place for the final count when it closes), or to HDF5's side file
+(moved into data.h5's dataset when it closes); the part saved without them (Part.where:
+marker, file offset, size). The files are those the pack assembled from its parts has, byte
 for byte; a kill at any point resumes to a pack that verifies; a part naming bytes outside
 the file is redone; a full disk is an error naming the file."""
 
@@ -20,6 +21,7 @@ import pytest
 import gpufeed
 import gpufeed.write.assemble as assemble_module
 from gpufeed.errors import DiskFullError
+from gpufeed.formats.appended import HDF5_SIDE, STREAMED_HDF5
 from gpufeed.formats.manifest import read_manifest
 from gpufeed.formats.mmap.writer import STREAMED_MMAP
 from gpufeed.formats.parts import Part
@@ -29,6 +31,17 @@ from gpufeed.write.direct import check_part, keep_streamed, load_part
 SCHEMA = {"x": "uint8[-1]", "label": "int"}
 OPTS = {"format": "mmap", "schema": SCHEMA, "part_size": 16}
 N = 100
+# the file each format streams into, in DEST.partial (mmap: in out/, streamed/ once kept aside)
+STREAMED = {"mmap": "out/encoded.npy", "hdf5": HDF5_SIDE}
+KEPT = {"mmap": "streamed/encoded.npy", "hdf5": HDF5_SIDE}
+MARKER = {"mmap": STREAMED_MMAP, "hdf5": STREAMED_HDF5}
+
+
+@pytest.fixture(params=["mmap", "hdf5"])
+def fmt(request, monkeypatch):
+    """Each streamed contiguous format, made OPTS's (and the child processes')."""
+    monkeypatch.setitem(OPTS, "format", request.param)
+    return request.param
 
 
 def sample(i: int) -> dict:
@@ -75,9 +88,7 @@ def assembled(monkeypatch):
     return make
 
 
-def test_a_streamed_writer_pack_is_the_assembled_one_byte_for_byte(
-    tmp_path, assembled, monkeypatch
-):
+def test_a_streamed_writer_pack_is_the_assembled_one(tmp_path, fmt, assembled, monkeypatch):
     old = tmp_path / "old"
     assembled(_write, old)
 
@@ -94,30 +105,36 @@ def test_a_streamed_writer_pack_is_the_assembled_one_byte_for_byte(
     monkeypatch.setattr(Part, "save", kept)
     new = tmp_path / "new"
     _write(new)
+    assert OPTS["format"] == fmt
     # every part but the last (close's flush keeps its payload) names its bytes in the file
     assert len(saved) == 7 and saved[-1].where is None
-    assert all(p.where is not None and p.where[0, 0] == STREAMED_MMAP for p in saved[:-1])
+    assert all(p.where is not None and p.where[0, 0] == MARKER[fmt] for p in saved[:-1])
     assert all(len(p.arrays()["payload"]) == 0 for p in saved[:-1])
     assert _files(new) == _files(old)
     assert _manifest(new) == _manifest(old)
-    data = np.load(new / "encoded.npy", mmap_mode="r")  # the header written for the end
-    assert data.shape == (int(np.load(new / "offsets.npy")[-1]),)
-    assert data.offset + data.shape[0] == os.path.getsize(new / "encoded.npy") > 4096
+    assert not (new / HDF5_SIDE).exists()
+    if fmt == "mmap":
+        data = np.load(new / "encoded.npy", mmap_mode="r")  # the header written for the end
+        assert data.shape == (int(np.load(new / "offsets.npy")[-1]),)
+        assert data.offset + data.shape[0] == os.path.getsize(new / "encoded.npy") > 4096
     _check(new)
 
 
-def test_a_streamed_array_pack_is_the_assembled_one(tmp_path, assembled):
+def test_a_streamed_array_pack_is_the_assembled_one(tmp_path, fmt, assembled):
     from unit_sources import write_arrays
 
     src = tmp_path / "src"
     write_arrays(src, {"a": 30, "b": 25}, shape=(3, 5), dtype=np.float32)
-    opts = {"format": "mmap", "quiet": True, "workers": 0, "part_size": 8}
+    opts = {"format": fmt, "quiet": True, "workers": 0, "part_size": 8}
     assembled(gpufeed.pack, src, tmp_path / "old", **opts)
     gpufeed.pack(src, tmp_path / "new", **opts)
     assert _files(tmp_path / "new") == _files(tmp_path / "old")
     assert _manifest(tmp_path / "new") == _manifest(tmp_path / "old")
-    samples = np.load(tmp_path / "new" / "samples.npy")
-    assert samples.shape == (55, 3, 5) and samples.dtype == np.float32
+    ds = gpufeed.open_dataset(tmp_path / "new", map_style=True)
+    assert len(ds) == 55 and tuple(ds[54][0].shape) == (3, 5)
+    if fmt == "mmap":
+        samples = np.load(tmp_path / "new" / "samples.npy")
+        assert samples.shape == (55, 3, 5) and samples.dtype == np.float32
     assert verify(tmp_path / "new").ok
 
 
@@ -144,21 +161,21 @@ def _stopped(dest: Path, n: int) -> Path:
     return partial
 
 
-@pytest.mark.parametrize("crafted", ["past the end", "inside the header", "a negative size"])
-def test_a_part_naming_bytes_outside_the_file_is_refused_and_redone(tmp_path, crafted):
+@pytest.mark.parametrize("crafted", ["past the end", "before the data", "a negative size"])
+def test_a_part_naming_bytes_outside_the_file_is_refused_and_redone(tmp_path, fmt, crafted):
     dest = tmp_path / "p"
     partial = _stopped(dest, 64)
     path = partial / "parts" / "part-000002.npz"
     part = Part.load(path)
-    size = os.path.getsize(partial / "streamed" / "encoded.npy")
+    size = os.path.getsize(partial / KEPT[fmt])
     if crafted == "past the end":  # its last byte one past the file's end
         part.where[1, 1] = size - part.where[1, 2] + 1
-    elif crafted == "inside the header":
-        part.where[0, 1] = 10
+    elif crafted == "before the data":  # mmap: inside the .npy header
+        part.where[0, 1] = 10 if fmt == "mmap" else -1
     else:
         part.where[0, 2] = -1
     part.save(path)
-    with pytest.raises(ValueError, match="encoded.npy"):
+    with pytest.raises(ValueError, match=KEPT[fmt]):
         load_part(path, partial)
     assert check_part(path, partial) is None
     assert check_part(partial / "parts" / "part-000001.npz", partial) is not None
@@ -169,11 +186,11 @@ def test_a_part_naming_bytes_outside_the_file_is_refused_and_redone(tmp_path, cr
     _check(dest)
 
 
-def test_flipped_bytes_in_the_streamed_file_redo_the_part(tmp_path):
+def test_flipped_bytes_in_the_streamed_file_redo_the_part(tmp_path, fmt):
     dest = tmp_path / "p"
     partial = _stopped(dest, 64)
     part = Part.load(partial / "parts" / "part-000001.npz")
-    with open(partial / "streamed" / "encoded.npy", "r+b") as f:
+    with open(partial / KEPT[fmt], "r+b") as f:
         f.seek(int(part.where[3, 1]))
         f.write(b"\xff")
     assert check_part(partial / "parts" / "part-000001.npz", partial) is None
@@ -189,9 +206,11 @@ import os, signal, sys
 sys.path.insert(0, {tests!r})
 import gpufeed
 import gpufeed.write.assemble as A
+import gpufeed.formats.hdf5 as H
 from gpufeed.formats.appended import AppendedFile
 from gpufeed.formats.parts import Part
 from test_mmap_stream import OPTS, sample
+OPTS["format"] = {fmt!r}
 
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -212,6 +231,7 @@ elif where == "finish":  # the header rewritten and the file cut to its size, no
         os.ftruncate(self.fd, self.end)
         die()
     AppendedFile.finish = killed
+    H.copy_range = die  # HDF5: data.h5 written and closed, the samples not yet in it
 elif where == "swap":  # every file and the manifest written, not renamed into place
     A.swap_into_place = die
 with gpufeed.Writer({dest!r}, **OPTS) as w:
@@ -221,9 +241,12 @@ with gpufeed.Writer({dest!r}, **OPTS) as w:
 
 
 @pytest.mark.parametrize("where", ["part", "finish", "swap"])
-def test_a_killed_writer_resumes_to_a_pack_that_verifies(tmp_path, python_env, assembled, where):
+def test_a_killed_writer_resumes_to_a_pack_that_verifies(
+    tmp_path, python_env, fmt, assembled, where
+):
     dest = tmp_path / "p"
-    script = KILLED.format(tests=str(Path(__file__).parent), dest=str(dest), where=where, n=N)
+    tests = str(Path(__file__).parent)
+    script = KILLED.format(tests=tests, dest=str(dest), where=where, n=N, fmt=fmt)
     proc = subprocess.run([sys.executable, "-c", script], env=python_env, timeout=120)
     assert proc.returncode == -signal.SIGKILL
     assert not dest.exists()
@@ -242,9 +265,12 @@ def _no_space(*args, **kwargs):
 
 
 @pytest.mark.parametrize("call", ["preallocate", "pwrite"])
-def test_a_full_disk_is_an_error_naming_the_file_and_the_pack_resumes(tmp_path, monkeypatch, call):
+def test_a_full_disk_is_an_error_naming_the_file_and_the_pack_resumes(
+    tmp_path, fmt, monkeypatch, call
+):
     """The third reservation (room reserved a part at a time) or the third write of the
-    streamed file (the header's, then a part's each) finds the disk full."""
+    streamed file (mmap: the header's, then a part's each; HDF5's side file has no header)
+    finds the disk full."""
     import gpufeed.formats.appended as appended
 
     dest, calls = tmp_path / "p", []
@@ -260,22 +286,24 @@ def test_a_full_disk_is_an_error_naming_the_file_and_the_pack_resumes(tmp_path, 
             m.setattr(os, "posix_fallocate", _no_space)
             return real(*args, **kwargs)
 
-    if call == "preallocate":
-        monkeypatch.setattr(appended, "RESERVE_STEP", 1)
-        monkeypatch.setattr(appended, "preallocate", full_from_the_third)
-    else:
-        monkeypatch.setattr(appended.os, "pwrite", full_from_the_third)
-    with pytest.raises(DiskFullError, match=r"p\.partial/out/encoded\.npy"):
-        _write(dest)
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        if call == "preallocate":
+            m.setattr(appended, "RESERVE_STEP", 1)
+            m.setattr(appended, "preallocate", full_from_the_third)
+        else:
+            m.setattr(appended.os, "pwrite", full_from_the_third)
+        named = r"p\.partial/" + STREAMED[fmt].replace(".", r"\.")
+        with pytest.raises(DiskFullError, match=named):
+            _write(dest)
     with gpufeed.Writer(dest, resume=True, **OPTS) as w:
-        assert w.written == 16  # the first part's samples, in the file before the disk filled
+        # the parts in the file before the disk filled
+        assert w.written == (16 if fmt == "mmap" else 32)
         for i in range(w.written, N):
             w.write(sample(i))
     _check(dest)
 
 
-def test_streamed_packs_merge(tmp_path):
+def test_streamed_packs_merge(tmp_path, fmt):
     _write(tmp_path / "a", n=40)
     with gpufeed.Writer(tmp_path / "b", **OPTS) as w:
         for i in range(40, N):

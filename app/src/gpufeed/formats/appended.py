@@ -11,6 +11,7 @@ its crc32: gpufeed.write.direct).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -22,7 +23,23 @@ import numpy as np
 from gpufeed.errors import DiskFullError
 from gpufeed.formats.files import preallocate
 
-__all__ = ["AppendedFile", "npy_head", "read_npy_head", "sha256_fd"]
+__all__ = [
+    "HDF5_SIDE",
+    "STREAMED_HDF5",
+    "AppendedFile",
+    "copy_range",
+    "npy_head",
+    "read_npy_head",
+    "sha256_fd",
+    "synced_and_hashed",
+]
+
+# a streamed HDF5 pack's samples, appended to this file in DEST.partial (no head), copied
+# into the dataset of data.h5 when it finishes (gpufeed.formats.hdf5) and left there until
+# DEST.partial is removed (a crash before that resumes from it); Part.where's first column
+# for a sample there (mmap's: formats.mmap.writer.STREAMED_MMAP; gpufeed.write.direct)
+HDF5_SIDE = "hdf5-samples.bin"
+STREAMED_HDF5 = -3
 
 # room reserved past the end at a time: at least this much, or a quarter of what is there
 # (few fallocate calls, and little given back by the truncate at the end)
@@ -77,6 +94,44 @@ def sha256_fd(fd: int, size: int) -> str:
         h.update(view[:got])
         at += got
     return h.hexdigest()
+
+
+def synced_and_hashed(fd: int, size: int, hashed: bool = True) -> Future:
+    """In threads: ``fd`` fsynced and, where ``hashed``, the sha256 of its first ``size``
+    bytes made meanwhile (from the page cache), then ``fd`` closed. Returns the future of
+    the sha256 (None unless hashed), which raises the fsync's error."""
+    pool = ThreadPoolExecutor(2, thread_name_prefix="gpufeed-finish")
+    synced = pool.submit(os.fsync, fd)
+    done = pool.submit(_hash_and_close, fd, size, hashed, synced)
+    pool.shutdown(wait=False)
+    return done
+
+
+def copy_range(src: int, dst: int, size: int, src_at: int, dst_at: int) -> None:
+    """``size`` bytes of ``src`` at ``src_at`` written to ``dst`` at ``dst_at``: by the kernel
+    (copy_file_range), or read and written where it cannot (another file system, an old
+    kernel); never short."""
+    done = 0
+    try:
+        while done < size:
+            got = os.copy_file_range(src, dst, size - done, src_at + done, dst_at + done)
+            if got <= 0:
+                raise OSError(f"copy_file_range copied nothing at byte {src_at + done:,}")
+            done += got
+        return
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+    buf = bytearray(min(HASH_READ, size - done))
+    view = memoryview(buf)
+    while done < size:
+        got = os.preadv(src, [view[: min(len(buf), size - done)]], src_at + done)
+        if got <= 0:
+            raise OSError(f"the file to copy is cut short at byte {src_at + done:,}")
+        put = 0
+        while put < got:
+            put += os.pwrite(dst, view[put:got], dst_at + done + put)
+        done += got
 
 
 def _hash_and_close(fd: int, size: int, hashed: bool, synced: Future) -> str | None:
@@ -144,11 +199,7 @@ class AppendedFile:
             os.pwrite(self.fd, head, 0)
         os.ftruncate(self.fd, self.end)
         fd, self.fd = self.fd, -1  # the thread's now: it closes it
-        pool = ThreadPoolExecutor(2, thread_name_prefix="gpufeed-finish")
-        synced = pool.submit(os.fsync, fd)
-        done = pool.submit(_hash_and_close, fd, self.end, hashed, synced)
-        pool.shutdown(wait=False)
-        return done
+        return synced_and_hashed(fd, self.end, hashed)
 
     def close(self) -> None:
         if self.fd >= 0:

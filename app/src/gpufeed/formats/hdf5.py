@@ -23,6 +23,13 @@ import h5py
 import numpy as np
 
 from gpufeed.errors import DataError, UnsafePathError, UsageError
+from gpufeed.formats.appended import (
+    HDF5_SIDE,
+    STREAMED_HDF5,
+    AppendedFile,
+    copy_range,
+    synced_and_hashed,
+)
 from gpufeed.formats.base import (
     REPACK,
     ContiguousWriter,
@@ -104,39 +111,57 @@ def _link_target(link) -> str:
 
 
 class HDF5Writer(ContiguousWriter):
+    """Given its count, it writes the samples through h5py into the dataset made for them.
+    Fed as parts are committed (count None: a fresh uncompressed pack,
+    gpufeed.write.assemble.Stream), it appends them to a side file in DEST.partial, next to
+    out/ (HDF5_SIDE, formats.appended) and, when it finishes, makes data.h5 as the other way does (the
+    dataset's storage placed by a write of its first row) and moves the bytes into the
+    dataset's place by copy_file_range once h5py has closed the file: the same file."""
+
     format_name = "hdf5"
+    place_marker = STREAMED_HDF5
 
     def __init__(self, out, spec, count, total_bytes, options):
         super().__init__(out, spec, count, total_bytes, options)
         self._comp = compression_args(options.get("compression"))
         self.path = self.current_file = self.out / FILE_NAME
-        self.f = h5py.File(self.path, "w", track_order=False)
-        kw = dict(track_times=False)
-        spec = spec or SampleSpec("encoded")
-        self.spec = spec
-        if spec.kind == "array":
-            shape = (count, *spec.shape)
+        self.spec = spec = spec or SampleSpec("encoded")
+        self.f = None
+        self.sha256: dict[str, Any] = {}
+        if count is None:
             if self._comp:
-                rows = max(1, min(count, CHUNK_BYTES // max(1, spec.nbytes)))
-                kw.update(self._comp, chunks=(max(rows, 1), *spec.shape) if count else None)
-            self.data = self.f.create_dataset("samples", shape=shape, dtype=spec.dtype, **kw)
+                raise UsageError("a compressed HDF5 pack is written from its parts, not streamed")
+            self.appended = AppendedFile(self.out.parent / HDF5_SIDE, b"")
+            self.current_file = self.appended.path
+            self._start_index()
+            return
+        self.f = h5py.File(self.path, "w", track_order=False)
+        if spec.kind == "array":
+            self.data = self._samples(count)
         else:
-            if self._comp and total_bytes:
-                kw.update(self._comp, chunks=(min(total_bytes, CHUNK_BYTES),))
-            self.data = self.f.create_dataset("encoded", shape=(total_bytes,), dtype=np.uint8, **kw)
+            self.data = self._encoded(total_bytes)
         self._start_index()
 
-    def finish(self) -> dict[str, Any]:
-        assert self.n == self.count, (self.n, self.count)
+    def _samples(self, count: int) -> h5py.Dataset:
         kw = dict(track_times=False)
-        if self.spec.kind != "array":
-            self.f.create_dataset("offsets", data=self.offsets, **kw)
-        self.f.create_dataset("labels", data=self.labels, **kw)
-        self.f.create_dataset("crc32", data=self.crcs, **kw)
-        self.f.attrs["gpufeed_format_version"] = self.spec.format_version
-        self.f.attrs["sample"] = json.dumps(self.spec.to_json())
-        self.f.attrs["classes"] = json.dumps(self.options.get("classes"))
-        self.f.close()
+        if self._comp:
+            rows = max(1, min(count, CHUNK_BYTES // max(1, self.spec.nbytes)))
+            kw.update(self._comp, chunks=(max(rows, 1), *self.spec.shape) if count else None)
+        shape = (count, *self.spec.shape)
+        return self.f.create_dataset("samples", shape=shape, dtype=self.spec.dtype, **kw)
+
+    def _encoded(self, total_bytes: int) -> h5py.Dataset:
+        kw = dict(track_times=False)
+        if self._comp and total_bytes:
+            kw.update(self._comp, chunks=(min(total_bytes, CHUNK_BYTES),))
+        return self.f.create_dataset("encoded", shape=(total_bytes,), dtype=np.uint8, **kw)
+
+    def finish(self) -> dict[str, Any]:
+        if self.appended is not None:
+            self._finish_streamed()
+        else:
+            assert self.n == self.count, (self.n, self.count)
+            self._write_index()
         layout = {
             "file": FILE_NAME,
             "compression": self.options.get("compression") or None,
@@ -154,11 +179,58 @@ class HDF5Writer(ContiguousWriter):
                 "labels": "/labels",
                 "crc32": "/crc32",
             }
-        return {"files": [FILE_NAME], "layout": layout}
+        return {"files": [FILE_NAME], "layout": layout, "sha256": dict(self.sha256)}
+
+    def _write_index(self) -> None:
+        """The index datasets and attributes written after the samples, the file closed."""
+        kw = dict(track_times=False)
+        if self.spec.kind != "array":
+            self.f.create_dataset("offsets", data=self.offsets, **kw)
+        self.f.create_dataset("labels", data=self.labels, **kw)
+        self.f.create_dataset("crc32", data=self.crcs, **kw)
+        self.f.attrs["gpufeed_format_version"] = self.spec.format_version
+        self.f.attrs["sample"] = json.dumps(self.spec.to_json())
+        self.f.attrs["classes"] = json.dumps(self.options.get("classes"))
+        self.f.close()
+
+    def _finish_streamed(self) -> None:
+        """data.h5 made as from parts, its dataset's storage placed by a write of the first
+        row (a contiguous dataset's space is allocated at its first write) and the file
+        closed; then the side file's bytes copied to the dataset's offset (h5py no longer
+        holds the file: nothing of its caches is written over them), data.h5 fsynced and
+        hashed in a thread (assemble waits for it). The side file stays, what the parts name
+        until the pack is in place (removed with DEST.partial)."""
+        self.trim_index()
+        side = self.appended
+        self.current_file = self.path
+        self.f = h5py.File(self.path, "w", track_order=False)
+        array = self.spec.kind == "array"
+        self.data = self._samples(self.n) if array else self._encoded(self.nbytes)
+        offset = None
+        if self.nbytes:
+            first = self.spec.nbytes if array else 1
+            row = np.frombuffer(os.pread(side.fd, first, 0), dtype=self.data.dtype)
+            self.data[0:1] = row.reshape(self.data[0:1].shape)
+            offset = self.data.id.get_offset()
+        self.data = None
+        self._write_index()
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            if offset is not None:
+                copy_range(side.fd, fd, self.nbytes, 0, offset)
+        except BaseException:
+            os.close(fd)
+            raise
+        side.close()
+        self.appended = None
+        self.sha256[FILE_NAME] = synced_and_hashed(fd, os.fstat(fd).st_size)
 
     def abort(self) -> None:
+        if self.appended is not None:
+            self.appended.close()
         try:
-            self.f.close()
+            if self.f is not None:
+                self.f.close()
         except Exception:  # noqa: BLE001 - closing a file whose write failed: it is discarded
             pass
 

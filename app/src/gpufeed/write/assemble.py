@@ -47,14 +47,17 @@ __all__ = ["STREAMED_FORMATS", "Stream", "assemble", "streams"]
 # formats whose writer takes the samples in order without knowing their totals: a fresh pack
 # feeds it each part as the part is committed (Stream), so the format's files are written
 # while the workers read, not in a second pass over every part after them (mmap: its .npy
-# container; a .pt file is written from the whole array at the end, so it is assembled)
-STREAMED_FORMATS = frozenset({"tar", "lmdb", "mmap"})
+# container, a .pt file is written from the whole array at the end; HDF5: uncompressed, a
+# compressed dataset's chunks are written from the parts)
+STREAMED_FORMATS = frozenset({"tar", "lmdb", "mmap", "hdf5"})
 
 
 def streams(state: dict) -> bool:
     """Whether a fresh pack of these settings is written as its parts are committed."""
     if state["format"] == "mmap":
         return (state.get("container") or "npy") == "npy"
+    if state["format"] == "hdf5":
+        return (state.get("compression") or "none") == "none"
     return state["format"] in STREAMED_FORMATS
 
 

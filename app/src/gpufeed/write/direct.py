@@ -1,13 +1,14 @@
 """Parts of a streamed pack: each sample written once, into the format's file.
 
-A fresh tar, LMDB or mmap (.npy) pack's samples go into its shards (data.mdb, encoded.npy or
-samples.npy) as each part is committed (gpufeed.write.assemble.Stream; by
-gpufeed.write.writer, and by gpufeed.write.staging for a source folder), so the part file
-keeps only the index: each sample's record size, label, crc32, input, and its place
-(Part.where: tar shard, offset, size; -1, the LMDB key's index, -1; or -2, the offset in the
-.npy file, size), not its bytes. Neither the part nor a shard is fsynced before the pack
-is finished (an LMDB transaction is, when committed; records not yet in one are lost with
-the process): after a crash, a resume moves the streamed files aside
+A fresh tar, LMDB, mmap (.npy) or uncompressed HDF5 pack's samples go into its shards
+(data.mdb, encoded.npy or samples.npy, HDF5's side file) as each part is committed
+(gpufeed.write.assemble.Stream; by gpufeed.write.writer, and by gpufeed.write.staging for a
+source folder), so the part file keeps only the index: each sample's record size, label,
+crc32, input, and its place (Part.where: tar shard, offset, size; -1, the LMDB key's index,
+-1; -2, the offset in the .npy file, size; or -3, the offset in HDF5's side file in
+DEST.partial, formats.appended.HDF5_SIDE, size), not its bytes. Neither the part nor a shard is fsynced
+before the pack is finished (an LMDB transaction is, when committed; records not yet in one
+are lost with the process): after a crash, a resume moves the streamed files aside
 (DEST.partial/streamed/), reads every kept part's records back from them and checks each
 against its crc32; a part that does not check (torn by a power loss, or its shard bytes
 lost) is redone: a Writer's first such part with every part after it, a source folder's
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.formats.appended import read_npy_head
+from gpufeed.formats.appended import HDF5_SIDE, STREAMED_HDF5, read_npy_head
 from gpufeed.formats.mmap.writer import STREAMED_MMAP, data_name
 from gpufeed.formats.parts import Part
 from gpufeed.formats.record import record_from_members
@@ -50,8 +51,8 @@ def load_part(path: Path, partial: Path) -> Part:
     part = Part.load(path)
     if part.where is None or not len(part):
         return part
-    if int(part.where[0, 0]) == STREAMED_MMAP:
-        part.payload = _from_npy(part, partial / STREAMED_DIR / data_name(part.spec))
+    if int(part.where[0, 0]) in (STREAMED_MMAP, STREAMED_HDF5):
+        part.payload = _from_appended(part, partial)
         return part
     if int(part.where[0, 0]) < 0:
         records = _from_lmdb(part.where[:, 1], partial / STREAMED_DIR)
@@ -63,21 +64,25 @@ def load_part(path: Path, partial: Path) -> Part:
     return part
 
 
-def _from_npy(part: Part, path: Path) -> np.ndarray:
-    """The part's payload from the streamed .npy file: its samples' (STREAMED_MMAP, offset,
-    size) rows checked first (the part file is untrusted: every span inside the file's data,
-    past its header, the sizes the part recorded), then read in one pread where they lie
-    back to back, as the writer put them."""
+def _from_appended(part: Part, partial: Path) -> np.ndarray:
+    """The part's payload from the streamed file (formats.appended): mmap's .npy file (in
+    streamed/), or HDF5's side file (in DEST.partial). Its samples' (marker, offset, size) rows checked first (the part file
+    is untrusted: every span inside the file's data, past an .npy header, the sizes the part
+    recorded), then read in one pread where they lie back to back, as the writer put them."""
+    marker = int(part.where[0, 0])
+    mmap = marker == STREAMED_MMAP
+    path = partial / STREAMED_DIR / data_name(part.spec) if mmap else partial / HDF5_SIDE
     where = np.asarray(part.where)
     if where.ndim != 2 or where.shape != (len(part), 3) or where.dtype.kind not in "iu":
         raise ValueError(f"{path}: the part's places are {where.dtype}{list(where.shape)}")
     where = where.astype(np.int64, copy=False)
     starts, sizes = where[:, 1], where[:, 2]
-    if (where[:, 0] != STREAMED_MMAP).any() or not np.array_equal(sizes, np.diff(part.offsets)):
+    if (where[:, 0] != marker).any() or not np.array_equal(sizes, np.diff(part.offsets)):
         raise ValueError(f"{path}: the part's places are not its samples' in the .npy file")
     fd = os.open(path, os.O_RDONLY)
     try:
-        head, size = read_npy_head(fd, path)[0], os.fstat(fd).st_size
+        head = read_npy_head(fd, path)[0] if mmap else 0
+        size = os.fstat(fd).st_size
         outside = (starts < head) | (sizes < 0) | (starts + sizes > size)
         if outside.any():
             raise ValueError(f"{path}: a sample the part names lies outside its data")
