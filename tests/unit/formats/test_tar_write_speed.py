@@ -87,19 +87,26 @@ def _members(schema, parts, scratch) -> list[bytes]:
     return out
 
 
-def test_rows_kept_for_the_next_part_are_written_whole(tmp_path):
-    """Parts alternating between layouts and sizes, one scratch buffer for all: each part's
-    bytes are those it has built with a fresh buffer."""
-    schema = parse_schema({"t": "int32[-1]", "label": "int", "s": "float"})
-    lengths = [5, 300, 5, 5, 1, 300, 300]  # one length a part: one shape, rows of one size
+LENGTHS = [5, 300, 5, 5, 1, 300, 300, 290, 300, 290, 120]  # one a part
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["int32[-1]", "bytes"],  # one shape a part, rows of one size; payloads of one size
+)
+def test_rows_kept_for_the_next_part_are_written_whole(tmp_path, kind):
+    """Parts alternating between layouts and sizes (of the same layout too: 290 and 300 int32
+    or bytes take the same blocks), one scratch for all: each part's bytes are those it
+    builds with a fresh one."""
+    schema = parse_schema({"t": kind, "label": "int", "s": "float"})
 
     def make(i):
-        n = lengths[i // 10]
-        return {"t": np.full(n, i, np.int32), "label": [3, -(1 << 63), 10**9][i % 3] + i,
+        n = LENGTHS[i // 10]
+        t = np.full(n, i, np.int32) if kind != "bytes" else bytes([i % 256 | 1]) * n
+        return {"t": t, "label": [3, -(1 << 63), 10**9][i % 3] + i,
                 "s": [0.5, float("nan"), -1e-300][i % 3]}  # fmt: skip
 
-    parts = _parts(schema, make, count=70, part=10)
-    parts = [*parts[:2], *parts[4:5], *parts[2:4], *parts[5:]]  # 10-sample parts, 4 sizes
+    parts = _parts(schema, make, count=10 * len(LENGTHS), part=10)
     kept = _members(schema, parts, Scratch())
     fresh = [_members(schema, [p], Scratch())[0] for p in parts]
     assert kept == fresh

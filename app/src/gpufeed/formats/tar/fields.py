@@ -16,6 +16,7 @@ time").
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 from typing import NamedTuple
 
 import numpy as np
@@ -67,39 +68,65 @@ class Text(NamedTuple):
 
 
 class Scratch:
-    """The buffer a writer builds its runs in, kept between runs (a fresh one a run cost its
-    pages' faults and zeroing, as much as building the run). A run is written (os.write,
-    its sha256 updated) before the next is built. ``rows`` keeps the rows it filled with a
-    sample's constant bytes for the next run of the same layout."""
+    """The buffers a writer builds its runs in, kept between runs (a fresh one a run cost its
+    pages' faults and zeroing, as much as building the run). Two, used in turn: a run's is
+    read by the hasher's thread (``hold``) while the next is built in the other, and waited
+    for before it is built in again. ``rows`` keeps the rows it filled with a sample's
+    constant bytes for the next run of the same layout."""
 
     def __init__(self) -> None:
-        self.buf = np.empty(0, np.uint8)
-        self.row: bytes | None = None  # what the first ``ready`` rows of buf hold, but for
-        self.ready = 0  # what each run writes anew
+        self._slots = [_Slot(), _Slot()]
+        self._turn = 0
 
     def take(self, nbytes: int) -> np.ndarray:
-        """``nbytes`` of the buffer, to write anything into."""
-        self.row, self.ready = None, 0
-        return self._take(nbytes)
+        """``nbytes`` of a buffer, to write anything into."""
+        slot = self._next()
+        slot.row, slot.ready = None, 0
+        return slot.take(nbytes)
 
     def rows(self, row: np.ndarray, key: bytes | None, n: int) -> np.ndarray:
         """uint8 [n, len(row)], each row ``row`` where the run writes nothing. ``key`` (the
-        row's bytes, None: not so) says the run writes every other byte of every row: rows
-        the last run of this key filled are not filled again."""
+        row's layout and bytes, None: not so) says the run writes every other byte of every
+        row: rows the last run of this key in this buffer filled are not filled again."""
+        slot = self._next()
         nbytes = n * len(row)
-        if key is None or key != self.row or nbytes > len(self.buf):
-            self.ready = 0
-        out = self._take(nbytes).reshape(n, len(row))
-        out[self.ready :] = row
+        if key is None or key != slot.row or nbytes > len(slot.buf):
+            slot.ready = 0
+        out = slot.take(nbytes).reshape(n, len(row))
+        out[slot.ready :] = row
         kept = nbytes <= KEEP_BYTES and key is not None
-        self.row, self.ready = (key, max(self.ready, n)) if kept else (None, 0)
+        slot.row, slot.ready = (key, max(slot.ready, n)) if kept else (None, 0)
         return out
 
-    def _take(self, nbytes: int) -> np.ndarray:
+    def hold(self, job: Future) -> None:
+        """The buffer handed out last is read until ``job`` is done: not built in before."""
+        self._slots[self._turn ^ 1].job = job
+
+    def _next(self) -> _Slot:
+        slot = self._slots[self._turn]
+        self._turn ^= 1
+        job, slot.job = slot.job, None
+        if job is not None:
+            job.result()
+        return slot
+
+
+class _Slot:
+    """One of Scratch's buffers: ``row`` fills its first ``ready`` rows (but for what each
+    run writes anew); ``job`` still reads it."""
+
+    def __init__(self) -> None:
+        self.buf = np.empty(0, np.uint8)
+        self.row: bytes | None = None
+        self.ready = 0
+        self.job: Future | None = None
+
+    def take(self, nbytes: int) -> np.ndarray:
         if nbytes > KEEP_BYTES:
             return np.empty(nbytes, np.uint8)
         if nbytes > len(self.buf):
             self.buf = np.empty(max(nbytes, min(2 * len(self.buf), KEEP_BYTES)), np.uint8)
+            self.row, self.ready = None, 0
         return self.buf[:nbytes]
 
 
@@ -193,7 +220,8 @@ class PartMembers:
         # every run of this part writes every byte of its rows but the row's own (Scratch.rows)
         self.row_key = None
         if self.row is not None and self._whole():  # the layout, and the bytes it keeps
-            self.row_key = self.spans[0].tobytes() + self.row.tobytes()
+            copied = [int(r.lens[0]) for r in self.fields if isinstance(r, Copied)]
+            self.row_key = np.r_[self.spans[0], copied].tobytes() + self.row.tobytes()
 
     @classmethod
     def of_fields(cls, schema: Schema, part: Part, scratch: Scratch | None = None):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import itertools
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,6 +18,7 @@ from gpufeed.formats.npy import npy_bytes
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
 from gpufeed.formats.tar.fields import PartMembers, Scratch
+from gpufeed.formats.tar.hashing import ShardHasher
 from gpufeed.formats.tar.members import BLOCK, KEY_FORMAT
 
 INDEX_NAME = "index.npz"
@@ -94,9 +94,9 @@ class TarWriter(Writer):
         self.names: list[str] = []
         self.f = None
         # each shard's sha256, made from the bytes as they are written (the manifest's, without
-        # reading the shards back at the end, when the pack's workers are done)
-        self.hash = None
-        self.digests: dict[str, str] = {}
+        # reading the shards back at the end, when the pack's workers are done), in a thread
+        self._hasher = ShardHasher()
+        self.digests: dict[str, Future] = {}
         # a finished shard is fsynced and closed in a thread while the next one is written;
         # finish() waits for them all (before the index and the manifest)
         self._syncer: ThreadPoolExecutor | None = None
@@ -112,16 +112,18 @@ class TarWriter(Writer):
         self.names.append(name)
         self.current_file = self.out / name
         self.f = open(self.current_file, "wb")
-        self.hash = hashlib.sha256()
+        self._hasher.start()
         self.in_shard = 0
         self.pos = 0
 
     def _write(self, buf: np.ndarray) -> None:
         """A run's bytes at the shard's end, by os.write from the buffer (no copy through the
-        file object); a short write (a signal, a pipe-like file system) is finished."""
+        file object; a short write, for a signal or a pipe-like file system, is finished),
+        hashed meanwhile in the hasher's thread (the buffer held until it is: Scratch.hold).
+        Written before this returns: a committed part names only bytes in the shards."""
         self.f.flush()
+        self._scratch.hold(self._hasher.update(buf))
         fd, rest = self.f.fileno(), memoryview(buf)
-        self.hash.update(rest)
         while rest:
             rest = rest[os.write(fd, rest) :]
 
@@ -131,8 +133,8 @@ class TarWriter(Writer):
         end = self.pos + 2 * BLOCK
         trailer = b"\0" * (2 * BLOCK + (-end) % RECORD)
         self.f.write(trailer)
-        self.hash.update(trailer)
-        self.digests[self.names[-1]] = self.hash.hexdigest()
+        self._hasher.update(trailer)
+        self.digests[self.names[-1]] = self._hasher.digest()
         self.f.flush()
         if self._syncer is None:
             self._syncer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-fsync")
@@ -300,7 +302,7 @@ class TarWriter(Writer):
             got = os.preadv(fd, [block[: min(len(block), end - start)]], start)
             if got <= 0:
                 raise DataError(f"{name}: ends at byte {start:,}, before its samples' {end:,}")
-            self.hash.update(block[:got])
+            self._hasher.update_now(block[:got])
             _put(fd, out, block[:got], start)
             self.pos += got
             start += got
@@ -325,6 +327,8 @@ class TarWriter(Writer):
             self._start_shard()  # an empty dataset is still one valid (empty) tar
         self._end_shard()
         self._wait_synced()
+        digests = {name: job.result() for name, job in self.digests.items()}
+        self._hasher.close()
         self.current_file = self.out / INDEX_NAME
         with open(self.current_file, "wb") as f:
             np.savez(
@@ -346,13 +350,14 @@ class TarWriter(Writer):
             "shard_bytes": self.max_bytes,
         }
         files = sorted([*self.names, INDEX_NAME])
-        return {"files": files, "layout": layout, "sha256": dict(self.digests)}
+        return {"files": files, "layout": layout, "sha256": digests}
 
     def abort(self) -> None:
         try:
             self._wait_synced()
         except OSError:  # the output is discarded
             pass
+        self._hasher.close()
         if self.f is not None:
             try:
                 self.f.close()
