@@ -8,16 +8,17 @@ earlier part would be a wrong member)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 
 import numpy as np
 import pytest
-from test_tar_write_bytes import _parts, _write
+from test_tar_write_bytes import _expected_members, _parts, _tarfile_bytes, _write
 
 from gpufeed.formats import record
 from gpufeed.formats.schema import parse_schema
-from gpufeed.formats.tar import fields
+from gpufeed.formats.tar import fields, writer
 from gpufeed.formats.tar.fields import PartMembers, Scratch, float_text, int_text
 
 EDGE_INTS = [0, 1, 9, 10, 99, 100, 9999, 10**4, 10**7 - 1, 10**7, 10**8 - 1, 10**8, -1, -10]
@@ -133,3 +134,34 @@ def test_a_part_whose_payload_ends_early_is_an_error_not_other_memory():
     members = PartMembers.of_fields(schema, part)
     with pytest.raises(ValueError):
         members.build(0, 8, 0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_parts_of_random_layouts_are_tarfiles_bytes(tmp_path, monkeypatch, seed):
+    """Parts whose values are one size (rows kept) or of many sizes, in random order, runs
+    of a few samples (both scratch buffers in turn, each hashed in the thread): the shards
+    are tarfile's bytes of member_bytes' members, and their sha256 the manifest's."""
+    monkeypatch.setattr(writer, "RUN_BYTES", 20_000)
+    schema = parse_schema({"b": "bytes", "x": "uint8[-1]", "label": "int", "s": "float"})
+    rng = np.random.default_rng(seed)
+    sizes = [0, 1, 290, 300, 511, 512, 513, 1000]
+    plan = [(rng.random() < 0.6, int(rng.choice(sizes))) for _ in range(12)]  # a part each
+
+    def make(i):
+        one, size = plan[i // 25]
+        n = size if one else int(rng.choice(sizes))
+        label, s = int(rng.integers(-5, 10**9)), float(rng.standard_normal())
+        x = np.full(n if one else n // 2, 7, np.uint8)
+        return {"b": bytes([i % 255 + 1]) * n, "x": x, "label": label, "s": s}
+
+    parts = _parts(schema, make, count=300, part=25)
+    info = _write(tmp_path / "out", schema, parts, {"items": None, "shard_size": 70})
+    members = _expected_members(schema, parts)
+    at = 0
+    for name, count in zip(info["layout"]["shards"], info["layout"]["shard_counts"], strict=True):
+        data = (tmp_path / "out" / name).read_bytes()
+        want = _tarfile_bytes(members[at : at + 4 * count])
+        assert data[: len(want)] == want and not data[len(want) :].strip(b"\0")
+        assert hashlib.sha256(data).hexdigest() == info["sha256"][name]
+        at += 4 * count
+    assert at == len(members)
