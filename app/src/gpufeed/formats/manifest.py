@@ -116,7 +116,7 @@ def write_sources(path: Path, names: Iterable[str]) -> None:
     names = iter(names)
     with open(path, "wb") as f:
         while run := list(itertools.islice(names, 65536)):
-            f.write("".join(f"{name}\n" for name in run).encode("utf-8", "surrogateescape"))
+            f.write(("\n".join(run) + "\n").encode("utf-8", "surrogateescape"))
 
 
 def file_entry(root: Path, name: str, sha256: str | None = None) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from gpufeed.write.ownership import (
     occupied,
     remove_tree,
 )
+from gpufeed.write.sources import names_of
 from gpufeed.write.staging import part_path
 
 __all__ = ["STREAMED_FORMATS", "Stream", "assemble", "streams"]
@@ -230,7 +231,7 @@ def assemble(
         writer = writer_class(fmt)(out, spec, count, int(sizes_all.sum()), options)
         info = _write_parts(writer, paths, partial, quiet, fmt)
     with no_space_is_an_error(out / SOURCES_NAME):
-        write_sources(out / SOURCES_NAME, map(src.rel.__getitem__, items_all.tolist()))
+        write_sources(out / SOURCES_NAME, names_of(src.rel, items_all))
     known = info.get("sha256", {})  # a value may be a future: the file hashed in a thread
     names = sorted([*info["files"], SOURCES_NAME])
     files = {n: file_entry(out, n, _result(known.get(n), out / n)) for n in names}

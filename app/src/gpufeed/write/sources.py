@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from gpufeed.errors import UsageError
 
-__all__ = ["Listing", "WrittenSource", "check_classes", "check_label", "item_name"]
+__all__ = ["Listing", "WrittenSource", "check_classes", "check_label", "item_name", "names_of"]
 
 WRITER_KIND = "python"
 
@@ -20,9 +22,15 @@ class _Names:
         self.names = names
 
     def __getitem__(self, i: int) -> str:
-        if self.names is None:  # the usual Writer: a line a sample, millions of them
-            return f"#{i}"
         return item_name(self.names, i)
+
+
+def names_of(names: Sequence[str] | _Names, items: np.ndarray) -> Iterable[str]:
+    """What sources.txt says of each sample: the name of the input it came from (``names``:
+    a source's listed names, or a Writer's); a million '#i' lines without a call a line."""
+    if isinstance(names, _Names) and names.names is None:
+        return map("#{}".format, items.tolist())
+    return map(names.__getitem__, items.tolist())
 
 
 def item_name(names: list[str] | None, i: int) -> str:
