@@ -100,6 +100,11 @@ def _field(word: np.ndarray, byte: int, width: int) -> np.ndarray:
     return ((word >> np.uint64(8 * byte)) & np.uint64((1 << (8 * width)) - 1)).astype(np.int64)
 
 
+def _slots(count: np.ndarray) -> np.ndarray:
+    """0..count[i]-1 for each i, one after the other."""
+    return np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+
+
 class _Pages:
     """The pages of a map of data.mdb (``data``) up to page ``last``, read in numpy: every
     field a gather of the 8 bytes that start at it (the map seen as one unaligned 8-byte
@@ -130,12 +135,20 @@ class _Pages:
         count = (lower - PAGE_HEADER) >> 1
         if np.any(_field(head, 2, 2) != flag) or np.any(count < 1) or np.any(lower > self.psize):
             raise Layout(f"a page that is not of kind {flag:#x} or holds no node")
+        ptr = self._offsets(base, count)
         owner = np.repeat(base, count)
-        slot = np.arange(len(owner), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
-        ptr = _field(self.word(owner + PAGE_HEADER + 2 * slot), 0, 2)
         if np.any(ptr < np.repeat(lower, count)) or np.any(ptr + NODE_HEADER > self.psize):
             raise Layout("a node outside its page")
         return owner, owner + ptr
+
+    def _offsets(self, base: np.ndarray, count: np.ndarray) -> np.ndarray:
+        """The node offsets (2 bytes each from byte 16) of pages at ``base`` holding
+        ``count`` nodes, in order: four a gather (one cache line with the page's header)."""
+        words = (count + 3) >> 2
+        slot = _slots(words)
+        lanes = self.word(np.repeat(base, words) + PAGE_HEADER + 8 * slot).view("<u2")
+        held = 4 * slot[:, None] + np.arange(4) < np.repeat(count, words)[:, None]
+        return lanes.reshape(-1, 4)[held].astype(np.int64)
 
     def children(self, pages: np.ndarray) -> np.ndarray:
         """The child page numbers of branch ``pages``, in key order."""
