@@ -15,13 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
 import gpufeed
 import gpufeed.write.assemble as assemble_module
 from gpufeed.errors import DiskFullError
-from gpufeed.formats.appended import HDF5_SIDE, STREAMED_HDF5
+from gpufeed.formats.appended import STREAMED_HDF5
 from gpufeed.formats.manifest import read_manifest
 from gpufeed.formats.mmap.writer import STREAMED_MMAP
 from gpufeed.formats.parts import Part
@@ -31,9 +32,9 @@ from gpufeed.write.direct import check_part, keep_streamed, load_part
 SCHEMA = {"x": "uint8[-1]", "label": "int"}
 OPTS = {"format": "mmap", "schema": SCHEMA, "part_size": 16}
 N = 100
-# the file each format streams into, in DEST.partial (mmap: in out/, streamed/ once kept aside)
-STREAMED = {"mmap": "out/encoded.npy", "hdf5": HDF5_SIDE}
-KEPT = {"mmap": "streamed/encoded.npy", "hdf5": HDF5_SIDE}
+# the file each format streams into, in DEST.partial/out/ (streamed/ once kept aside)
+STREAMED = {"mmap": "out/encoded.npy", "hdf5": "out/data.h5"}
+KEPT = {"mmap": "streamed/encoded.npy", "hdf5": "streamed/data.h5"}
 MARKER = {"mmap": STREAMED_MMAP, "hdf5": STREAMED_HDF5}
 
 
@@ -103,16 +104,26 @@ def test_a_streamed_writer_pack_is_the_assembled_one(tmp_path, fmt, assembled, m
         save(self, *args, **kwargs)
 
     monkeypatch.setattr(Part, "save", kept)
+    import gpufeed.formats.hdf5 as hdf5
+
+    copied, copy = [], hdf5.copy_range
+    monkeypatch.setattr(hdf5, "copy_range", lambda *a: (copied.append(a[2]), copy(*a))[1])
     new = tmp_path / "new"
     _write(new)
     assert OPTS["format"] == fmt
+    # HDF5: only the metadata copied around the samples (their storage was where predicted)
+    assert len(copied) == (2 if fmt == "hdf5" else 0)
+    if fmt == "hdf5":
+        with h5py.File(new / "data.h5") as f:
+            samples = f["encoded"].shape[0]
+        assert sum(copied) == os.path.getsize(new / "data.h5") - samples
     # every part but the last (close's flush keeps its payload) names its bytes in the file
     assert len(saved) == 7 and saved[-1].where is None
     assert all(p.where is not None and p.where[0, 0] == MARKER[fmt] for p in saved[:-1])
     assert all(len(p.arrays()["payload"]) == 0 for p in saved[:-1])
     assert _files(new) == _files(old)
     assert _manifest(new) == _manifest(old)
-    assert not (new / HDF5_SIDE).exists()
+    assert sorted(os.listdir(new)) == sorted(os.listdir(old))  # no probe or file made aside
     if fmt == "mmap":
         data = np.load(new / "encoded.npy", mmap_mode="r")  # the header written for the end
         assert data.shape == (int(np.load(new / "offsets.npy")[-1]),)
@@ -231,7 +242,7 @@ elif where == "finish":  # the header rewritten and the file cut to its size, no
         os.ftruncate(self.fd, self.end)
         die()
     AppendedFile.finish = killed
-    H.copy_range = die  # HDF5: data.h5 written and closed, the samples not yet in it
+    H.copy_range = die  # HDF5: the file made aside and closed, its metadata not yet copied
 elif where == "swap":  # every file and the manifest written, not renamed into place
     A.swap_into_place = die
 with gpufeed.Writer({dest!r}, **OPTS) as w:
@@ -269,7 +280,7 @@ def test_a_full_disk_is_an_error_naming_the_file_and_the_pack_resumes(
     tmp_path, fmt, monkeypatch, call
 ):
     """The third reservation (room reserved a part at a time) or the third write of the
-    streamed file (mmap: the header's, then a part's each; HDF5's side file has no header)
+    streamed file (the room kept for the .npy header or HDF5's metadata, then a part's each)
     finds the disk full."""
     import gpufeed.formats.appended as appended
 
@@ -297,7 +308,7 @@ def test_a_full_disk_is_an_error_naming_the_file_and_the_pack_resumes(
             _write(dest)
     with gpufeed.Writer(dest, resume=True, **OPTS) as w:
         # the parts in the file before the disk filled
-        assert w.written == (16 if fmt == "mmap" else 32)
+        assert w.written == 16
         for i in range(w.written, N):
             w.write(sample(i))
     _check(dest)

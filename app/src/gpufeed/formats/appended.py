@@ -24,7 +24,6 @@ from gpufeed.errors import DiskFullError
 from gpufeed.formats.files import preallocate
 
 __all__ = [
-    "HDF5_SIDE",
     "STREAMED_HDF5",
     "AppendedFile",
     "copy_range",
@@ -34,11 +33,8 @@ __all__ = [
     "synced_and_hashed",
 ]
 
-# a streamed HDF5 pack's samples, appended to this file in DEST.partial (no head), copied
-# into the dataset of data.h5 when it finishes (gpufeed.formats.hdf5) and left there until
-# DEST.partial is removed (a crash before that resumes from it); Part.where's first column
-# for a sample there (mmap's: formats.mmap.writer.STREAMED_MMAP; gpufeed.write.direct)
-HDF5_SIDE = "hdf5-samples.bin"
+# Part.where's first column for a sample in a streamed HDF5 pack's data.h5 (gpufeed.formats.hdf5;
+# mmap's: formats.mmap.writer.STREAMED_MMAP; gpufeed.write.direct)
 STREAMED_HDF5 = -3
 
 # room reserved past the end at a time: at least this much, or a quarter of what is there

@@ -24,7 +24,6 @@ import numpy as np
 
 from gpufeed.errors import DataError, UnsafePathError, UsageError
 from gpufeed.formats.appended import (
-    HDF5_SIDE,
     STREAMED_HDF5,
     AppendedFile,
     copy_range,
@@ -45,6 +44,11 @@ from gpufeed.pagecache.copy import take_rows
 from gpufeed.pagecache.maps import kept_map
 
 FILE_NAME = "data.h5"
+# a streamed pack's files in out/ while it finishes (HDF5Writer): the file of one sample that
+# says where HDF5 places the samples' storage, and the file h5py makes whose metadata is
+# copied around the samples
+PROBE_NAME = "data.h5.probe"
+ASIDE_NAME = "data.h5.aside"
 CHUNK_BYTES = 1 << 16
 
 
@@ -112,11 +116,15 @@ def _link_target(link) -> str:
 
 class HDF5Writer(ContiguousWriter):
     """Given its count, it writes the samples through h5py into the dataset made for them.
+
     Fed as parts are committed (count None: a fresh uncompressed pack,
-    gpufeed.write.assemble.Stream), it appends them to a side file in DEST.partial, next to
-    out/ (HDF5_SIDE, formats.appended) and, when it finishes, makes data.h5 as the other way does (the
-    dataset's storage placed by a write of its first row) and moves the bytes into the
-    dataset's place by copy_file_range once h5py has closed the file: the same file."""
+    gpufeed.write.assemble.Stream), it appends them to data.h5 itself from the offset where
+    HDF5 places the dataset's storage (found from a probe file made the same way: the
+    metadata before it does not depend on the count), the bytes before it left for the
+    metadata. When it finishes it makes the file h5py would (the same calls, its storage
+    placed by a write of the first row) and copies that file's metadata, before and after
+    the storage, around the samples already there: the same file, its samples written once.
+    """
 
     format_name = "hdf5"
     place_marker = STREAMED_HDF5
@@ -131,8 +139,7 @@ class HDF5Writer(ContiguousWriter):
         if count is None:
             if self._comp:
                 raise UsageError("a compressed HDF5 pack is written from its parts, not streamed")
-            self.appended = AppendedFile(self.out.parent / HDF5_SIDE, b"")
-            self.current_file = self.appended.path
+            self.appended = AppendedFile(self.path, bytes(self._storage_offset()))
             self._start_index()
             return
         self.f = h5py.File(self.path, "w", track_order=False)
@@ -141,6 +148,33 @@ class HDF5Writer(ContiguousWriter):
         else:
             self.data = self._encoded(total_bytes)
         self._start_index()
+
+    def _storage_offset(self) -> int:
+        """Where HDF5 places the samples' storage in data.h5: in a probe file of one sample
+        made the way finish makes the file."""
+        probe = self.out / PROBE_NAME
+        self.current_file = probe
+        try:
+            row = np.zeros(self.spec.nbytes if self.spec.kind == "array" else 1, np.uint8)
+            return self._placed_file(probe, 1, row)
+        finally:
+            self.f.close()
+            self.f = None
+            probe.unlink()
+            self.current_file = self.path
+
+    def _placed_file(self, path, rows: int, first: np.ndarray | None) -> int | None:
+        """``self.f``, a new HDF5 file at ``path`` holding the samples' dataset of ``rows``
+        samples (array) or bytes, its storage placed by writing ``first`` (the first
+        sample's bytes) as the first row, as the pack made from parts places it at its first
+        write; returns the storage's offset (None: no sample)."""
+        self.f = h5py.File(path, "w", track_order=False)
+        array = self.spec.kind == "array"
+        data = self._samples(rows) if array else self._encoded(rows)
+        if not rows:
+            return None
+        data[0:1] = first.view(data.dtype).reshape(data[0:1].shape)
+        return data.id.get_offset()
 
     def _samples(self, count: int) -> h5py.Dataset:
         kw = dict(track_times=False)
@@ -194,36 +228,45 @@ class HDF5Writer(ContiguousWriter):
         self.f.close()
 
     def _finish_streamed(self) -> None:
-        """data.h5 made as from parts, its dataset's storage placed by a write of the first
-        row (a contiguous dataset's space is allocated at its first write) and the file
-        closed; then the side file's bytes copied to the dataset's offset (h5py no longer
-        holds the file: nothing of its caches is written over them), data.h5 fsynced and
-        hashed in a thread (assemble waits for it). The side file stays, what the parts name
-        until the pack is in place (removed with DEST.partial)."""
+        """The file h5py makes of these samples, made aside (its storage holds only the
+        first row: a sparse file) and closed; its metadata before and after the storage
+        copied around the samples already in data.h5, which is cut to its size, then fsynced
+        and hashed in a thread (assemble waits for it). A crash at any point leaves the
+        samples where the parts say (gpufeed.write.direct)."""
         self.trim_index()
-        side = self.appended
-        self.current_file = self.path
-        self.f = h5py.File(self.path, "w", track_order=False)
+        side, aside = self.appended, self.out / ASIDE_NAME
         array = self.spec.kind == "array"
-        self.data = self._samples(self.n) if array else self._encoded(self.nbytes)
-        offset = None
-        if self.nbytes:
-            first = self.spec.nbytes if array else 1
-            row = np.frombuffer(os.pread(side.fd, first, 0), dtype=self.data.dtype)
-            self.data[0:1] = row.reshape(self.data[0:1].shape)
-            offset = self.data.id.get_offset()
-        self.data = None
+        rows = self.n if array else self.nbytes
+        first = None
+        if rows:
+            first_size = self.spec.nbytes if array else 1
+            first = np.frombuffer(os.pread(side.fd, first_size, side.head_size), np.uint8)
+        self.current_file = aside
+        offset = self._placed_file(aside, rows, first)
         self._write_index()
-        fd = os.open(self.path, os.O_RDWR)
+        self.current_file = self.path
+        fd = os.open(aside, os.O_RDWR)
         try:
-            if offset is not None:
-                copy_range(side.fd, fd, self.nbytes, 0, offset)
-        except BaseException:
-            os.close(fd)
-            raise
-        side.close()
+            if offset == side.head_size:
+                size, end = os.fstat(fd).st_size, offset + self.nbytes
+                copy_range(fd, side.fd, offset, 0, 0)
+                copy_range(fd, side.fd, size - end, end, end)
+                os.ftruncate(side.fd, size)
+                os.unlink(aside)
+                done, side.fd = side.fd, -1
+            else:  # no sample; or (never seen) the storage placed elsewhere: the samples
+                # copied into the file made aside, which replaces data.h5 (a crash after it
+                # leaves parts whose samples are not where they say: they are redone)
+                if offset is not None:
+                    copy_range(side.fd, fd, self.nbytes, side.head_size, offset)
+                os.replace(aside, self.path)
+                side.close()
+                done, fd = fd, -1
+        finally:
+            if fd >= 0:
+                os.close(fd)
         self.appended = None
-        self.sha256[FILE_NAME] = synced_and_hashed(fd, os.fstat(fd).st_size)
+        self.sha256[FILE_NAME] = synced_and_hashed(done, os.fstat(done).st_size)
 
     def abort(self) -> None:
         if self.appended is not None:

@@ -1,14 +1,14 @@
 """Parts of a streamed pack: each sample written once, into the format's file.
 
 A fresh tar, LMDB, mmap (.npy) or uncompressed HDF5 pack's samples go into its shards
-(data.mdb, encoded.npy or samples.npy, HDF5's side file) as each part is committed
+(data.mdb, encoded.npy or samples.npy, data.h5) as each part is committed
 (gpufeed.write.assemble.Stream; by gpufeed.write.writer, and by gpufeed.write.staging for a
 source folder), so the part file keeps only the index: each sample's record size, label,
 crc32, input, and its place (Part.where: tar shard, offset, size; -1, the LMDB key's index,
--1; -2, the offset in the .npy file, size; or -3, the offset in HDF5's side file in
-DEST.partial, formats.appended.HDF5_SIDE, size), not its bytes. Neither the part nor a shard is fsynced
-before the pack is finished (an LMDB transaction is, when committed; records not yet in one
-are lost with the process): after a crash, a resume moves the streamed files aside
+-1; -2, the offset in the .npy file, size; or -3, the offset in data.h5, size), not its
+bytes. Neither the part nor a shard is fsynced before the pack is finished (an LMDB
+transaction is, when committed; records not yet in one are lost with the process): after a
+crash, a resume moves the streamed files aside
 (DEST.partial/streamed/), reads every kept part's records back from them and checks each
 against its crc32; a part that does not check (torn by a power loss, or its shard bytes
 lost) is redone: a Writer's first such part with every part after it, a source folder's
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.formats.appended import HDF5_SIDE, STREAMED_HDF5, read_npy_head
+from gpufeed.formats.appended import STREAMED_HDF5, read_npy_head
 from gpufeed.formats.mmap.writer import STREAMED_MMAP, data_name
 from gpufeed.formats.parts import Part
 from gpufeed.formats.record import record_from_members
@@ -65,13 +65,14 @@ def load_part(path: Path, partial: Path) -> Part:
 
 
 def _from_appended(part: Part, partial: Path) -> np.ndarray:
-    """The part's payload from the streamed file (formats.appended): mmap's .npy file (in
-    streamed/), or HDF5's side file (in DEST.partial). Its samples' (marker, offset, size) rows checked first (the part file
-    is untrusted: every span inside the file's data, past an .npy header, the sizes the part
-    recorded), then read in one pread where they lie back to back, as the writer put them."""
+    """The part's payload from the streamed file (formats.appended) kept in streamed/:
+    mmap's .npy file, or HDF5's data.h5. Its samples' (marker, offset, size) rows checked
+    first (the part file is untrusted: every span inside the file, past an .npy header, the
+    sizes the part recorded), then read in one pread where they lie back to back, as the
+    writer put them."""
     marker = int(part.where[0, 0])
     mmap = marker == STREAMED_MMAP
-    path = partial / STREAMED_DIR / data_name(part.spec) if mmap else partial / HDF5_SIDE
+    path = partial / STREAMED_DIR / (data_name(part.spec) if mmap else _hdf5_name())
     where = np.asarray(part.where)
     if where.ndim != 2 or where.shape != (len(part), 3) or where.dtype.kind not in "iu":
         raise ValueError(f"{path}: the part's places are {where.dtype}{list(where.shape)}")
@@ -95,6 +96,12 @@ def _from_appended(part: Part, partial: Path) -> np.ndarray:
     finally:
         os.close(fd)
     return np.frombuffer(span, dtype=np.uint8)
+
+
+def _hdf5_name() -> str:
+    from gpufeed.formats.hdf5 import FILE_NAME  # h5py: imported where an HDF5 pack resumes
+
+    return FILE_NAME
 
 
 def _pread(fd: int, size: int, offset: int) -> bytearray:
