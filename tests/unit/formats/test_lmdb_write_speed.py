@@ -209,3 +209,17 @@ def test_the_manifest_records_the_files_sha256_hashed_once(tmp_path, monkeypatch
         }
     report = gpufeed.verify(dest)
     assert report.ok and report.samples_checked == 2000
+
+
+def test_an_error_while_the_file_is_mapped_is_the_one_raised(tmp_path, monkeypatch):
+    """Not BufferError from closing the map its traceback still holds a view of."""
+
+    def fails(data, *_):
+        view = data[:10]  # noqa: F841 - held by this frame, in the traceback
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(lmdb_writer, "paged_table", fails)
+    w = written(tmp_path, [10] * 20)
+    with pytest.raises(OSError, match="disk gone"):
+        w.finish()
+    w.abort()

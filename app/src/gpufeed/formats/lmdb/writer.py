@@ -168,22 +168,24 @@ class LMDBWriter(Writer):
         try:  # the file is final: hashed on a thread (hashlib lets go of the GIL) meanwhile
             with ThreadPoolExecutor(1, thread_name_prefix="gpufeed-lmdb-sha256") as pool:
                 digest = pool.submit(_sha256, m)
-                placed = self._value_table(data)
+                found = self._value_table(data)
             digests = {DATA_FILE: digest.result()}
         finally:
-            del data  # the map's one export: closed with it
-            m.close()
+            del data  # the map's one export
+            _close(m)
         self.env.close()
-        if placed is not None:
+        if found is not None:
+            shot, table = found
             files.append(VALUES_FILE)
-            layout[SNAPSHOT], digests[VALUES_FILE] = placed
+            layout[SNAPSHOT] = shot
+            digests[VALUES_FILE] = write_value_table(self.out / VALUES_FILE, table)
         (self.out / LOCK_FILE).unlink(missing_ok=True)
         return {"files": files, "layout": layout, "sha256": digests}
 
-    def _value_table(self, data: np.ndarray) -> tuple[dict[str, int], str] | None:
-        """values.npy (lmdb.values), written while the file is still in memory: from its
-        pages (``data``, a map of the file), else by a lookup per record; the snapshot of
-        the environment it describes and the table's sha256, None where it wrote none."""
+    def _value_table(self, data: np.ndarray) -> tuple[dict[str, int], np.ndarray] | None:
+        """The value table (lmdb.values) and the snapshot of the environment it describes,
+        found while the file is still in memory: from its pages (``data``, a map of the
+        file), else by a lookup per record; None where no record is found."""
         if self.n == 0:
             return None
         shot = snapshot(self.env)
@@ -196,9 +198,17 @@ class LMDBWriter(Writer):
                     table = None
             if table is None:
                 table = value_table(txn, self.n, keys)
-        if table is None:
-            return None
-        return shot, write_value_table(self.out / VALUES_FILE, table)
+        return None if table is None else (shot, table)
+
+
+def _close(m: mmap.mmap) -> None:
+    """Close the map, unless an error on its way out still holds a view of it (its
+    traceback's frames): then it is closed when they are collected, and that error, not
+    BufferError, is the one raised."""
+    try:
+        m.close()
+    except BufferError:
+        pass
 
 
 def _sha256(m: mmap.mmap) -> str:
