@@ -321,3 +321,19 @@ def test_streamed_packs_merge(tmp_path, fmt):
             w.write(sample(i))
     gpufeed.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
     _check(tmp_path / "m")
+
+
+def test_a_part_out_of_order_stops_the_stream_and_the_parts_fed_are_read_back(tmp_path, fmt):
+    """A stream stopped after some parts (one came out of order) keeps its file where the
+    parts that name it are read back from, and the pack is assembled from the parts."""
+    from gpufeed.write.assemble import Stream
+
+    dest = tmp_path / "p"
+    partial = _stopped(dest, 32)  # two parts that name their samples in the streamed file
+    parts = partial / "parts"
+    os.rename(partial / "streamed", partial / "out")  # as the stream left it
+    stream = Stream(partial, {"format": fmt, "compression": None, "container": None}, None)
+    stream.fed = 2
+    assert stream.feed(5, Part.load(parts / "part-000000.npz")) is None
+    assert not stream.on and not (partial / "out").exists()
+    assert check_part(parts / "part-000001.npz", partial) is not None

@@ -116,6 +116,8 @@ class Stream:
             return None
         if index != self.fed:
             self.stop()
+            if self.fed:  # parts name samples in out/: kept where a resume reads them
+                self._move_aside()
             return None
         if self.writer is None and part.spec is not None:
             self._open(part.spec)
