@@ -357,8 +357,8 @@ class Writer:
 
     A writer works inside a fresh output folder and is given the totals up front (the pack
     knows them once every part is committed), so fixed-size containers are allocated once.
-    A writer that takes count None (tar) is fed each part as it is committed
-    (gpufeed.write.assemble.Stream).
+    A writer that takes count None (tar, LMDB, mmap's .npy, uncompressed HDF5) is fed each
+    part as it is committed (gpufeed.write.assemble.Stream).
     """
 
     format_name = ""
