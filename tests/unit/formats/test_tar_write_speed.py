@@ -18,8 +18,10 @@ from test_tar_write_bytes import _expected_members, _parts, _tarfile_bytes, _wri
 
 from gpufeed.formats import record
 from gpufeed.formats.schema import parse_schema
-from gpufeed.formats.tar import fields, writer
+from gpufeed.formats.spec import SampleSpec
+from gpufeed.formats.tar import fields, hashing, writer
 from gpufeed.formats.tar.fields import PartMembers, Scratch, float_text, int_text
+from gpufeed.formats.tar.writer import TarWriter
 
 EDGE_INTS = [0, 1, 9, 10, 99, 100, 9999, 10**4, 10**7 - 1, 10**7, 10**8 - 1, 10**8, -1, -10]
 EDGE_INTS += [(1 << 63) - 1, -(1 << 63), 123456789012345]
@@ -165,3 +167,68 @@ def test_parts_of_random_layouts_are_tarfiles_bytes(tmp_path, monkeypatch, seed)
         assert hashlib.sha256(data).hexdigest() == info["sha256"][name]
         at += 4 * count
     assert at == len(members)
+
+
+_SHA256 = hashlib.sha256
+
+
+def _bytes_and_label(i: int) -> dict:
+    return {"b": bytes([i % 256]) * (i * 7 % 900), "label": i}
+
+
+class _Counted:
+    """hashlib.sha256, counting the bytes it is given (all instances together)."""
+
+    hashed = 0
+
+    def __init__(self):
+        self._h = _SHA256()
+
+    def update(self, data):
+        _Counted.hashed += memoryview(data).nbytes
+        self._h.update(data)
+
+    def hexdigest(self):
+        return self._h.hexdigest()
+
+
+def _fed(out, schema, parts, options, recut=False):
+    """A TarWriter fed as parts are committed (count None), finished as Stream does: cut
+    again where it says so."""
+    out.mkdir()
+    w = TarWriter(out, SampleSpec("fields", schema=schema), None, 0, options)
+    for p in parts:
+        w.add(p)
+    assert w.needs_rewrite() == recut
+    if recut:
+        w.end_shards()
+        kept = out.parent / "streamed"
+        out.rename(kept)
+        out.mkdir()
+        w.recut(kept)
+    return w.finish()
+
+
+@pytest.mark.parametrize(
+    "options, count, recut",
+    [
+        ({"items": None}, 300, True),  # cut for 10,000 a shard: cut again, for 64
+        ({"items": 1100}, 1100, False),  # cut for 69 a shard: settled by the last part
+        ({"items": None, "shard_bytes": 40_000}, 300, False),  # cut by bytes: not again
+        ({"items": None, "shard_size": 50}, 300, False),  # the user's cut: hashed as written
+    ],
+)
+def test_every_shard_byte_is_hashed_once(tmp_path, monkeypatch, options, count, recut):
+    """A streamed pack that may be cut again is hashed as cut at the end (not twice); one
+    whose cut settles catches up from its files (the shard being written from its bytes so
+    far); the digests are the files'."""
+    monkeypatch.setattr(hashing.hashlib, "sha256", _Counted)
+    monkeypatch.setattr(writer, "RUN_BYTES", 20_000)
+    _Counted.hashed = 0
+    schema = parse_schema({"b": "bytes", "label": "int"})
+    parts = _parts(schema, _bytes_and_label, count=count)
+    info = _fed(tmp_path / "out", schema, parts, options, recut)
+    files = {n: (tmp_path / "out" / n).read_bytes() for n in info["layout"]["shards"]}
+    assert info["sha256"] == {n: _SHA256(d).hexdigest() for n, d in files.items()}
+    assert _Counted.hashed == sum(map(len, files.values()))
+    assert sum(info["layout"]["shard_counts"]) == count

@@ -98,7 +98,7 @@ class Scratch:
         slot.row, slot.ready = (key, max(slot.ready, n)) if kept else (None, 0)
         return out
 
-    def hold(self, job: Future) -> None:
+    def hold(self, job: Future | None) -> None:
         """The buffer handed out last is read until ``job`` is done: not built in before."""
         self._slots[self._turn ^ 1].job = job
 

@@ -7,47 +7,65 @@ in a thread it runs while the next run is built and written. The updates of all 
 through one thread, in the order their bytes were written; a buffer handed to ``update`` is
 read by the thread until its job is done (gpufeed.formats.tar.fields.Scratch.hold keeps the
 writer from building in it before).
+
+A pack whose shards may be cut again at the end (TarWriter.recut: its count not known yet)
+is hashed when its new shards are written, not twice: while so, the hasher is ``deferred``
+(no update is hashed); once the cut is settled, the shards written so far are hashed from
+their files (``file_digest``, ``resume``), in the thread, and the rest as written.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 __all__ = ["ShardHasher"]
+
+CHUNK = 8 << 20  # a file hashed from its start is read this many bytes at a time
 
 
 class ShardHasher:
     """The sha256 of the shard being written (``start`` begins the next one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, deferred: bool = False) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._last: Future | None = None
         self._hash = None
+        self.deferred = deferred  # updates not hashed (until resume)
 
     def start(self) -> None:
         self._hash = hashlib.sha256()
 
-    def update(self, data) -> Future:
+    def update(self, data) -> Future | None:
         """``data`` hashed in the thread (after every update before it): the caller leaves
-        it as it is until the returned job is done."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-sha256")
-        self._last = self._pool.submit(self._hash.update, data)
+        it as it is until the returned job is done (None: deferred, nothing to wait for)."""
+        if self.deferred:
+            return None
+        self._last = self._submit(self._hash.update, data)
         return self._last
 
-    def update_now(self, data) -> None:
-        """``data`` hashed before this returns (a buffer the caller reuses at once)."""
-        self.wait()
-        self._hash.update(data)
+    def file_digest(self, path: Path) -> Future:
+        """The hex sha256 of the file ``path`` (a shard written while deferred), made in the
+        thread."""
+        return self._submit(_file_digest, path)
+
+    def resume(self, path: Path, nbytes: int) -> None:
+        """Updates hashed from now on, after the first ``nbytes`` of the shard being written
+        (``path``), read back in the thread."""
+        self.deferred = False
+        self._hash = hashlib.sha256()
+        self._last = self._submit(_hash_file, self._hash, path, nbytes)
+
+    def _submit(self, fn, *args) -> Future:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-sha256")
+        return self._pool.submit(fn, *args)
 
     def digest(self) -> Future:
         """The shard's hex sha256, once every update before is hashed."""
-        if self._pool is None:
-            done: Future = Future()
-            done.set_result(self._hash.hexdigest())
-            return done
-        self._last = self._pool.submit(self._hash.hexdigest)
+        self._last = self._submit(self._hash.hexdigest)
         return self._last
 
     def wait(self) -> None:
@@ -62,3 +80,28 @@ class ShardHasher:
             self._pool.shutdown(wait=True)
             self._pool = None
         self._last = None
+
+
+def _hash_file(h, path: Path, nbytes: int | None = None) -> None:
+    """``h`` updated with the first ``nbytes`` of ``path`` (None: all of it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        block, pos = bytearray(CHUNK), 0
+        view = memoryview(block)
+        while nbytes is None or pos < nbytes:
+            want = CHUNK if nbytes is None else min(CHUNK, nbytes - pos)
+            got = os.preadv(fd, [view[:want]], pos)
+            if got <= 0:
+                if nbytes is None:
+                    return
+                raise OSError(f"{path}: ends at byte {pos:,}, before the {nbytes:,} written")
+            h.update(view[:got])
+            pos += got
+    finally:
+        os.close(fd)
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    _hash_file(h, path)
+    return h.hexdigest()

@@ -104,7 +104,8 @@ class TarWriter(Writer):
         self.in_shard = 0
         self.pos = 0
         self.n = 0
-        self._scratch = Scratch()  # the buffer runs are built in (fields.Scratch)
+        self._scratch = Scratch()  # the buffers runs are built in (fields.Scratch)
+        self._hasher.deferred = self._may_recut()
 
     def _start_shard(self) -> None:
         self._end_shard()
@@ -134,7 +135,8 @@ class TarWriter(Writer):
         trailer = b"\0" * (2 * BLOCK + (-end) % RECORD)
         self.f.write(trailer)
         self._hasher.update(trailer)
-        self.digests[self.names[-1]] = self._hasher.digest()
+        if not self._hasher.deferred:
+            self.digests[self.names[-1]] = self._hasher.digest()
         self.f.flush()
         if self._syncer is None:
             self._syncer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-fsync")
@@ -172,6 +174,28 @@ class TarWriter(Writer):
                 self._add_runs(members, members.sample_bytes, spans=False)
         self.labels[first : self.n] = part.labels
         self.crcs[first : self.n] = part.crc32
+        if self._hasher.deferred and not self._may_recut():
+            self._catch_up()
+
+    def _may_recut(self) -> bool:
+        """Whether needs_rewrite may yet say so at the end (the shards are then hashed as
+        they are cut again, not now: hashing.ShardHasher.deferred): a streamed pack, cut
+        for a shard size that the count so far does not yet give."""
+        return (
+            not self.chosen and self.count is None and default_shard_size(self.n) < self.max_count
+        )
+
+    def _catch_up(self) -> None:
+        """Hashing no longer deferred: the shards written meanwhile hashed from their files
+        (in the hasher's thread), the one being written from its bytes so far."""
+        for name in self.names[:-1] if self.f is not None else self.names:
+            if name not in self.digests:
+                self.digests[name] = self._hasher.file_digest(self.out / name)
+        if self.f is not None:
+            self.f.flush()
+            self._hasher.resume(self.current_file, self.pos)
+        else:
+            self._hasher.deferred = False
 
     def placed(self, count: int) -> np.ndarray:
         """int64 [count, 3]: the last ``count`` samples' (shard, offset, size) rows."""
@@ -260,7 +284,9 @@ class TarWriter(Writer):
         or encoded again), then the end blocks; the index rows move with their samples, and
         each shard's sha256 is made as it is written (_write)."""
         self.names, self.digests = [], {}
-        block = memoryview(bytearray(RUN_BYTES))
+        self._hasher.deferred = False
+        # two blocks in turn: one is hashed in the hasher's thread while the next is copied
+        blocks = [[memoryview(bytearray(RUN_BYTES)), None] for _ in range(2)]
         fds: dict[int, int] = {}
         try:
             for new, old, start, end in self._recut_index():
@@ -268,7 +294,7 @@ class TarWriter(Writer):
                     self._start_shard()
                 if old not in fds:
                     fds[old] = os.open(written / SHARD_FORMAT.format(old), os.O_RDONLY)
-                self._copy(fds[old], start, end, block, written / SHARD_FORMAT.format(old))
+                self._copy(fds[old], start, end, blocks, written / SHARD_FORMAT.format(old))
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -293,16 +319,22 @@ class TarWriter(Writer):
         runs = np.stack([new[firsts], old[firsts], old_start[firsts], ends], axis=1)
         return runs.tolist()
 
-    def _copy(self, fd: int, start: int, end: int, block: memoryview, name: Path) -> None:
+    def _copy(self, fd: int, start: int, end: int, blocks: list, name: Path) -> None:
         """Bytes start..end of the old shard ``name`` at the end of the shard being written:
-        read for the sha256, and copied by the kernel (_put)."""
+        read for the sha256 (hashed in the hasher's thread: ``blocks``, [buffer, its job]
+        pairs, used in turn, a buffer's job waited for before it is read into again), and
+        copied by the kernel (_put)."""
         self.f.flush()
         out = self.f.fileno()
         while start < end:
+            blocks.append(held := blocks.pop(0))
+            block, job = held
+            if job is not None:
+                job.result()
             got = os.preadv(fd, [block[: min(len(block), end - start)]], start)
             if got <= 0:
                 raise DataError(f"{name}: ends at byte {start:,}, before its samples' {end:,}")
-            self._hasher.update_now(block[:got])
+            held[1] = self._hasher.update(block[:got])
             _put(fd, out, block[:got], start)
             self.pos += got
             start += got
@@ -325,6 +357,8 @@ class TarWriter(Writer):
             setattr(self, name, getattr(self, name)[: self.n])
         if self.f is None and not self.names:
             self._start_shard()  # an empty dataset is still one valid (empty) tar
+        if self._hasher.deferred:  # not cut again after all (needs_rewrite)
+            self._catch_up()
         self._end_shard()
         self._wait_synced()
         digests = {name: job.result() for name, job in self.digests.items()}
