@@ -232,3 +232,26 @@ def test_every_shard_byte_is_hashed_once(tmp_path, monkeypatch, options, count, 
     assert info["sha256"] == {n: _SHA256(d).hexdigest() for n, d in files.items()}
     assert _Counted.hashed == sum(map(len, files.values()))
     assert sum(info["layout"]["shard_counts"]) == count
+
+
+@pytest.mark.parametrize("which", ["finished", "current"])
+def test_a_shard_gone_before_it_is_hashed_is_an_error_not_a_digest(tmp_path, monkeypatch, which):
+    """Catching up reads the shards back: one that is not there (removed under the writer)
+    fails the pack's finish, never gives the digest of what was read of it."""
+    schema = parse_schema({"b": "bytes", "label": "int"})
+    parts = _parts(schema, _bytes_and_label, count=1100)
+    out = tmp_path / "out"
+    out.mkdir()
+    w = TarWriter(out, SampleSpec("fields", schema=schema), None, 0, {"items": 1100})
+    catch_up = TarWriter._catch_up
+
+    def gone(self):
+        (self.current_file if which == "current" else out / self.names[0]).unlink()
+        catch_up(self)
+
+    monkeypatch.setattr(TarWriter, "_catch_up", gone)
+    for p in parts:
+        w.add(p)  # the last settles the cut: the shards so far are read back
+    assert not w._hasher.deferred
+    with pytest.raises(FileNotFoundError):
+        w.finish()

@@ -31,20 +31,19 @@ class ShardHasher:
 
     def __init__(self, deferred: bool = False) -> None:
         self._pool: ThreadPoolExecutor | None = None
-        self._last: Future | None = None
         self._hash = None
+        self._resumed: Future | None = None  # the read-back of the shard being written
         self.deferred = deferred  # updates not hashed (until resume)
 
     def start(self) -> None:
-        self._hash = hashlib.sha256()
+        self._hash, self._resumed = hashlib.sha256(), None
 
     def update(self, data) -> Future | None:
         """``data`` hashed in the thread (after every update before it): the caller leaves
         it as it is until the returned job is done (None: deferred, nothing to wait for)."""
         if self.deferred:
             return None
-        self._last = self._submit(self._hash.update, data)
-        return self._last
+        return self._submit(self._hash.update, data)
 
     def file_digest(self, path: Path) -> Future:
         """The hex sha256 of the file ``path`` (a shard written while deferred), made in the
@@ -56,7 +55,7 @@ class ShardHasher:
         (``path``), read back in the thread."""
         self.deferred = False
         self._hash = hashlib.sha256()
-        self._last = self._submit(_hash_file, self._hash, path, nbytes)
+        self._resumed = self._submit(_hash_file, self._hash, path, nbytes)
 
     def _submit(self, fn, *args) -> Future:
         if self._pool is None:
@@ -64,22 +63,16 @@ class ShardHasher:
         return self._pool.submit(fn, *args)
 
     def digest(self) -> Future:
-        """The shard's hex sha256, once every update before is hashed."""
-        self._last = self._submit(self._hash.hexdigest)
-        return self._last
-
-    def wait(self) -> None:
-        """Every update so far hashed (the first error raised)."""
-        last, self._last = self._last, None
-        if last is not None:
-            last.result()
+        """The shard's hex sha256, once every update before is hashed (the read-back's
+        error, if it failed: never the digest of part of the shard)."""
+        resumed, self._resumed = self._resumed, None
+        return self._submit(_hexdigest, self._hash, resumed)
 
     def close(self) -> None:
         """The thread ended, after every job given to it."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        self._last = None
 
 
 def _hash_file(h, path: Path, nbytes: int | None = None) -> None:
@@ -104,4 +97,10 @@ def _hash_file(h, path: Path, nbytes: int | None = None) -> None:
 def _file_digest(path: Path) -> str:
     h = hashlib.sha256()
     _hash_file(h, path)
+    return h.hexdigest()
+
+
+def _hexdigest(h, resumed: Future | None) -> str:
+    if resumed is not None:
+        resumed.result()  # done: the thread ran it before this
     return h.hexdigest()
