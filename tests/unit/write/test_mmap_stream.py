@@ -1,7 +1,8 @@
 """A fresh mmap (.npy) or uncompressed HDF5 pack is written as its parts are committed
 (assemble.Stream): each part's bytes appended by pwrite to encoded.npy or samples.npy (the
-.npy header rewritten in place for the final count when it closes), or to HDF5's side file
-(moved into data.h5's dataset when it closes); the part saved without them (Part.where:
+.npy header rewritten in place for the final count when it closes), or to data.h5 at the
+offset of its dataset's storage (the metadata copied around them when it closes); the part
+saved without them (Part.where:
 marker, file offset, size). The files are those the pack assembled from its parts has, byte
 for byte; a kill at any point resumes to a pack that verifies; a part naming bytes outside
 the file is redone; a full disk is an error naming the file."""
