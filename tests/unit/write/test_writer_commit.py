@@ -213,3 +213,16 @@ def test_a_writer_commits_parts_of_8192_samples_or_16_mib_by_default(tmp_path):
         for i in range(17):
             w.write({"x": np.full(1 << 20, i, np.uint8)})
         assert w.parts == 1 and w._pending.count == 1  # 16 MiB of records made the part
+
+
+def test_the_generated_record_encoder_takes_names_of_its_own_variables_and_many_fields():
+    own = ["v0", "s1", "sample", "head", "schema", "encode_record", "MISSING", "name0"]
+    schema = parse_schema({**{n: "int" for n in own}, **{f"f{i}": "float32[2]" for i in range(40)}})
+    sample = {
+        **{n: i for i, n in enumerate(own)},
+        **{f"f{i}": np.full(2, i, np.float32) for i in range(40)},
+    }
+    enc = record_encoder(schema)
+    assert enc(sample) == encode_record(schema, sample)
+    with pytest.raises(UsageError, match="missing"):
+        enc({**{k: v for k, v in sample.items() if k != "head"}, "other": 1})
