@@ -13,7 +13,8 @@ How a pack survives a crash at any point (kill -9 included):
      size and mtime. --resume keeps the committed parts (a part whose source files changed
      since is read again) and redoes only the rest, so its output cannot depend on where
      the previous run stopped.
-  3. A fresh pack in a streamed format (tar, LMDB: assemble.STREAMED_FORMATS) writes each
+  3. A fresh pack in a streamed format (assemble.streams: tar, LMDB, mmap .npy, uncompressed
+     HDF5) writes each
      sample once: into DEST.partial/out/ as its part is committed, while the workers read
      on; the part keeps only where each sample is there (Part.where), and neither is
      fsynced until the pack is finished. After a crash the resume moves out/ aside and

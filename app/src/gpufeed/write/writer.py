@@ -9,7 +9,8 @@ are committed in parts under DEST.partial/ (each part written and renamed, in a 
 own while the next part's samples come; not fsynced: a resume reads each part back and checks
 its samples' crc32, and redoes a torn part and every part after it), the
 format's files are assembled from the committed parts when the writer closes without an
-error (tar: written as each part is committed, gpufeed.write.assemble.Stream), the
+error (a fresh pack in a streamed format, gpufeed.write.assemble.streams: written as each
+part is committed, gpufeed.write.assemble.Stream), the
 manifest is written last, and DEST appears by one rename. Until then DEST does
 not exist and ``open_dataset(DEST)`` raises NotPackedError saying so. The lock on
 DEST.partial keeps a second writer (or pack) out.
