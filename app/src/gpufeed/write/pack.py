@@ -14,13 +14,12 @@ How a pack survives a crash at any point (kill -9 included):
      since is read again) and redoes only the rest, so its output cannot depend on where
      the previous run stopped.
   3. A fresh pack in a streamed format (assemble.streams: tar, LMDB, mmap .npy, uncompressed
-     HDF5) writes each
-     sample once: into DEST.partial/out/ as its part is committed, while the workers read
-     on; the part keeps only where each sample is there (Part.where), and neither is
-     fsynced until the pack is finished. After a crash the resume moves out/ aside and
+     HDF5) writes each sample once: into DEST.partial/out/ as its part is committed, while
+     the workers read on; the part keeps only where each sample is there (Part.where),
+     and neither is fsynced until the pack is finished. After a crash the resume moves out/ aside and
      checks every kept part's samples there by their crc32s (gpufeed.write.direct); a part
      that does not check (torn by a power loss, its samples lost) is read again. Any other
-     part (HDF5, mmap, a resumed pack's) holds its samples' bytes and is fsynced. When every
+     part (compressed HDF5, a .pt mmap pack's, a resumed pack's) holds its samples' bytes and is fsynced. When every
      part is committed, the format writer finishes out/ (a fresh streamed pack) or
      assembles it from the parts from scratch (HDF5 is not crash-safe while written, so it
      is only ever written in one pass from committed parts); then the manifest is written
