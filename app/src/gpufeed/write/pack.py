@@ -15,14 +15,15 @@ How a pack survives a crash at any point (kill -9 included):
      the previous run stopped.
   3. A fresh pack in a streamed format (assemble.streams: tar, LMDB, mmap .npy, uncompressed
      HDF5) writes each sample once: into DEST.partial/out/ as its part is committed, while
-     the workers read on; the part keeps only where each sample is there (Part.where),
-     and neither is fsynced until the pack is finished. After a crash the resume moves out/ aside and
-     checks every kept part's samples there by their crc32s (gpufeed.write.direct); a part
-     that does not check (torn by a power loss, its samples lost) is read again. Any other
-     part (compressed HDF5, a .pt mmap pack's, a resumed pack's) holds its samples' bytes and is fsynced. When every
-     part is committed, the format writer finishes out/ (a fresh streamed pack) or
-     assembles it from the parts from scratch (HDF5 is not crash-safe while written, so it
-     is only ever written in one pass from committed parts); then the manifest is written
+     the workers read on; the part keeps only where each sample is there (Part.where), and
+     neither is fsynced until the pack is finished. After a crash the resume moves out/
+     aside and checks every kept part's samples there by their crc32s
+     (gpufeed.write.direct); a part that does not check (torn by a power loss, its samples
+     lost) is read again. Any other part (compressed HDF5, a .pt mmap pack's, a resumed
+     pack's) holds its samples' bytes and is fsynced. When every part is committed, the
+     format writer finishes out/ (a fresh streamed pack) or assembles it from the parts
+     from scratch (HDF5 is not crash-safe while written, so a resumed or compressed one is
+     only ever written in one pass from committed parts); then the manifest is written
      last and out/ is renamed to DEST. A DEST without manifest.json never exists.
   4. One pack at a time per DEST: the run holds a lock on DEST.partial (gpufeed.formats.lock) until
      DEST.partial is gone. --overwrite replaces only a pack gpufeed made
