@@ -23,6 +23,8 @@ def test_row_crcs_are_each_rows_zlib_crc32():
     got = checksums.row_crcs(rows)
     assert got.dtype == np.uint32
     assert got.tolist() == [zlib.crc32(r.tobytes()) for r in rows]
+    assert checksums.row_crcs(np.zeros((0, 5), np.uint8)).tolist() == []
+    assert checksums.row_crcs(np.zeros((2, 0), np.uint8)).tolist() == [0, 0]
 
 
 def test_the_fast_crc32_is_used_where_isal_is_installed():

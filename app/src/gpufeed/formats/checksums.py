@@ -23,11 +23,10 @@ def crc32(buf) -> int:
 
 def row_crcs(batch: np.ndarray) -> np.ndarray:
     """crc32 of each row of a C-contiguous [N, ...] array."""
-    out = np.empty(len(batch), dtype=np.uint32)
+    if not len(batch):
+        return np.zeros(0, np.uint32)
     rows = batch.reshape(len(batch), -1)
-    for j in range(len(batch)):
-        out[j] = raw_crc32(rows[j])
-    return out
+    return np.fromiter(map(raw_crc32, rows), np.uint32, len(rows))
 
 
 def sha256_file(path: str | os.PathLike, bufsize: int = 1 << 22) -> str:
