@@ -88,7 +88,18 @@ def test_merged_tar_is_an_ordinary_tar_pack(tmp_path):
     assert "parts" not in manifest["layout"]
     assert manifest["layout"]["shards"] == ["shard-000000.tar", "shard-000001.tar"]
     assert manifest["layout"]["shard_counts"] == [3, 4]
-    assert (tmp_path / "m" / "sources.txt").read_text().count("\n") == 7
+    assert not (tmp_path / "m" / "sources.txt").exists()  # no part's samples have names
+
+
+def test_a_merged_tar_pack_lists_its_parts_sample_names_in_order(tmp_path):
+    names = [[f"a/{i}.jpg" for i in range(3)], [f"b/{i}.jpg" for i in range(2)]]
+    parts = []
+    for k, part_names in enumerate(names):
+        samples = [{"x": np.full(4, i, np.uint8), "label": i} for i in range(len(part_names))]
+        gpufeed.pack_samples(samples, tmp_path / f"p{k}", format="tar", names=part_names)
+        parts.append(tmp_path / f"p{k}")
+    merge(parts, tmp_path / "m")
+    assert (tmp_path / "m" / "sources.txt").read_text().splitlines() == names[0] + names[1]
 
 
 def test_merge_array_samples_mmap(tmp_path, make_arrays):

@@ -562,3 +562,17 @@ def test_inspect_says_which_fields_were_inferred(tmp_path, capsys):
         w.write({"n": 1, "tokens": np.arange(3, dtype=np.int32)})
     assert main(["inspect", str(tmp_path / "i.lmdb")]) == 0
     assert re.search(r"inferred:\s+tokens", capsys.readouterr().out)
+
+
+def test_sources_txt_is_written_only_where_it_says_more_than_a_samples_place(tmp_path):
+    with gpufeed.Writer(tmp_path / "plain", format="tar", schema=SCHEMA) as w:
+        for i in range(3):
+            w.write(sample(i))
+    assert not (tmp_path / "plain" / "sources.txt").exists()
+    assert gpufeed.open_dataset(tmp_path / "plain").reader.sources() is None
+
+    def two_of_some(i):  # input 1 gives no sample, input 2 two: sample k is not input k
+        return [sample(i)] * (0 if i == 1 else 1 + (i == 2))
+
+    gpufeed.pack(two_of_some, range(4), tmp_path / "fn", format="tar", schema=SCHEMA, workers=0)
+    assert (tmp_path / "fn" / "sources.txt").read_text().splitlines() == ["#0", "#2", "#2", "#3"]

@@ -232,10 +232,12 @@ def assemble(
         options = _writer_options(state, src.classes)
         writer = writer_class(fmt)(out, spec, count, int(sizes_all.sum()), options)
         info = _write_parts(writer, paths, partial, quiet, fmt)
-    with no_space_is_an_error(out / SOURCES_NAME):
-        write_sources(out / SOURCES_NAME, names_of(src.rel, items_all))
+    lines = names_of(src.rel, items_all)
+    if lines is not None:
+        with no_space_is_an_error(out / SOURCES_NAME):
+            write_sources(out / SOURCES_NAME, lines)
     known = info.get("sha256", {})  # a value may be a future: the file hashed in a thread
-    names = sorted([*info["files"], SOURCES_NAME])
+    names = sorted([*info["files"], *([SOURCES_NAME] if lines is not None else [])])
     files = {n: file_entry(out, n, _result(known.get(n), out / n)) for n in names}
     manifest = {
         "gpufeed_manifest": MANIFEST_SCHEMA,

@@ -239,8 +239,10 @@ def pack_function(
     )
     if names is not None:
         w.item_names = list(names)
-    elif sized:
+    elif sized and any(isinstance(x, (str, os.PathLike)) for x in inputs):
         w.item_names = [_name(x, i) for i, x in enumerate(inputs)]
+    elif sized:
+        w.item_names = None  # no input has a name: each is '#i' (gpufeed.write.sources)
     else:
         w.item_names = []  # filled as the inputs come (_numbered)
     total = len(inputs) if sized else None

@@ -25,10 +25,14 @@ class _Names:
         return item_name(self.names, i)
 
 
-def names_of(names: Sequence[str] | _Names, items: np.ndarray) -> Iterable[str]:
+def names_of(names: Sequence[str] | _Names, items: np.ndarray) -> Iterable[str] | None:
     """What sources.txt says of each sample: the name of the input it came from (``names``:
-    a source's listed names, or a Writer's); a million '#i' lines without a call a line."""
-    if isinstance(names, _Names) and names.names is None:
+    a source's listed names, or a Writer's), '#i' for an unnamed input i; None where that
+    says nothing more than the sample's place (a Writer given no names, every sample from
+    the input of its own number: no sources.txt, and none of a million '#i' lines)."""
+    if isinstance(names, _Names) and not names.names:  # none given, or none came
+        if np.array_equal(items, np.arange(len(items))):
+            return None
         return map("#{}".format, items.tolist())
     return map(names.__getitem__, items.tolist())
 
