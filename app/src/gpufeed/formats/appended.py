@@ -28,7 +28,6 @@ __all__ = [
     "AppendedFile",
     "copy_range",
     "npy_head",
-    "read_npy_head",
     "sha256_fd",
     "synced_and_hashed",
 ]
@@ -62,22 +61,6 @@ def npy_head(dtype, shape: tuple[int, ...]) -> bytes:
         buf = io.BytesIO()
         fmt.write_array_header_2_0(buf, header)
     return buf.getvalue()
-
-
-def read_npy_head(fd: int, path) -> tuple[int, np.dtype, tuple[int, ...]]:
-    """(data start, dtype, shape) of the .npy file open as ``fd`` (ValueError when it has no
-    readable header)."""
-    with open(os.dup(fd), "rb") as f:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        else:
-            raise ValueError(f"{path}: .npy format version {version}, expected 1.0 or 2.0")
-        if fortran:
-            raise ValueError(f"{path}: a Fortran-order .npy file; gpufeed writes C order")
-        return f.tell(), dtype, tuple(shape)
 
 
 def sha256_fd(fd: int, size: int) -> str:

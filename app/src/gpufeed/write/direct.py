@@ -22,13 +22,14 @@ new cut, so a crash during the copy leaves what a resume reads.
 from __future__ import annotations
 
 import os
-import zlib
 from pathlib import Path
 
 import numpy as np
 
-from gpufeed.formats.appended import STREAMED_HDF5, read_npy_head
+from gpufeed.formats.appended import STREAMED_HDF5
+from gpufeed.formats.checksums import raw_crc32
 from gpufeed.formats.mmap.writer import STREAMED_MMAP, data_name
+from gpufeed.formats.npy import parse_header
 from gpufeed.formats.parts import Part
 from gpufeed.formats.record import record_from_members
 from gpufeed.formats.tar.writer import SHARD_FORMAT
@@ -82,7 +83,7 @@ def _from_appended(part: Part, partial: Path) -> np.ndarray:
         raise ValueError(f"{path}: the part's places are not its samples' in the .npy file")
     fd = os.open(path, os.O_RDONLY)
     try:
-        head = read_npy_head(fd, path)[0] if mmap else 0
+        head = _npy_data_start(fd) if mmap else 0
         size = os.fstat(fd).st_size
         outside = (starts < head) | (sizes < 0) | (starts + sizes > size)
         if outside.any():
@@ -171,6 +172,14 @@ def check_part(path: Path, partial: Path) -> Part | None:
     view = memoryview(part.payload)
     bounds = part.offsets.tolist()
     for j, want in enumerate(part.crc32.tolist()):
-        if zlib.crc32(view[bounds[j] : bounds[j + 1]]) != want:
+        if raw_crc32(view[bounds[j] : bounds[j + 1]]) != want:
             return None
     return part
+
+
+def _npy_data_start(fd: int) -> int:
+    """Where the samples start in the streamed .npy file open as ``fd`` (after its header,
+    read by the one parser of untrusted .npy headers; ValueError when it has none)."""
+    with open(os.dup(fd), "rb") as f:
+        parse_header(f)
+        return f.tell()
