@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from encoded_parts import encoded_part
 
 from gpufeed.formats.lmdb import writer as lmdb_writer
 from gpufeed.formats.lmdb.keys import key
@@ -16,20 +17,7 @@ from gpufeed.formats.spec import SampleSpec
 
 def part(sizes: list[int], start: int) -> Part:
     """Records of these sizes, their bytes the pack's byte numbers from `start` (mod 256)."""
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    payload = ((np.arange(offsets[-1]) + start) % 256).astype(np.uint8)
-    n = len(sizes)
-    return Part(
-        payload=payload,
-        offsets=offsets,
-        labels=np.arange(n, dtype=np.int64),
-        crc32=np.zeros(n, np.uint32),
-        items=np.arange(n, dtype=np.int64),
-        exts=np.full(n, "bin", "<U8"),
-        skip_items=np.zeros(0, np.int64),
-        skip_errors=np.zeros(0, str),
-        spec=SampleSpec("encoded"),
-    )
+    return encoded_part(((np.arange(int(np.sum(sizes))) + start) % 256).astype(np.uint8), sizes)
 
 
 def one_at_a_time(sizes: list[int], records: int, nbytes: int) -> list[int]:

@@ -12,6 +12,7 @@ import json
 import lmdb
 import numpy as np
 import pytest
+from encoded_parts import encoded_part
 
 import gpufeed
 from gpufeed.formats.checksums import sha256_file
@@ -27,21 +28,8 @@ PAGE = 4096
 
 def part(sizes, seed: int = 0) -> Part:
     """Records of these sizes, of random bytes."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    payload = np.random.default_rng(seed).integers(0, 256, int(offsets[-1]), dtype=np.uint8)
-    n = len(sizes)
-    return Part(
-        payload=payload,
-        offsets=offsets,
-        labels=np.arange(n, dtype=np.int64),
-        crc32=np.zeros(n, np.uint32),
-        items=np.arange(n, dtype=np.int64),
-        exts=np.full(n, "bin", "<U8"),
-        skip_items=np.zeros(0, np.int64),
-        skip_errors=np.zeros(0, str),
-        spec=SampleSpec("encoded"),
-    )
+    total = int(np.sum(sizes))
+    return encoded_part(np.random.default_rng(seed).integers(0, 256, total, dtype=np.uint8), sizes)
 
 
 def written(tmp_path, sizes, per_part: int = 1000):
