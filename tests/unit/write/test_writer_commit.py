@@ -226,3 +226,18 @@ def test_the_generated_record_encoder_takes_names_of_its_own_variables_and_many_
     assert enc(sample) == encode_record(schema, sample)
     with pytest.raises(UsageError, match="missing"):
         enc({**{k: v for k, v in sample.items() if k != "head"}, "other": 1})
+
+
+@pytest.mark.parametrize("fmt", ["tar", "lmdb", "mmap", "hdf5"])
+def test_parts_written_from_buffers_filled_again_keep_their_own_samples(tmp_path, fmt):
+    # parts of 1,000 records: not a multiple of LMDB's transaction, so records of one part
+    # wait for the next one's transaction while the Writer fills its buffers again
+    rng = np.random.default_rng(7)
+    rows = rng.integers(0, 256, (6000, 40), dtype=np.uint8)
+    with gpufeed.Writer(tmp_path / "p", format=fmt, schema={"x": "uint8[-1]"}, part_size=1000) as w:
+        for i, row in enumerate(rows):
+            w.write({"x": row[: 8 + i % 33]})
+    ds = gpufeed.open_dataset(tmp_path / "p", map_style=True)
+    for i in range(0, 6000, 7):
+        np.testing.assert_array_equal(ds[i]["x"].numpy(), rows[i, : 8 + i % 33])
+    assert gpufeed.verify(tmp_path / "p").ok

@@ -381,6 +381,8 @@ class Writer:
     current_file: Path | None = None
 
     def add(self, part: Part) -> None:
+        """Write the part's samples. Keeps no view of ``part.payload`` once it returns: a
+        gpufeed Writer fills that buffer again with the next part's records."""
         raise NotImplementedError
 
     def finish(self) -> dict[str, Any]:

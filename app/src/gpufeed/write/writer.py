@@ -83,6 +83,9 @@ __all__ = ["PART_BYTES", "Writer", "encoded", "label_of"]
 # parts of thousands of samples keep them far below a microsecond a sample.
 WRITER_PART_SIZE = 8192
 PART_BYTES = 16 << 20
+# a part's records are gathered in one buffer this large (touched only as they come): room
+# for the record that takes it past PART_BYTES without a copy
+PENDING_BYTES = 2 * PART_BYTES
 
 
 class Writer:
@@ -196,7 +199,10 @@ class Writer:
         self.skipped: list[tuple[int, str]] = []
         # what each input was (sources.txt); gpufeed.pack(fn, inputs) sets it
         self.item_names: list[str] | None = None
-        self._pending = Pending()  # the samples of the next part
+        self._pending = Pending(PENDING_BYTES)  # the samples of the next part
+        # the buffer of the part being written, and one free to fill again (Pending)
+        self._writing: np.ndarray | None = None
+        self._spare: np.ndarray | None = None
         self._stamps: dict[int, tuple[int, ...]] = {}  # item -> its listed file's stamp
         # write()'s encoder, made for the schema it was made for (_fast)
         self._one, self._one_schema = None, None
@@ -472,7 +478,7 @@ class Writer:
         if tuple(fields) == old.fields:
             return False
         self.schema = Schema(tuple(fields))
-        pending, self._pending = self._pending, Pending()
+        pending, self._pending = self._pending, Pending(PENDING_BYTES)
         for item, record, _, _ in pending.rows():
             self._pending.add(item, *encoded(self.schema, decode_record(old, record)))
         self._save_state()
@@ -545,9 +551,10 @@ class Writer:
         """The pending samples as the next part, written in the commit thread (the part
         before it finished first: an error there is raised here); ``wait``: until written."""
         self._check_open()
+        self._wait_committed()  # the part before: written (its buffer free again)
         pending, skipped = self._pending, self.skipped
-        self._pending, self.skipped = Pending(), []
-        self._wait_committed()
+        self._pending, self.skipped = Pending(PENDING_BYTES, self._spare), []
+        self._spare = None
         if pending.count or skipped or empty:
             if self._committer is None:
                 self._committer = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-commit")
@@ -555,15 +562,20 @@ class Writer:
             job = self._committer.submit(
                 self._write_part, self.parts, pending, skipped, self.schema, wait, stamps
             )
-            self._committing = job
+            self._committing, self._writing = job, pending.buffer
             self.parts += 1
+        else:
+            self._spare = pending.buffer
         if wait:
             self._wait_committed()
 
     def _wait_committed(self) -> None:
+        """Wait for the part being written (its error raised here); its buffer is then the
+        next Pending's (no format writer keeps a part's payload past its add)."""
         job, self._committing = self._committing, None
         if job is not None:
             job.result()
+            self._spare, self._writing = self._writing, None
 
     def _write_part(
         self,

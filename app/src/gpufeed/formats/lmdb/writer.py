@@ -135,6 +135,9 @@ class LMDBWriter(Writer):
             j = k
             if len(self.pending) >= TXN_RECORDS or self.pending_bytes >= TXN_BYTES:
                 self._flush()
+        # no view of the part's payload outlives add (a Writer fills its buffer again): the
+        # records carried into the next transaction are copied
+        self.pending = [(k, bytes(v)) for k, v in self.pending]
 
     def _flush(self) -> None:
         if self.pending:
