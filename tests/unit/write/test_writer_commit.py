@@ -241,3 +241,25 @@ def test_parts_written_from_buffers_filled_again_keep_their_own_samples(tmp_path
     for i in range(0, 6000, 7):
         np.testing.assert_array_equal(ds[i]["x"].numpy(), rows[i, : 8 + i % 33])
     assert gpufeed.verify(tmp_path / "p").ok
+
+
+def test_a_parts_extensions_are_stored_once_when_every_sample_has_the_same(tmp_path):
+    n = 5
+    part = Part(
+        payload=np.arange(n, dtype=np.uint8),
+        offsets=np.arange(n + 1, dtype=np.int64),
+        labels=np.arange(n, dtype=np.int64),
+        crc32=np.zeros(n, np.uint32),
+        items=np.arange(n, dtype=np.int64),
+        exts=np.full(n, "rec", "<U8"),
+        skip_items=np.zeros(0, np.int64),
+        skip_errors=np.zeros(0, str),
+        spec=None,
+    )
+    part.save(tmp_path / "same.npz", sync=False)
+    with np.load(tmp_path / "same.npz") as z:
+        assert z["exts"].tolist() == ["rec"]
+    assert Part.load(tmp_path / "same.npz").exts.tolist() == ["rec"] * n
+    part.exts = np.asarray(["jpg", "png", "jpg", "jpg", "jpg"])
+    part.save(tmp_path / "mixed.npz", sync=False)
+    assert Part.load(tmp_path / "mixed.npz").exts.tolist() == ["jpg", "png", "jpg", "jpg", "jpg"]

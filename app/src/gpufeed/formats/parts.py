@@ -67,6 +67,9 @@ class Part:
                 arrays[name] = getattr(self, name)
         if self.where is not None:
             arrays["payload"] = np.zeros(0, dtype=np.uint8)
+        exts = self.exts
+        if len(exts) > 1 and bool((exts == exts[0]).all()):
+            arrays["exts"] = exts[:1]  # every sample's the same (load gives each its copy)
         return arrays
 
     def save(self, path: Path, sync: bool = True) -> None:
@@ -94,8 +97,11 @@ class Part:
     def load(cls, path: Path) -> Part:
         with np.load(path, allow_pickle=False) as z:
             spec = json.loads(str(z["spec"]))
+            arrays = {name: z[name] for name in _ARRAYS}
+            if len(arrays["exts"]) == 1 and len(arrays["labels"]) > 1:  # one for every sample
+                arrays["exts"] = np.repeat(arrays["exts"], len(arrays["labels"]))
             return cls(
-                **{name: z[name] for name in _ARRAYS},
+                **arrays,
                 spec=SampleSpec.from_json(spec) if spec else None,
                 stamps=z["stamps"] if "stamps" in z.files else None,
                 where=z["where"] if "where" in z.files else None,
