@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed.errors import DiskFullError
-from gpufeed.formats.files import preallocate
+from gpufeed.formats.files import preallocate, start_writeback
 
 __all__ = [
     "STREAMED_HDF5",
@@ -151,6 +151,7 @@ class AppendedFile:
             done = os.pwrite(self.fd, view, at)
             view, at = view[done:], at + done
         start, self.end = self.end, end
+        start_writeback(self.fd, start, end - start)
         return start
 
     def _reserve(self, need: int) -> None:
