@@ -146,6 +146,11 @@ def test_the_record_encoder_stores_an_image_fields_bytes_as_given_and_checks_the
     sample = {"image": jpeg, "mask": png, "label": 3}
     assert fast(sample) == encode_record(schema, sample)
     assert jpeg in fast(sample) and png in fast(sample)
+    webp = b"RIFF" + bytes(4) + b"WEBP" + bytes(20)
+    art = parse_schema({"art": "webp"})
+    assert record_encoder(art)({"art": webp}) == encode_record(art, {"art": webp})
+    with pytest.raises(UsageError, match="expected webp bytes"):
+        record_encoder(art)({"art": b"RIFF" + bytes(4) + b"WAVE" + bytes(20)})
     for wrong in ({"image": png, "mask": png, "label": 3},  # a PNG in the jpeg field
                   {"image": b"GIF89a" + bytes(9), "mask": png, "label": 3}):  # fmt: skip
         with pytest.raises(UsageError, match="expected jpeg bytes"):

@@ -29,7 +29,15 @@ import numpy as np
 from gpufeed.errors import UsageError
 from gpufeed.formats import zstd
 from gpufeed.formats.npy import parse_header
-from gpufeed.formats.schema import Field, Schema, fit_array, fit_float, fit_int, sniff_image
+from gpufeed.formats.schema import (
+    IMAGE_MAGIC,
+    Field,
+    Schema,
+    fit_array,
+    fit_float,
+    fit_int,
+    sniff_image,
+)
 from gpufeed.formats.tar.members import header_size
 
 __all__ = [
@@ -201,8 +209,8 @@ def record_encoder(schema: Schema):
         env[f"name{k}"], env[f"field{k}"] = f.name, f
         if f.type in ("array", "ragged"):
             env[f"dtype{k}"], env[f"shape{k}"] = np.dtype(f.dtype), f.shape
-        if f.type == "image":
-            env[f"format{k}"] = f.format
+        if f.type == "image":  # a magic number to start with, or (webp) the sniff
+            env[f"format{k}"], env[f"magic{k}"] = f.format, IMAGE_MAGIC.get(f.format)
         lines += [f"    v{k} = sample.get(name{k}, MISSING)"]
         fast = _FAST_LINES.get(_fast_kind(f), ())
         lines += [line.format(k=k) for line in (*fast, *_GENERAL_LINES[bool(fast)])]
@@ -256,7 +264,8 @@ _FAST_LINES: dict[int, tuple[str, ...]] = {
         "        s{k} = len(v{k})",
     ),
     _IMAGE: (  # encoded bytes of the field's format, stored as given
-        "    if type(v{k}) is bytes and sniff(v{k}[:16]) == format{k}:",
+        "    if type(v{k}) is bytes and (v{k}.startswith(magic{k}) if magic{k}"
+        " else sniff(v{k}[:16]) == format{k}):",
         "        s{k} = len(v{k})",
     ),
 }

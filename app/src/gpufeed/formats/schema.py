@@ -35,6 +35,7 @@ from gpufeed.errors import UsageError
 __all__ = [
     "FIELD_TYPES",
     "IMAGE_FORMATS",
+    "IMAGE_MAGIC",
     "Field",
     "Schema",
     "fit_array",
@@ -386,12 +387,15 @@ def widened(field: Field, value: Any) -> Field | None:
     return _array_field(field.name, field.dtype, shape, field.compression)
 
 
+# the magic numbers that start a file of these image formats (webp: RIFF, then WEBP at 8)
+IMAGE_MAGIC = {"jpeg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n"}
+
+
 def sniff_image(head: bytes) -> str | None:
     """jpeg, png or webp by the file's magic number; None for anything else."""
-    if head.startswith(b"\xff\xd8\xff"):
-        return "jpeg"
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "png"
+    for name, magic in IMAGE_MAGIC.items():
+        if head.startswith(magic):
+            return name
     if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
         return "webp"
     return None
