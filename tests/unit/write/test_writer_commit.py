@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from encoded_parts import encoded_part
 from faults import tear
 
 import gpufeed
@@ -250,17 +251,8 @@ def test_parts_written_from_buffers_filled_again_keep_their_own_samples(tmp_path
 
 def test_a_parts_extensions_are_stored_once_when_every_sample_has_the_same(tmp_path):
     n = 5
-    part = Part(
-        payload=np.arange(n, dtype=np.uint8),
-        offsets=np.arange(n + 1, dtype=np.int64),
-        labels=np.arange(n, dtype=np.int64),
-        crc32=np.zeros(n, np.uint32),
-        items=np.arange(n, dtype=np.int64),
-        exts=np.full(n, "rec", "<U8"),
-        skip_items=np.zeros(0, np.int64),
-        skip_errors=np.zeros(0, str),
-        spec=None,
-    )
+    part = encoded_part(np.arange(n, dtype=np.uint8), [1] * n)
+    part.exts = np.full(n, "rec", "<U8")
     part.save(tmp_path / "same.npz", sync=False)
     with np.load(tmp_path / "same.npz") as z:
         assert z["exts"].tolist() == ["rec"]
