@@ -30,3 +30,20 @@ def test_row_crcs_are_each_rows_zlib_crc32():
 def test_the_fast_crc32_is_used_where_isal_is_installed():
     isal_zlib = pytest.importorskip("isal.isal_zlib")  # in requirements-dev and the images
     assert checksums.raw_crc32 is isal_zlib.crc32
+
+
+@pytest.mark.parametrize("size", [0, 1, checksums.HASH_CHUNK - 1, checksums.HASH_CHUNK * 2 + 5])
+def test_a_files_sha256_is_hashlibs_of_its_bytes_in_every_read_size(tmp_path, size):
+    import hashlib
+
+    data = os.urandom(size)
+    (tmp_path / "f").write_bytes(data)
+    assert checksums.sha256_file(tmp_path / "f") == hashlib.sha256(data).hexdigest()
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        assert checksums.sha256_fd(fd, size // 2) == hashlib.sha256(data[: size // 2]).hexdigest()
+        if size:
+            with pytest.raises(OSError, match="ends at byte"):
+                checksums.sha256_fd(fd, size + 1)
+    finally:
+        os.close(fd)

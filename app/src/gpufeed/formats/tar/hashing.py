@@ -21,9 +21,9 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["ShardHasher"]
+from gpufeed.formats.checksums import hash_fd
 
-CHUNK = 8 << 20  # a file hashed from its start is read this many bytes at a time
+__all__ = ["ShardHasher"]
 
 
 class ShardHasher:
@@ -79,17 +79,7 @@ def _hash_file(h, path: Path, nbytes: int | None = None) -> None:
     """``h`` updated with the first ``nbytes`` of ``path`` (None: all of it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        block, pos = bytearray(CHUNK), 0
-        view = memoryview(block)
-        while nbytes is None or pos < nbytes:
-            want = CHUNK if nbytes is None else min(CHUNK, nbytes - pos)
-            got = os.preadv(fd, [view[:want]], pos)
-            if got <= 0:
-                if nbytes is None:
-                    return
-                raise OSError(f"{path}: ends at byte {pos:,}, before the {nbytes:,} written")
-            h.update(view[:got])
-            pos += got
+        hash_fd(h, fd, nbytes, path)
     finally:
         os.close(fd)
 

@@ -286,7 +286,7 @@ class TarWriter(Writer):
         self.names, self.digests = [], {}
         self._hasher.deferred = False
         # two blocks in turn: one is hashed in the hasher's thread while the next is copied
-        blocks = [[memoryview(bytearray(RUN_BYTES)), None] for _ in range(2)]
+        blocks = [[memoryview(np.empty(RUN_BYTES, np.uint8)), None] for _ in range(2)]
         fds: dict[int, int] = {}
         try:
             for new, old, start, end in self._recut_index():
