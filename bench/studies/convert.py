@@ -44,9 +44,9 @@ from pathlib import Path
 
 import numpy as np
 
-import gpufeed  # noqa: I001 - after common, which puts gpufeed's sources on the path
 from bench.studies import common
 from gpufeed.write.merge import merge
+from gpufeed.write.writer import Writer  # imported before any clock, as the peers' are
 
 RAW_BYTES = 1024
 BATCH = 4096  # write_batch's columns
@@ -91,7 +91,7 @@ def _payload(kind: str, pool: list, n: int) -> int:
 # --------------------------------------------------------------------------- the writers
 def _gpufeed(kind: str, pool: list, dest: str, items: range, fmt: str, batch: bool) -> None:
     field = "x" if kind == "raw" else "image"
-    with gpufeed.Writer(dest, format=fmt, schema=SCHEMAS[kind]) as w:
+    with Writer(dest, format=fmt, schema=SCHEMAS[kind]) as w:
         if not batch:
             m = len(pool)
             for i in items:
