@@ -158,4 +158,8 @@ def test_progress_bars_count_what_they_say(paths, tmp_path, monkeypatch):
     # LMDB is written as its parts are committed (gpufeed.write.assemble.Stream): one bar
     assert bars == [("pack", "sample", 17)]
     gpufeed.pack(paths["SRC"], tmp_path / "h", format="hdf5", workers=1, part_size=5)
+    assert bars == [("pack", "sample", 17)] * 2  # uncompressed HDF5 is streamed too
+    gpufeed.pack(
+        paths["SRC"], tmp_path / "z", format="hdf5", compression="lzf", workers=1, part_size=5
+    )
     assert ("write hdf5", "part", 4) in bars  # 17 samples in parts of 5, assembled after them

@@ -574,5 +574,5 @@ def test_sources_txt_is_written_only_where_it_says_more_than_a_samples_place(tmp
     def two_of_some(i):  # input 1 gives no sample, input 2 two: sample k is not input k
         return [sample(i)] * (0 if i == 1 else 1 + (i == 2))
 
-    gpufeed.pack(two_of_some, range(4), tmp_path / "fn", format="tar", schema=SCHEMA, workers=0)
+    gpufeed.pack_map(two_of_some, range(4), tmp_path / "fn", format="tar", schema=SCHEMA, workers=0)
     assert (tmp_path / "fn" / "sources.txt").read_text().splitlines() == ["#0", "#2", "#2", "#3"]
