@@ -338,3 +338,31 @@ def test_a_part_out_of_order_stops_the_stream_and_the_parts_fed_are_read_back(tm
     assert stream.feed(5, Part.load(parts / "part-000000.npz")) is None
     assert not stream.on and not (partial / "out").exists()
     assert check_part(parts / "part-000001.npz", partial) is not None
+
+
+@pytest.mark.parametrize("how", ["missing", "refused"])
+def test_a_range_is_copied_the_same_without_copy_file_range(tmp_path, monkeypatch, how):
+    import errno
+
+    from gpufeed.formats.appended import copy_range
+
+    data = os.urandom(3 << 20)
+    (tmp_path / "src").write_bytes(data)
+    (tmp_path / "dst").write_bytes(b"\0" * 16)
+    if how == "missing":
+        monkeypatch.delattr(os, "copy_file_range")
+    else:
+
+        def refuse(*args):
+            raise OSError(errno.EXDEV, "cross-device")
+
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    src, dst = os.open(tmp_path / "src", os.O_RDONLY), os.open(tmp_path / "dst", os.O_RDWR)
+    try:
+        copy_range(src, dst, len(data) - 100, 100, 8)
+        assert (tmp_path / "dst").read_bytes() == b"\0" * 8 + data[100:]
+        with pytest.raises(OSError, match="cut short"):  # the source ends 100 bytes sooner
+            copy_range(src, dst, 200, len(data) - 100, len(data))
+    finally:
+        os.close(src)
+        os.close(dst)

@@ -11,7 +11,6 @@ its crc32: gpufeed.write.direct).
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,7 +20,7 @@ import numpy as np
 
 from gpufeed.errors import DiskFullError
 from gpufeed.formats.checksums import HASH_CHUNK, sha256_fd
-from gpufeed.formats.files import preallocate, start_writeback
+from gpufeed.formats.files import kernel_copy, preallocate, start_writeback
 
 __all__ = [
     "STREAMED_HDF5",
@@ -70,19 +69,11 @@ def synced_and_hashed(fd: int, size: int, hashed: bool = True) -> Future:
 
 def copy_range(src: int, dst: int, size: int, src_at: int, dst_at: int) -> None:
     """``size`` bytes of ``src`` at ``src_at`` written to ``dst`` at ``dst_at``: by the kernel
-    (copy_file_range), or read and written where it cannot (another file system, an old
+    (files.kernel_copy), or read and written where it cannot (another file system, an old
     kernel); never short."""
-    done = 0
-    try:
-        while done < size:
-            got = os.copy_file_range(src, dst, size - done, src_at + done, dst_at + done)
-            if got <= 0:
-                raise OSError(f"copy_file_range copied nothing at byte {src_at + done:,}")
-            done += got
+    done = kernel_copy(src, dst, size, src_at, dst_at)
+    if done == size:
         return
-    except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-            raise
     buf = np.empty(min(HASH_CHUNK, size - done), np.uint8)
     view = memoryview(buf)
     while done < size:

@@ -24,6 +24,7 @@ from gpufeed.errors import DiskFullError
 from gpufeed.system.disk import free_bytes
 
 __all__ = [
+    "kernel_copy",
     "start_writeback",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -85,6 +86,31 @@ def no_space_is_an_error(path: str | os.PathLike, need: int = 0) -> Iterator[Non
 def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
     """What tells a file from its replacement: device, inode, size, modification time."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+# copy_file_range's errors that mean it cannot copy between these files (not a failed write)
+_NO_KERNEL_COPY = frozenset(
+    {errno.ENOSYS, errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.EBADF}
+)
+
+
+def kernel_copy(src: int, dst: int, size: int, src_at: int, dst_at: int | None = None) -> int:
+    """Up to ``size`` bytes of ``src`` from ``src_at`` copied to ``dst`` (at ``dst_at``, or
+    its file offset) by the kernel (copy_file_range: no bytes through Python); returns how
+    many, fewer where the source ends sooner, 0 where the system or the file systems
+    cannot (the caller copies the rest itself)."""
+    copy, done = getattr(os, "copy_file_range", None), 0
+    try:
+        while copy is not None and done < size:
+            at = () if dst_at is None else (dst_at + done,)  # none: dst's own offset
+            got = copy(src, dst, size - done, src_at + done, *at)
+            if got <= 0:
+                break
+            done += got
+    except OSError as e:
+        if e.errno not in _NO_KERNEL_COPY:
+            raise
+    return done
 
 
 def start_writeback(fd: int, offset: int, nbytes: int) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import itertools
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -13,7 +12,7 @@ import numpy as np
 
 from gpufeed.errors import DataError
 from gpufeed.formats.base import Writer, make_room
-from gpufeed.formats.files import fsync_dir
+from gpufeed.formats.files import fsync_dir, kernel_copy
 from gpufeed.formats.npy import npy_bytes
 from gpufeed.formats.parts import Part
 from gpufeed.formats.spec import SampleSpec
@@ -408,29 +407,13 @@ def _in_shard(before: np.ndarray, shard: np.ndarray) -> np.ndarray:
 
 
 def _put(fd: int, out: int, data: memoryview, start: int) -> None:
-    """``data``, read from ``fd`` at ``start``, appended to ``out``: by copy_file_range where
-    the system and file system can (the kernel copies the pages: closing a Writer's pack of
-    100k JPEGs took 1.0 s of CPU so, 2.4 s writing them from the buffer; 2-CPU dev VM), the
-    rest written from ``data``."""
-    done, copy = 0, getattr(os, "copy_file_range", None)
-    try:
-        while copy is not None and done < len(data):
-            copied = copy(fd, out, len(data) - done, start + done)
-            if copied <= 0:  # the source ends sooner than what was just read from it
-                break
-            done += copied
-    except OSError as e:
-        if e.errno not in _NO_KERNEL_COPY:
-            raise
-    rest = data[done:]
+    """``data``, read from ``fd`` at ``start``, appended to ``out``: by the kernel where the
+    system and file system can (files.kernel_copy: closing a Writer's pack of 100k JPEGs took
+    1.0 s of CPU so, 2.4 s writing them from the buffer; 2-CPU dev VM), the rest written
+    from ``data``."""
+    rest = data[kernel_copy(fd, out, len(data), start) :]
     while rest:
         rest = rest[os.write(out, rest) :]
-
-
-# copy_file_range's errors that mean it cannot copy between these files (not a failed write)
-_NO_KERNEL_COPY = frozenset(
-    {errno.ENOSYS, errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.EBADF}
-)
 
 
 def _sync_close(f) -> None:
