@@ -10,3 +10,10 @@ Files in the dataset folder (N samples):
 """
 
 CONTAINERS = ("npy", "pt")
+
+
+def data_name(kind: str, container: str = "npy") -> str:
+    """The file that holds the samples of a sample spec of ``kind`` (above)."""
+    if kind != "array":
+        return "encoded.npy"
+    return "samples.pt" if container == "pt" else "samples.npy"

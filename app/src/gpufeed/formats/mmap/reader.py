@@ -16,7 +16,7 @@ from gpufeed.formats.base import (
 )
 from gpufeed.formats.checksums import crc32, row_crcs
 from gpufeed.formats.mapped import MappedSamples
-from gpufeed.formats.mmap import CONTAINERS, pt
+from gpufeed.formats.mmap import CONTAINERS, data_name, pt
 from gpufeed.formats.npy import NPY_HEADER_MAX, npy_header, read_npy_vector
 from gpufeed.pagecache.advise import BlocksAhead
 from gpufeed.pagecache.maps import kept_map
@@ -142,9 +142,7 @@ class MmapReader(MappedSamples, Reader):
 
     @property
     def data_name(self) -> str:
-        if self.spec.kind != "array":
-            return "encoded.npy"
-        return "samples.pt" if self.container == "pt" else "samples.npy"
+        return data_name(self.spec.kind, self.container)
 
     @property
     def data_path(self) -> Path:

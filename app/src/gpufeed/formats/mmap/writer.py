@@ -19,17 +19,12 @@ from gpufeed.errors import UsageError
 from gpufeed.formats.appended import AppendedFile, npy_head
 from gpufeed.formats.base import ContiguousWriter
 from gpufeed.formats.files import preallocate
-from gpufeed.formats.mmap import CONTAINERS, pt
+from gpufeed.formats.mmap import CONTAINERS, data_name, pt
 from gpufeed.formats.spec import SampleSpec
 
-# Part.where's first column for a sample in a streamed mmap pack's data file (data_name):
+# Part.where's first column for a sample in a streamed mmap pack's .npy file (data_name):
 # (STREAMED_MMAP, file offset, size) rows (gpufeed.write.direct)
 STREAMED_MMAP = -2
-
-
-def data_name(spec: SampleSpec) -> str:
-    """The .npy file that holds the samples of ``spec``."""
-    return "samples.npy" if spec.kind == "array" else "encoded.npy"
 
 
 def data_head(spec: SampleSpec, rows: int) -> bytes:
@@ -67,7 +62,7 @@ class MmapWriter(ContiguousWriter):
             raise UsageError(
                 f"the .pt container holds one fixed-shape tensor per sample, not {what}"
             )
-        self.current_file = self.out / data_name(self.spec)
+        self.current_file = self.out / data_name(self.spec.kind)
         self.sha256: dict[str, str] = {}
         if count is None:
             self.appended = AppendedFile(self.current_file, data_head(self.spec, 0))
