@@ -28,7 +28,8 @@ import numpy as np
 
 from gpufeed.formats.appended import STREAMED_HDF5
 from gpufeed.formats.checksums import raw_crc32
-from gpufeed.formats.mmap.writer import STREAMED_MMAP, data_name
+from gpufeed.formats.mmap import data_name
+from gpufeed.formats.mmap.writer import STREAMED_MMAP
 from gpufeed.formats.npy import parse_header
 from gpufeed.formats.parts import Part
 from gpufeed.formats.record import record_from_members
@@ -73,19 +74,19 @@ def _from_appended(part: Part, partial: Path) -> np.ndarray:
     writer put them."""
     marker = int(part.where[0, 0])
     mmap = marker == STREAMED_MMAP
-    path = partial / STREAMED_DIR / (data_name(part.spec) if mmap else _hdf5_name())
+    path = partial / STREAMED_DIR / (data_name(part.spec.kind) if mmap else _hdf5_name())
     where = np.asarray(part.where)
     if where.ndim != 2 or where.shape != (len(part), 3) or where.dtype.kind not in "iu":
         raise ValueError(f"{path}: the part's places are {where.dtype}{list(where.shape)}")
     where = where.astype(np.int64, copy=False)
     starts, sizes = where[:, 1], where[:, 2]
     if (where[:, 0] != marker).any() or not np.array_equal(sizes, np.diff(part.offsets)):
-        raise ValueError(f"{path}: the part's places are not its samples' in the .npy file")
+        raise ValueError(f"{path}: the part's places are not its samples' in this file")
     fd = os.open(path, os.O_RDONLY)
     try:
         head = _npy_data_start(fd) if mmap else 0
         size = os.fstat(fd).st_size
-        outside = (starts < head) | (sizes < 0) | (starts + sizes > size)
+        outside = (starts < head) | (sizes < 0) | (starts > size - sizes)  # no sum to wrap
         if outside.any():
             raise ValueError(f"{path}: a sample the part names lies outside its data")
         if len(starts) < 2 or np.array_equal(starts[1:], starts[:-1] + sizes[:-1]):
