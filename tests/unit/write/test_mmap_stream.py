@@ -173,7 +173,9 @@ def _stopped(dest: Path, n: int) -> Path:
     return partial
 
 
-@pytest.mark.parametrize("crafted", ["past the end", "before the data", "a negative size"])
+@pytest.mark.parametrize(
+    "crafted", ["past the end", "before the data", "a negative size", "a start that wraps"]
+)
 def test_a_part_naming_bytes_outside_the_file_is_refused_and_redone(tmp_path, fmt, crafted):
     dest = tmp_path / "p"
     partial = _stopped(dest, 64)
@@ -184,6 +186,8 @@ def test_a_part_naming_bytes_outside_the_file_is_refused_and_redone(tmp_path, fm
         part.where[1, 1] = size - part.where[1, 2] + 1
     elif crafted == "before the data":  # mmap: inside the .npy header
         part.where[0, 1] = 10 if fmt == "mmap" else -1
+    elif crafted == "a start that wraps":  # start + size past int64: negative, if summed
+        part.where[1, 1] = np.iinfo(np.int64).max - int(part.where[1, 2]) + 2
     else:
         part.where[0, 2] = -1
     part.save(path)
